@@ -1,0 +1,305 @@
+"""Polling one GPU: the cheap readings every poll, the expensive ones at a slow cadence.
+
+Costs measured on an H100 (shared/reference/h100-nvml-facts.md) decide the cadence: utilization,
+memory, temperature, power, clocks, clock event reasons, P-state, processes and GPM samples cost
+microseconds and are read every poll; the energy counter (3 ms), ECC totals and remapped rows are
+read every ``slow_interval`` seconds and carried between reads; max clocks and thresholds are
+static; nvmlDeviceGetPcieThroughput (a 20 ms block) is never called - PCIe rates come from GPM.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pynvml
+
+from exporter.model import GpuReading, GpuStatic, MigReading, ProcessReading
+from exporter.nvml.calls import Caller, GpuLost, decode, error_name
+from exporter.nvml.events import XidWatcher
+from exporter.nvml.gpm import GpmSampler
+from exporter.nvml.static import CLOCK_TYPES
+from exporter.procinfo import ProcessInspector
+
+_NS = 1e-9
+
+#: Field values read every poll: field id -> (reading, scale). Clock event durations are in ns.
+FAST_FIELDS: dict[int, tuple[str, float]] = {
+    pynvml.NVML_FI_DEV_MEMORY_TEMP: ("temperature_memory", 1.0),
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: ("pcie_replay", 1.0),
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: ("event:sw_power_cap", _NS),
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST: ("event:sync_boost", _NS),
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: ("event:sw_thermal_slowdown", _NS),
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: ("event:hw_thermal_slowdown", _NS),
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: ("event:hw_power_brake_slowdown", _NS),
+}
+
+_ECC = {
+    "corrected_volatile": (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+    "uncorrected_volatile": (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+    "corrected_aggregate": (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+    "uncorrected_aggregate": (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+}
+
+_QUIET_NOT_FOUND = frozenset({pynvml.NVML_ERROR_NOT_FOUND})
+
+
+def field_value(fv: Any) -> float | int | None:
+    """Return the number held by one nvmlFieldValue_t according to its valueType, None if unknown."""
+    vt, v = fv.valueType, fv.value
+    if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        return float(v.dVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return int(v.uiVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return int(v.ulVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        return int(v.ullVal)
+    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return int(v.sllVal)
+    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
+        return int(v.siVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
+        return int(v.usVal)
+    return None
+
+
+class GpuPoller:
+    """Reads one GPU each poll into a GpuReading (see the module doc for the cadence).
+
+    Raises nothing: a GPU that answers NVML_ERROR_GPU_IS_LOST is returned with ``up=False``; other
+    failures leave the reading None and are counted by the shared Caller.
+    """
+
+    def __init__(
+        self,
+        static: GpuStatic,
+        handle: Any,
+        caller: Caller,
+        inspector: ProcessInspector | None,
+        xid: XidWatcher | None,
+        slow_interval: float,
+    ) -> None:
+        self.static = static
+        self._handle = handle
+        self._caller = caller
+        self._inspector = inspector
+        self._xid = xid
+        self._slow_interval = slow_interval
+        self._next_slow = 0.0
+        self._slow: dict[str, Any] = {}
+        self._fields = list(FAST_FIELDS)
+        self._last_sample_us = int(time.time() * 1e6)
+        self._gpm: GpmSampler | None = None
+        if static.gpm_supported:
+            try:
+                self._gpm = GpmSampler(handle, caller)
+            except pynvml.NVMLError as exc:
+                caller.errors[("nvmlGpmSampleAlloc", error_name(exc))] += 1
+        self._mig_gpm: dict[int, GpmSampler] = {}
+        self._memory_v2 = True
+
+    def read(self, now: float) -> GpuReading:
+        """Return this poll's reading of the GPU (``now`` is the poll's Unix time)."""
+        index, uuid = self.static.index, self.static.uuid
+        try:
+            reading = self._read(now)
+        except GpuLost as exc:
+            self._caller.errors[(str(exc), "gpu_is_lost")] += 1
+            return GpuReading.model_construct(index=index, uuid=uuid, timestamp=now, up=False, error="gpu_is_lost")
+        if self._xid is not None:
+            reading.xid_events = self._xid.drain(index)
+        return reading
+
+    def _read(self, now: float) -> GpuReading:
+        c, h = self._caller.call, self._handle
+        r: dict[str, Any] = {"index": self.static.index, "uuid": self.static.uuid, "timestamp": now, "up": True}
+        util = c("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates, h)
+        if util is not None:
+            r["utilization_gpu_ratio"] = util.gpu / 100.0
+            r["utilization_memory_ratio"] = util.memory / 100.0
+        r["utilization_samples"] = self._samples()
+        mem = None
+        if self._memory_v2:
+            mem = c("nvmlDeviceGetMemoryInfo_v2", pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
+            if mem is None and "nvmlDeviceGetMemoryInfo_v2" in self._caller.unsupported:
+                self._memory_v2 = False
+        if mem is None and not self._memory_v2:
+            mem = c("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, h)
+        if mem is not None:
+            r["memory_total_bytes"] = int(mem.total)
+            r["memory_used_bytes"] = int(mem.used)
+            r["memory_free_bytes"] = int(mem.free)
+            reserved = getattr(mem, "reserved", None)
+            if reserved is not None:
+                r["memory_reserved_bytes"] = int(reserved)
+        temp = c("nvmlDeviceGetTemperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+        if temp is not None:
+            r["temperature_gpu_celsius"] = float(temp)
+        power = c("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage, h)
+        if power is not None:
+            r["power_usage_watts"] = power / 1000.0
+        limit = c("nvmlDeviceGetEnforcedPowerLimit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        if limit is not None:
+            r["power_limit_watts"] = limit / 1000.0
+        fan = c("nvmlDeviceGetFanSpeed", pynvml.nvmlDeviceGetFanSpeed, h)
+        if fan is not None:
+            r["fan_speed_ratio"] = fan / 100.0
+        clocks: dict[str, float] = {}
+        for domain, ctype in CLOCK_TYPES.items():
+            mhz = c(f"nvmlDeviceGetClockInfo({domain})", pynvml.nvmlDeviceGetClockInfo, h, ctype)
+            if mhz is not None:
+                clocks[domain] = float(mhz) * 1e6
+        r["clock_hertz"] = clocks
+        r["clock_event_reasons"] = c(
+            "nvmlDeviceGetCurrentClocksEventReasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h
+        )
+        r["performance_state"] = c("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState, h)
+        r["pcie_generation"] = c("nvmlDeviceGetCurrPcieLinkGeneration", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        r["pcie_width"] = c("nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
+        self._read_fields(r)
+        r["gpm"] = self._gpm.read() if self._gpm is not None else {}
+        if now >= self._next_slow:
+            self._read_slow()
+            self._next_slow = now + self._slow_interval
+        r.update(self._slow)
+        r["processes"] = self._processes()
+        if self.static.mig_enabled:
+            r["mig"] = self._mig()
+        return GpuReading.model_construct(**r)
+
+    def _samples(self) -> list[tuple[float, float]]:
+        got = self._caller.call(
+            "nvmlDeviceGetSamples",
+            pynvml.nvmlDeviceGetSamples,
+            self._handle,
+            pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+            self._last_sample_us,
+            quiet=_QUIET_NOT_FOUND,
+        )
+        if not got:
+            return []
+        out = []
+        last = self._last_sample_us
+        for s in got[1]:
+            ts = int(s.timeStamp)
+            if ts <= self._last_sample_us:
+                continue
+            out.append((ts / 1e6, s.sampleValue.uiVal / 100.0))
+            last = max(last, ts)
+        self._last_sample_us = last
+        return out
+
+    def _read_fields(self, r: dict[str, Any]) -> None:
+        if not self._fields:
+            return
+        values = self._caller.call("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, self._handle, self._fields)
+        if values is None:
+            return
+        events: dict[str, float] = {}
+        unsupported = []
+        for fv in values:
+            key, scale = FAST_FIELDS[fv.fieldId]
+            if fv.nvmlReturn != pynvml.NVML_SUCCESS:
+                if fv.nvmlReturn in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                    unsupported.append(fv.fieldId)
+                continue
+            value = field_value(fv)
+            if value is None:
+                continue
+            if key == "temperature_memory":
+                r["temperature_memory_celsius"] = float(value)
+            elif key == "pcie_replay":
+                r["pcie_replay_total"] = int(value)
+            else:
+                events[key.removeprefix("event:")] = value * scale
+        r["clock_event_seconds_total"] = events
+        if unsupported:
+            self._fields = [f for f in self._fields if f not in unsupported]
+
+    def _read_slow(self) -> None:
+        c, h = self._caller.call, self._handle
+        slow: dict[str, Any] = {}
+        energy = c("nvmlDeviceGetTotalEnergyConsumption", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+        if energy is not None:
+            slow["energy_joules_total"] = energy / 1000.0
+        if self.static.ecc_enabled:
+            ecc: dict[str, int] = {}
+            for key, (etype, ctype) in _ECC.items():
+                v = c(f"nvmlDeviceGetTotalEccErrors({key})", pynvml.nvmlDeviceGetTotalEccErrors, h, etype, ctype)
+                if v is not None:
+                    ecc[key] = int(v)
+            slow["ecc_errors_total"] = ecc
+        rows = c("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            corrected, uncorrected, pending, failure = rows
+            slow["remapped_rows"] = {
+                "corrected": int(corrected),
+                "uncorrected": int(uncorrected),
+                "pending": int(bool(pending)),
+                "failure": int(bool(failure)),
+            }
+        # Keep the last good value of a slow reading when this read failed.
+        for key, value in slow.items():
+            self._slow[key] = value
+
+    def _processes(self) -> list[ProcessReading] | None:
+        if self._inspector is None:
+            return None
+        procs = self._caller.call(
+            "nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses, self._handle
+        )
+        if procs is None:
+            return None
+        out = []
+        seen = set()
+        for p in procs:
+            pid = int(p.pid)
+            if pid in seen:
+                continue
+            seen.add(pid)
+            used = p.usedGpuMemory
+            out.append(self._inspector.describe(pid, int(used) if used is not None else None))
+        return out
+
+    def _mig(self) -> list[MigReading]:
+        c, h = self._caller.call, self._handle
+        count = c("nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        out = []
+        for i in range(count):
+            mh = c("nvmlDeviceGetMigDeviceHandleByIndex", pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i,
+                   quiet=_QUIET_NOT_FOUND)
+            if mh is None:
+                continue
+            uuid = c("nvmlDeviceGetUUID(mig)", pynvml.nvmlDeviceGetUUID, mh)
+            gi = c("nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId, mh)
+            if uuid is None or gi is None:
+                continue
+            ci = c("nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId, mh)
+            mem = c("nvmlDeviceGetMemoryInfo(mig)", pynvml.nvmlDeviceGetMemoryInfo, mh)
+            gpm: dict[str, float] = {}
+            if self.static.gpm_supported:
+                sampler = self._mig_gpm.get(gi)
+                if sampler is None:
+                    sampler = self._mig_gpm[gi] = GpmSampler(h, self._caller, gpu_instance_id=gi)
+                gpm = sampler.read()
+            out.append(
+                MigReading.model_construct(
+                    uuid=decode(uuid),
+                    gpu_instance_id=int(gi),
+                    compute_instance_id=int(ci) if ci is not None else None,
+                    memory_total_bytes=int(mem.total) if mem is not None else None,
+                    memory_used_bytes=int(mem.used) if mem is not None else None,
+                    gpm=gpm,
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        """Free the GPM samples."""
+        for s in [self._gpm, *self._mig_gpm.values()]:
+            if s is not None:
+                s.close()
+
+
+__all__ = ["GpuPoller", "error_name", "field_value"]

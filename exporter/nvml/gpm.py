@@ -1,0 +1,107 @@
+"""GPU Performance Monitoring (GPM, Hopper and newer): SM activity, occupancy, tensor, DRAM, PCIe.
+
+A GPM metric is computed from two samples taken some time apart; ``GpmSampler.read`` takes one
+sample per poll and returns the metrics averaged over the interval since the previous poll.
+Sources: nvmlGpmSampleAlloc, nvmlGpmSampleGet / nvmlGpmMigSampleGet, nvmlGpmMetricsGet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+
+from exporter.nvml.calls import Caller
+
+_PERCENT = 0.01
+_MIB = 1048576.0
+
+#: gpuwarden key -> (NVML GPM metric id, scale to base units)
+GPM_IDS: dict[str, tuple[int, float]] = {
+    "graphics_activity": (pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, _PERCENT),
+    "sm_activity": (pynvml.NVML_GPM_METRIC_SM_UTIL, _PERCENT),
+    "sm_occupancy": (pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, _PERCENT),
+    "tensor_activity": (pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, _PERCENT),
+    "dram_activity": (pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, _PERCENT),
+    "fp64_activity": (pynvml.NVML_GPM_METRIC_FP64_UTIL, _PERCENT),
+    "fp32_activity": (pynvml.NVML_GPM_METRIC_FP32_UTIL, _PERCENT),
+    "fp16_activity": (pynvml.NVML_GPM_METRIC_FP16_UTIL, _PERCENT),
+    "integer_activity": (pynvml.NVML_GPM_METRIC_INTEGER_UTIL, _PERCENT),
+    "pcie_rx_bytes_per_second": (pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, _MIB),
+    "pcie_tx_bytes_per_second": (pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, _MIB),
+    "nvlink_rx_bytes_per_second": (pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, _MIB),
+    "nvlink_tx_bytes_per_second": (pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, _MIB),
+}
+
+
+class GpmSampler:
+    """Keeps two GPM samples of one GPU (or one MIG GPU instance) and turns them into metrics.
+
+    The nvmlGpmMetricsGet_t request is built once and reused: building it costs more than the call.
+    Metrics whose per-metric return code is not success are left out of the result (and dropped
+    from later requests once they answer NOT_SUPPORTED).
+    """
+
+    def __init__(self, handle: Any, caller: Caller, gpu_instance_id: int | None = None) -> None:
+        self._handle = handle
+        self._caller = caller
+        self._gi = gpu_instance_id
+        self._samples = [pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()]
+        self._current = 0
+        self._have_previous = False
+        self._build(list(GPM_IDS))
+
+    def _build(self, keys: list[str]) -> None:
+        self._keys = keys
+        req = pynvml.c_nvmlGpmMetricsGet_t()
+        req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        req.numMetrics = len(keys)
+        for i, key in enumerate(keys):
+            req.metrics[i].metricId = GPM_IDS[key][0]
+        self._request = req
+
+    def read(self) -> dict[str, float]:
+        """Take a sample and return {key: value in base units} over the interval since the last one.
+
+        Returns {} on the first call (one sample is not enough) and when the sample fails.
+        """
+        sample = self._samples[self._current]
+        if self._gi is None:
+            ok = self._caller.call("nvmlGpmSampleGet", pynvml.nvmlGpmSampleGet, self._handle, sample)
+        else:
+            ok = self._caller.call(
+                "nvmlGpmMigSampleGet", pynvml.nvmlGpmMigSampleGet, self._handle, self._gi, sample
+            )
+        if ok is None:
+            self._have_previous = False
+            return {}
+        previous = self._samples[1 - self._current]
+        self._current = 1 - self._current
+        if not self._have_previous:
+            self._have_previous = True
+            return {}
+        req = self._request
+        req.sample1 = previous
+        req.sample2 = sample
+        if self._caller.call("nvmlGpmMetricsGet", pynvml.nvmlGpmMetricsGet, req) is None:
+            return {}
+        out: dict[str, float] = {}
+        dropped = []
+        for i, key in enumerate(self._keys):
+            metric = req.metrics[i]
+            if metric.nvmlReturn == pynvml.NVML_SUCCESS:
+                out[key] = float(metric.value) * GPM_IDS[key][1]
+            elif metric.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                dropped.append(key)
+        if dropped:
+            self._build([k for k in self._keys if k not in dropped])
+        return out
+
+    def close(self) -> None:
+        """Free both samples (nvmlGpmSampleFree)."""
+        for s in self._samples:
+            try:
+                pynvml.nvmlGpmSampleFree(s)
+            except pynvml.NVMLError:
+                pass
+        self._samples = []
