@@ -91,6 +91,7 @@ class GpuStatic(_Model):
     ecc_enabled: bool | None = None
     mig_enabled: bool | None = None
     gpm_supported: bool = False
+    nvlink_link_count: int | None = Field(default=None, description="NVML_FI_DEV_NVLINK_LINK_COUNT; None: no NVLink")
 
 
 class NodeStatic(_Model):

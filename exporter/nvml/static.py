@@ -94,6 +94,11 @@ def read_gpu_static(index: int, handle: Any, caller: Caller) -> GpuStatic:
     vbios = c("nvmlDeviceGetVbiosVersion", pynvml.nvmlDeviceGetVbiosVersion, handle)
     minor = c("nvmlDeviceGetMinorNumber", pynvml.nvmlDeviceGetMinorNumber, handle)
     max_gen = c("nvmlDeviceGetMaxPcieLinkGeneration", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
+    links = None
+    fv = c("nvmlDeviceGetFieldValues(nvlink_link_count)", pynvml.nvmlDeviceGetFieldValues, handle,
+           [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])
+    if fv is not None and fv[0].nvmlReturn == pynvml.NVML_SUCCESS and fv[0].value.uiVal > 0:
+        links = int(fv[0].value.uiVal)
     max_width = c("nvmlDeviceGetMaxPcieLinkWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
     return GpuStatic(
         index=index,
@@ -116,4 +121,5 @@ def read_gpu_static(index: int, handle: Any, caller: Caller) -> GpuStatic:
         ecc_enabled=bool(ecc[0]) if ecc else None,
         mig_enabled=bool(mig[0]) if mig else None,
         gpm_supported=bool(gpm.isSupportedDevice) if gpm is not None else False,
+        nvlink_link_count=links,
     )
