@@ -49,11 +49,128 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """Return the config keys given as flags (flags that were not given are left out)."""
+    from exporter.collectors import REGISTRY
+
+    out: dict[str, object] = {}
+    simple = {
+        "listen_address": args.listen_address,
+        "web_config_file": args.web_config_file,
+        "poll_interval_seconds": args.poll_interval,
+        "slow_interval_seconds": args.slow_interval,
+        "replay": args.replay,
+        "log_level": args.log_level,
+    }
+    out.update({k: v for k, v in simple.items() if v is not None})
+    if args.demo:
+        out["demo"] = True
+    if args.gpus is not None:
+        try:
+            out["gpus"] = [int(x) for x in args.gpus.split(",") if x.strip()]
+        except ValueError as exc:
+            raise ValueError(f"--gpus expects comma-separated indices, got {args.gpus!r}") from exc
+    if args.no_processes:
+        out["processes"] = {"enabled": False}
+    enable = [n for n in REGISTRY if getattr(args, f"collector_{n}", None) is True]
+    disable = [n for n in REGISTRY if getattr(args, f"collector_{n}", None) is False]
+    if enable or disable:
+        out["collectors"] = {"enable": enable, "disable": disable}
+    return out
+
+
+def _load(args: argparse.Namespace):  # noqa: ANN202 - returns Config
+    from exporter.config import load_config
+
+    return load_config(Path(args.config) if args.config else None, _serve_overrides(args))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGINT/SIGTERM."""
+    from exporter.config import ConfigError
+    from exporter.daemon import Daemon, StartupError, bind
+
+    try:
+        cfg = _load(args)
+    except (ConfigError, ValueError) as exc:
+        return _die(str(exc), EXIT_USAGE)
+    logging.getLogger().setLevel(cfg.log_level.upper())
+    try:
+        daemon = Daemon(cfg)
+        sock = bind(cfg)
+    except StartupError as exc:
+        return _die(str(exc))
+    try:
+        daemon.start()
+    except SourceError as exc:
+        sock.close()
+        return _die(str(exc))
+    print(f"gpuwarden {__version__} serving {len(daemon.poller.snapshot.static.gpus)} GPU(s) "
+          f"from {daemon.poller.source.kind} on http://{cfg.listen_address}/metrics", file=sys.stderr)
+    daemon.serve(sock)
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Validate a configuration file and print the effective configuration."""
+    from exporter.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(Path(args.file))
+    except ConfigError as exc:
+        return _die(str(exc), EXIT_USAGE)
+    print(f"{args.file}: OK")
+    print(yaml_dump(cfg.model_dump(mode="json")))
+    return 0
+
+
+def yaml_dump(data: object) -> str:
+    """Return ``data`` as block-style YAML."""
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False).rstrip()
+
+
+def cmd_collectors(args: argparse.Namespace) -> int:
+    """List the collectors, their default state and what they export."""
+    from exporter.collectors import REGISTRY
+
+    for name, spec in sorted(REGISTRY.items()):
+        print(f"{name:14s} {'on ' if spec.enabled_by_default else 'off'}  {spec.help}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of every subcommand."""
     p = argparse.ArgumentParser(prog="gpuwarden", description="NVIDIA GPU monitoring daemon and Prometheus exporter")
     p.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the daemon: poll the GPUs and serve /metrics")
+    s.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    s.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
+                   help="address to serve on (default 0.0.0.0:10400)")
+    s.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
+                   help="exporter-toolkit web config: TLS and basic auth")
+    s.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (default 1)")
+    s.add_argument("--slow-interval", type=float, metavar="S", help="seconds between energy/ECC reads (default 10)")
+    s.add_argument("--gpus", metavar="I,J", help="NVML indices to watch (default all)")
+    s.add_argument("--no-processes", action="store_true", help="do not read GPU processes")
+    s.add_argument("--replay", metavar="FILE", help="serve a recorded trace (looping) instead of live NVML")
+    s.add_argument("--demo", action="store_true", help="serve the real trace shipped in the package (no GPU needed)")
+    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    from exporter.collectors import REGISTRY
+
+    for name, spec in sorted(REGISTRY.items()):
+        s.add_argument(f"--collector.{name}", dest=f"collector_{name}", action="store_true", default=None,
+                       help=f"enable: {spec.help}" + ("" if spec.enabled_by_default else " (off by default)"))
+        s.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false",
+                       help=argparse.SUPPRESS)
+    s.set_defaults(func=cmd_serve)
+    c = sub.add_parser("check-config", help="validate a configuration file")
+    c.add_argument("file")
+    c.set_defaults(func=cmd_check_config)
+    ls = sub.add_parser("collectors", help="list collectors and their default state")
+    ls.set_defaults(func=cmd_collectors)
     r = sub.add_parser("record", help="record a trace of raw NVML readings (JSON Lines)")
     r.add_argument("--duration", type=float, required=True, help="seconds to record")
     r.add_argument("--out", required=True, help="trace file to write (.jsonl, or .jsonl.gz)")

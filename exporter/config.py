@@ -1,0 +1,173 @@
+"""The validated configuration: a YAML file, overridden by environment variables, overridden by flags.
+
+Precedence (highest first): command-line flags, ``GPUWARDEN_*`` environment variables (nested keys with
+``__``, e.g. ``GPUWARDEN_PROCESSES__MAX_PER_GPU``), the YAML file given by ``--config``, the defaults.
+Unknown keys and bad values are refused with one line naming the key (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEFAULT_PORT = 10400
+
+
+class ConfigError(Exception):
+    """The configuration is unreadable or invalid; ``str()`` is one line naming the key."""
+
+
+class ProcessesConfig(BaseModel):
+    """Per-process readings: on/off, and how many processes per GPU get their own series."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    max_per_gpu: int = Field(default=16, ge=0, le=1024)
+
+
+class CollectorsConfig(BaseModel):
+    """Collectors to turn on beyond the defaults, and to turn off (names as in ``gpuwarden collectors``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enable: list[str] = Field(default_factory=list)
+    disable: list[str] = Field(default_factory=list)
+
+
+class InsightConfig(BaseModel):
+    """Scores and diagnosis: the window of gpu_starved_ratio and the imbalance scores."""
+
+    model_config = ConfigDict(extra="forbid")
+    window_seconds: float = Field(default=300.0, gt=0, le=86400)
+
+
+class _Preloaded(PydanticBaseSettingsSource):
+    """A settings source over a dict already read from YAML (lowest precedence)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+class Config(BaseSettings):
+    """Everything ``gpuwarden serve`` can be told; see README's configuration reference."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUWARDEN_", env_nested_delimiter="__", extra="forbid")
+
+    listen_address: str = Field(default=f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT to serve on")
+    web_config_file: Path | None = Field(default=None, description="exporter-toolkit web config (TLS, basic auth)")
+    poll_interval_seconds: float = Field(default=1.0, ge=0.05, le=300)
+    slow_interval_seconds: float = Field(default=10.0, ge=1, le=3600, description="energy, ECC and row remap reads")
+    stale_after_seconds: float | None = Field(
+        default=None, gt=0, description="readiness fails when the last poll is older (default 3 polls, at least 5 s)"
+    )
+    gpus: list[int] | None = Field(default=None, description="NVML indices to watch (default: all)")
+    xid_events: bool = True
+    processes: ProcessesConfig = Field(default_factory=ProcessesConfig)
+    collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
+    insight: InsightConfig = Field(default_factory=InsightConfig)
+    replay: Path | None = Field(default=None, description="serve a recorded trace instead of live NVML")
+    demo: bool = Field(default=False, description="serve the trace shipped in the package")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_address(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be HOST:PORT with a port in 1-65535")
+        return v
+
+    @property
+    def host(self) -> str:
+        """The host part of listen_address (brackets of an IPv6 literal removed)."""
+        return self.listen_address.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        """The port part of listen_address."""
+        return int(self.listen_address.rpartition(":")[2])
+
+    @property
+    def stale_after(self) -> float:
+        """Seconds after which the last poll is stale: stale_after_seconds, else max(3 polls, 5 s)."""
+        return self.stale_after_seconds or max(3 * self.poll_interval_seconds, 5.0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _Preloaded(settings_cls, _FILE_DATA.get(settings_cls, {}))
+
+
+_FILE_DATA: dict[type, dict[str, Any]] = {}
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Return the mapping in the YAML file ``path``. Raises ConfigError (unreadable, invalid, not a mapping)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    return data
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Return the Config from ``path`` (optional), the environment and ``overrides`` (flags).
+
+    Raises ConfigError with one line such as ``poll_interval_seconds: Input should be greater than or equal
+    to 0.05`` or ``unknown key 'pol_interval'``. Collector names are checked against the registry.
+    """
+    data = read_yaml(path) if path is not None else {}
+    _FILE_DATA[Config] = data
+    try:
+        cfg = Config(**(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, path)) from exc
+    finally:
+        _FILE_DATA.pop(Config, None)
+    from exporter.exposition import select_collectors
+
+    try:
+        select_collectors(cfg.collectors.enable, cfg.collectors.disable)
+    except ValueError as exc:
+        raise ConfigError(f"collectors: {exc}") from exc
+    if cfg.replay is not None and cfg.demo:
+        raise ConfigError("replay and demo exclude each other: give one")
+    return cfg
+
+
+def _one_line(exc: ValidationError, path: Path | None) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"])
+    prefix = f"{path}: " if path is not None else ""
+    if err["type"] == "extra_forbidden":
+        return f"{prefix}unknown key {key!r}"
+    value = err.get("input")
+    shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) else ""
+    return f"{prefix}{key}: {err['msg']}{shown}"

@@ -1,0 +1,99 @@
+"""``gpuwarden serve``: build the source, the poller and the app from a Config, and run uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+
+import uvicorn
+from fastapi import FastAPI
+
+from exporter.collectors import CollectOptions
+from exporter.config import Config
+from exporter.exposition import Exposition, select_collectors
+from exporter.poller import Analyzer, Poller
+from exporter.replay import ReplaySource, demo_trace_path
+from exporter.server import create_app
+from exporter.source import Source
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The daemon cannot start (source unavailable, address in use); ``str()`` is one line."""
+
+
+def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
+    """Return the source the config asks for (replay, demo or live NVML) and labels describing it."""
+    if cfg.demo:
+        path = demo_trace_path()
+        return ReplaySource(path), {"trace": path.name}
+    if cfg.replay is not None:
+        return ReplaySource(cfg.replay), {"trace": cfg.replay.name}
+    from exporter.nvml import NvmlSource
+
+    return (
+        NvmlSource(
+            slow_interval=cfg.slow_interval_seconds,
+            processes=cfg.processes.enabled,
+            xid_events=cfg.xid_events,
+            gpu_indices=cfg.gpus,
+        ),
+        {},
+    )
+
+
+def build_analyzers(cfg: Config) -> dict[str, Analyzer]:
+    """Return the analyzers run after every poll (scores and diagnosis)."""
+    try:
+        from exporter.insight.analyzer import InsightAnalyzer
+    except ImportError:  # the insight package is optional at this stage
+        return {}
+    return {"insight": InsightAnalyzer(window_seconds=cfg.insight.window_seconds)}
+
+
+def bind(cfg: Config) -> socket.socket:
+    """Return a listening socket on cfg's address. Raises StartupError with one line when it cannot bind."""
+    try:
+        infos = socket.getaddrinfo(cfg.host, cfg.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot listen on {cfg.listen_address}: {exc.strerror}") from exc
+    family, stype, proto, _, addr = infos[0]
+    sock = socket.socket(family, stype, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {cfg.listen_address}: {exc.strerror or exc}") from exc
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+class Daemon:
+    """The running daemon: poller + exposition + app. ``start()`` raises SourceError or StartupError."""
+
+    def __init__(self, cfg: Config, extra_routes: Callable[[FastAPI], list[str]] | None = None) -> None:
+        self.cfg = cfg
+        source, info = build_source(cfg)
+        self.poller = Poller(source, cfg.poll_interval_seconds, analyzers=build_analyzers(cfg), extra_info=info)
+        collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable)
+        options = CollectOptions(max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0)
+        self.exposition = Exposition(lambda: self.poller.snapshot, collectors, options)
+        self.app = create_app(lambda: self.poller.snapshot, self.exposition, cfg.stale_after, extra_routes)
+
+    def start(self) -> None:
+        """Open the source and take the first poll (raises SourceError)."""
+        self.poller.start()
+
+    def serve(self, sock: socket.socket, uvicorn_kwargs: dict[str, object] | None = None) -> None:
+        """Serve HTTP on ``sock`` until SIGINT/SIGTERM; then stop the poller (nvmlShutdown)."""
+        config = uvicorn.Config(self.app, log_level=self.cfg.log_level if self.cfg.log_level != "debug" else "debug",
+                                access_log=self.cfg.log_level == "debug", **(uvicorn_kwargs or {}))
+        server = uvicorn.Server(config)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            self.poller.stop()
