@@ -89,11 +89,14 @@ class Poller:
         self._static: NodeStatic | None = None
         self.poll_started: float | None = None
 
-    def start(self) -> NodeSnapshot:
-        """Open the source, poll once, start the thread; return the first snapshot."""
+    def start(self, thread: bool = True) -> NodeSnapshot:
+        """Open the source, poll once, start the thread (unless ``thread`` is False); return the first snapshot."""
         self._static = self.source.open()
         self._publish(None)
         self.poll_once()
+        if not thread:
+            assert self.snapshot is not None
+            return self.snapshot
         self._thread = threading.Thread(target=self._run, name="gpuwarden-poller", daemon=True)
         self._thread.start()
         assert self.snapshot is not None
