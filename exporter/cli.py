@@ -96,7 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _die(str(exc), EXIT_USAGE)
     logging.getLogger().setLevel(cfg.log_level.upper())
     try:
-        daemon = Daemon(cfg)
+        daemon = Daemon(cfg, reload=lambda: _load(args))
         sock = bind(cfg)
     except StartupError as exc:
         return _die(str(exc))
@@ -105,8 +105,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except SourceError as exc:
         sock.close()
         return _die(str(exc))
-    print(f"gpuwarden {__version__} serving {len(daemon.poller.snapshot.static.gpus)} GPU(s) "
-          f"from {daemon.poller.source.kind} on http://{cfg.listen_address}/metrics", file=sys.stderr)
+    print(
+        f"gpuwarden {__version__} serving {len(daemon.poller.snapshot.static.gpus)} GPU(s) "
+        f"from {daemon.poller.source.kind} on http://{cfg.listen_address}/metrics",
+        file=sys.stderr,
+    )
     daemon.serve(sock)
     return 0
 
@@ -147,10 +150,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the daemon: poll the GPUs and serve /metrics")
     s.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    s.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
-                   help="address to serve on (default 0.0.0.0:10400)")
-    s.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
-                   help="exporter-toolkit web config: TLS and basic auth")
+    s.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        metavar="HOST:PORT",
+        help="address to serve on (default 0.0.0.0:10400)",
+    )
+    s.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="exporter-toolkit web config: TLS and basic auth",
+    )
     s.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (default 1)")
     s.add_argument("--slow-interval", type=float, metavar="S", help="seconds between energy/ECC reads (default 10)")
     s.add_argument("--gpus", metavar="I,J", help="NVML indices to watch (default all)")
@@ -161,10 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     from exporter.collectors import REGISTRY
 
     for name, spec in sorted(REGISTRY.items()):
-        s.add_argument(f"--collector.{name}", dest=f"collector_{name}", action="store_true", default=None,
-                       help=f"enable: {spec.help}" + ("" if spec.enabled_by_default else " (off by default)"))
-        s.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false",
-                       help=argparse.SUPPRESS)
+        s.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action="store_true",
+            default=None,
+            help=f"enable: {spec.help}" + ("" if spec.enabled_by_default else " (off by default)"),
+        )
+        s.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false", help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_serve)
     c = sub.add_parser("check-config", help="validate a configuration file")
     c.add_argument("file")

@@ -84,8 +84,8 @@ class Config(BaseSettings):
     @classmethod
     def _check_address(cls, v: str) -> str:
         host, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("must be HOST:PORT with a port in 1-65535")
+        if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError("must be HOST:PORT with a port in 0-65535")
         return v
 
     @property
@@ -112,6 +112,7 @@ class Config(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Order the sources: flags (init), then environment, then the YAML file."""
         return init_settings, env_settings, _Preloaded(settings_cls, _FILE_DATA.get(settings_cls, {}))
 
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Generator
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
 from exporter.collectors import CollectOptions
-from exporter.config import Config
+from exporter.config import Config, ConfigError
 from exporter.exposition import Exposition, select_collectors
 from exporter.poller import Analyzer, Poller
 from exporter.replay import ReplaySource, demo_trace_path
@@ -72,11 +76,53 @@ def bind(cfg: Config) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server with gpuwarden's signal handling.
+
+    SIGINT/SIGTERM stop the server gracefully and let ``serve`` return (so the poller stops and NVML is shut
+    down) instead of uvicorn's default of re-raising the signal, which would kill the process before cleanup.
+    SIGHUP calls ``on_hup`` (configuration reload).
+    """
+
+    def __init__(self, config: uvicorn.Config, on_hup: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self._on_hup = on_hup
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def stop(sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+        def hup(sig: int, frame: Any) -> None:
+            if self._on_hup is not None:
+                threading.Thread(target=self._on_hup, name="gpuwarden-reload", daemon=True).start()
+
+        originals = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        originals[signal.SIGHUP] = signal.signal(signal.SIGHUP, hup)
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+
 class Daemon:
     """The running daemon: poller + exposition + app. ``start()`` raises SourceError or StartupError."""
 
-    def __init__(self, cfg: Config, extra_routes: Callable[[FastAPI], list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        extra_routes: Callable[[FastAPI], list[str]] | None = None,
+        reload: Callable[[], Config] | None = None,
+    ) -> None:
         self.cfg = cfg
+        self._reload = reload
         source, info = build_source(cfg)
         self.poller = Poller(source, cfg.poll_interval_seconds, analyzers=build_analyzers(cfg), extra_info=info)
         collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable)
@@ -88,11 +134,41 @@ class Daemon:
         """Open the source and take the first poll (raises SourceError)."""
         self.poller.start()
 
+    def reload(self) -> bool:
+        """Re-read the configuration (SIGHUP) and apply what can change while running.
+
+        Collectors, process limits, poll interval and log level apply at once; a change of address, source or
+        web config needs a restart and is logged. A bad configuration is logged and the running one kept.
+        Returns True when the new configuration was applied.
+        """
+        if self._reload is None:
+            return False
+        try:
+            new = self._reload()
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: %s", exc)
+            return False
+        collectors = select_collectors(new.collectors.enable, new.collectors.disable)
+        options = CollectOptions(max_processes_per_gpu=new.processes.max_per_gpu if new.processes.enabled else 0)
+        self.exposition.reconfigure(collectors, options)
+        self.poller.interval = new.poll_interval_seconds
+        logging.getLogger().setLevel(new.log_level.upper())
+        for key in ("listen_address", "web_config_file", "replay", "demo", "gpus", "xid_events"):
+            if getattr(new, key) != getattr(self.cfg, key):
+                log.warning("reload: %s changed; it takes effect after a restart", key)
+        self.cfg = new
+        log.warning("configuration reloaded")
+        return True
+
     def serve(self, sock: socket.socket, uvicorn_kwargs: dict[str, object] | None = None) -> None:
         """Serve HTTP on ``sock`` until SIGINT/SIGTERM; then stop the poller (nvmlShutdown)."""
-        config = uvicorn.Config(self.app, log_level=self.cfg.log_level if self.cfg.log_level != "debug" else "debug",
-                                access_log=self.cfg.log_level == "debug", **(uvicorn_kwargs or {}))
-        server = uvicorn.Server(config)
+        config = uvicorn.Config(
+            self.app,
+            log_level=self.cfg.log_level if self.cfg.log_level != "debug" else "debug",
+            access_log=self.cfg.log_level == "debug",
+            **(uvicorn_kwargs or {}),
+        )
+        server = _Server(config, self.reload)
         try:
             server.run(sockets=[sock])
         finally:

@@ -45,8 +45,9 @@ def select_collectors(enable: Iterable[str] = (), disable: Iterable[str] = ()) -
 class SnapshotCollector(Collector):
     """A prometheus_client Collector over ``get_snapshot()``: fresh metric families on every collect()."""
 
-    def __init__(self, get_snapshot: Callable[[], NodeSnapshot | None], collectors: list[CollectorSpec],
-                 options: CollectOptions) -> None:
+    def __init__(
+        self, get_snapshot: Callable[[], NodeSnapshot | None], collectors: list[CollectorSpec], options: CollectOptions
+    ) -> None:
         self._get = get_snapshot
         self.collectors = collectors
         self.options = options
@@ -56,10 +57,14 @@ class SnapshotCollector(Collector):
         snap = self._get()
         if snap is None:
             return
-        success = GaugeMetricFamily("gpuwarden_scrape_collector_success",
-                                    "1 when the collector rendered without error.", labels=["collector"])
-        duration = GaugeMetricFamily("gpuwarden_scrape_collector_duration_seconds",
-                                     "Time the collector took to render, in seconds.", labels=["collector"])
+        success = GaugeMetricFamily(
+            "gpuwarden_scrape_collector_success", "1 when the collector rendered without error.", labels=["collector"]
+        )
+        duration = GaugeMetricFamily(
+            "gpuwarden_scrape_collector_duration_seconds",
+            "Time the collector took to render, in seconds.",
+            labels=["collector"],
+        )
         for spec in self.collectors:
             start = time.perf_counter()
             try:
@@ -81,8 +86,9 @@ class Exposition:
     ``render()`` returns bytes; it re-renders only when the snapshot's ``seq`` changed.
     """
 
-    def __init__(self, get_snapshot: Callable[[], NodeSnapshot | None], collectors: list[CollectorSpec],
-                 options: CollectOptions) -> None:
+    def __init__(
+        self, get_snapshot: Callable[[], NodeSnapshot | None], collectors: list[CollectorSpec], options: CollectOptions
+    ) -> None:
         self._get = get_snapshot
         self._lock = threading.Lock()
         self._cache: tuple[int, bytes] | None = None
@@ -90,6 +96,13 @@ class Exposition:
         self.collector = SnapshotCollector(lambda: self._pinned, collectors, options)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
+
+    def reconfigure(self, collectors: list[CollectorSpec], options: CollectOptions) -> None:
+        """Use new collectors and options from the next render on (configuration reload)."""
+        with self._lock:
+            self.collector.collectors = collectors
+            self.collector.options = options
+            self._cache = None
 
     def render(self) -> bytes:
         """Return the exposition of the latest snapshot (b"" before the first snapshot)."""

@@ -73,8 +73,11 @@ def readiness(snap: NodeSnapshot | None, stale_after: float, now: float | None =
         return Readiness(ready=False, reason="no successful poll yet")
     age = now - snap.last_success_timestamp
     if age > stale_after:
-        return Readiness(ready=False, reason=f"last successful poll is {age:.1f} s old (limit {stale_after:g} s)",
-                         last_poll_age_seconds=age)
+        return Readiness(
+            ready=False,
+            reason=f"last successful poll is {age:.1f} s old (limit {stale_after:g} s)",
+            last_poll_age_seconds=age,
+        )
     return Readiness(ready=True, reason="ok", last_poll_age_seconds=age)
 
 
@@ -95,8 +98,11 @@ def create_app(
 
     ``extra_routes(app)`` may add routes (e.g. /api/v1/diagnosis) and returns their paths for the landing page.
     """
-    app = FastAPI(title="gpuwarden", version=__version__,
-                  description="NVIDIA GPU monitoring daemon: Prometheus metrics and JSON readings.")
+    app = FastAPI(
+        title="gpuwarden",
+        version=__version__,
+        description="NVIDIA GPU monitoring daemon: Prometheus metrics and JSON readings.",
+    )
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
@@ -106,14 +112,22 @@ def create_app(
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="Readiness: the source answered and the last poll is fresh",
-             response_model=Readiness, responses={503: {"model": Readiness}})
+    @app.get(
+        "/readyz",
+        summary="Readiness: the source answered and the last poll is fresh",
+        response_model=Readiness,
+        responses={503: {"model": Readiness}},
+    )
     def readyz() -> Any:
         r = readiness(get_snapshot(), stale_after)
         return JSONResponse(r.model_dump(), status_code=200 if r.ready else 503)
 
-    @app.get("/api/v1/gpus", summary="Static facts and the latest reading of every GPU", response_model=GpusDocument,
-             responses={503: {"description": "no snapshot yet"}})
+    @app.get(
+        "/api/v1/gpus",
+        summary="Static facts and the latest reading of every GPU",
+        response_model=GpusDocument,
+        responses={503: {"description": "no snapshot yet"}},
+    )
     def gpus() -> Any:
         snap = get_snapshot()
         if snap is None:
@@ -126,7 +140,8 @@ def create_app(
     def landing() -> HTMLResponse:
         snap = get_snapshot()
         links = "".join(f'<li><a href="{p.lstrip("/")}">{p}</a></li>' for p in extra)
-        return HTMLResponse(_LANDING.format(version=__version__, source=snap.source if snap else "starting",
-                                            extra=links))
+        return HTMLResponse(
+            _LANDING.format(version=__version__, source=snap.source if snap else "starting", extra=links)
+        )
 
     return app

@@ -128,7 +128,13 @@ def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult]]:
                         polls.append(_finish(current))
                     duration = obj.pop("duration_seconds", 0.0)
                     host = HostReading.model_validate(obj) if "cpu_count" in obj else None
-                    current = {"seq": seq, "timestamp": obj.get("timestamp"), "duration": duration, "host": host, "gpus": []}
+                    current = {
+                        "seq": seq,
+                        "timestamp": obj.get("timestamp"),
+                        "duration": duration,
+                        "host": host,
+                        "gpus": [],
+                    }
                 elif kind == "gpu":
                     if current is None or current["seq"] != seq:
                         raise TraceError(f"line {n}: gpu record of poll {seq} without its host record")

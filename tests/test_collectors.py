@@ -6,9 +6,9 @@ import math
 import subprocess
 
 import pytest
+from conftest import H100_SCENARIOS, render, snapshot, trace
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import H100_SCENARIOS, render, snapshot, trace
 from exporter.collectors import REGISTRY
 from exporter.trace import read_trace
 

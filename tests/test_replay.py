@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from conftest import trace
+
 from exporter.replay import ReplaySource
 from exporter.trace import read_trace
 

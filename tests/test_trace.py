@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import H100_SCENARIOS, trace
+
 from exporter.trace import TraceError, TraceHeader, TraceWriter, read_trace
 
 
@@ -54,8 +54,14 @@ def _header() -> dict:
         (["{not json"], "line 1: invalid JSON"),
         ([{"type": "gpu", "poll": 1}], "line 1: the first record must be the header"),
         (["HEADER"], "no poll"),
-        (["HEADER", {"type": "host", "poll": 1, "timestamp": 1.0, "cpu_count": 1},
-          {"type": "gpu", "poll": 1, "index": 0, "uuid": "u", "timestamp": "soon"}], "line 3: timestamp"),
+        (
+            [
+                "HEADER",
+                {"type": "host", "poll": 1, "timestamp": 1.0, "cpu_count": 1},
+                {"type": "gpu", "poll": 1, "index": 0, "uuid": "u", "timestamp": "soon"},
+            ],
+            "line 3: timestamp",
+        ),
         (["HEADER", {"type": "gpu", "poll": 1, "index": 0, "uuid": "u", "timestamp": 1.0}], "without its host record"),
         (["HEADER", {"type": "host", "poll": 1, "timestamp": 1.0, "cpu_count": 1, "bogus": 2}], "line 2: bogus"),
         (["HEADER", {"type": "weird", "poll": 1}], "unknown record type"),

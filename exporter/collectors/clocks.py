@@ -29,8 +29,11 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
             mx.add_metric([*gpu_label_values(s), domain], hz)
     if mx.samples:
         yield mx
-    ps = per_gpu_gauge(snap, "gpu_performance_state",
-                       "Performance state (P-state): 0 is the highest performance, 15 the lowest.",
-                       lambda g: g.performance_state)
+    ps = per_gpu_gauge(
+        snap,
+        "gpu_performance_state",
+        "Performance state (P-state): 0 is the highest performance, 15 the lowest.",
+        lambda g: g.performance_state,
+    )
     if ps is not None:
         yield ps

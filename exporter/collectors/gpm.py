@@ -15,18 +15,38 @@ from exporter.collectors.base import CollectOptions, collector, gauge, gpu_label
 from exporter.poller import NodeSnapshot
 
 _ACTIVITIES = (
-    ("graphics_activity", "gpu_graphics_engine_activity_ratio",
-     "Fraction of time the graphics or compute engine was active (GPM graphics util)."),
-    ("sm_activity", "gpu_sm_activity_ratio",
-     "Fraction of time an SM had at least one warp resident, averaged over all SMs (GPM SM util; DCGM SM activity)."),
-    ("sm_occupancy", "gpu_sm_occupancy_ratio",
-     "Resident warps relative to the maximum, averaged over SMs (GPM SM occupancy; DCGM SM occupancy)."),
-    ("tensor_activity", "gpu_tensor_activity_ratio", "Fraction of time any tensor pipe was active (GPM any-tensor util)."),
-    ("dram_activity", "gpu_dram_activity_ratio",
-     "Device memory bandwidth used relative to the maximum (GPM DRAM bandwidth util)."),
+    (
+        "graphics_activity",
+        "gpu_graphics_engine_activity_ratio",
+        "Fraction of time the graphics or compute engine was active (GPM graphics util).",
+    ),
+    (
+        "sm_activity",
+        "gpu_sm_activity_ratio",
+        "Fraction of time an SM had at least one warp resident, averaged over all SMs (GPM SM util; DCGM SM activity).",
+    ),
+    (
+        "sm_occupancy",
+        "gpu_sm_occupancy_ratio",
+        "Resident warps relative to the maximum, averaged over SMs (GPM SM occupancy; DCGM SM occupancy).",
+    ),
+    (
+        "tensor_activity",
+        "gpu_tensor_activity_ratio",
+        "Fraction of time any tensor pipe was active (GPM any-tensor util).",
+    ),
+    (
+        "dram_activity",
+        "gpu_dram_activity_ratio",
+        "Device memory bandwidth used relative to the maximum (GPM DRAM bandwidth util).",
+    ),
 )
-_PIPES = (("fp16", "fp16_activity"), ("fp32", "fp32_activity"), ("fp64", "fp64_activity"),
-          ("integer", "integer_activity"))
+_PIPES = (
+    ("fp16", "fp16_activity"),
+    ("fp32", "fp32_activity"),
+    ("fp64", "fp64_activity"),
+    ("integer", "integer_activity"),
+)
 
 
 @collector("gpm", help="GPM activity: SM activity/occupancy, tensor, DRAM, FP16/32/64/integer pipes, NVLink")
@@ -48,7 +68,11 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
         ("nvlink_rx_bytes_per_second", "gpu_nvlink_receive_bytes_per_second", "NVLink receive rate, all links."),
         ("nvlink_tx_bytes_per_second", "gpu_nvlink_transmit_bytes_per_second", "NVLink transmit rate, all links."),
     ):
-        fam = per_gpu_gauge(snap, name, doc + " Bytes per second (GPM).",
-                            lambda g, k=key: g.gpm.get(k) if g.index in has_nvlink else None)
+        fam = per_gpu_gauge(
+            snap,
+            name,
+            doc + " Bytes per second (GPM).",
+            lambda g, k=key: g.gpm.get(k) if g.index in has_nvlink else None,
+        )
         if fam is not None:
             yield fam

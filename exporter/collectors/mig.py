@@ -37,8 +37,12 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     acts = {key: gauge(name, doc, _MIG_LABELS) for key, name, doc in _MIG_GPM}
     for g in readings(snap):
         for m in g.mig:
-            labels = [*gpu_label_values(g), m.uuid, str(m.gpu_instance_id),
-                      "" if m.compute_instance_id is None else str(m.compute_instance_id)]
+            labels = [
+                *gpu_label_values(g),
+                m.uuid,
+                str(m.gpu_instance_id),
+                "" if m.compute_instance_id is None else str(m.compute_instance_id),
+            ]
             if m.memory_used_bytes is not None:
                 used.add_metric(labels, m.memory_used_bytes)
             if m.memory_total_bytes is not None:

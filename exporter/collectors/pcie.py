@@ -11,7 +11,15 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import CollectOptions, collector, counter, gauge, gpu_label_values, per_gpu_gauge, readings
+from exporter.collectors.base import (
+    CollectOptions,
+    collector,
+    counter,
+    gauge,
+    gpu_label_values,
+    per_gpu_gauge,
+    readings,
+)
 from exporter.poller import NodeSnapshot
 
 
@@ -21,12 +29,18 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     for fam in (
         per_gpu_gauge(snap, "gpu_pcie_link_generation", "Current PCIe link generation.", lambda g: g.pcie_generation),
         per_gpu_gauge(snap, "gpu_pcie_link_width", "Current PCIe link width (lanes).", lambda g: g.pcie_width),
-        per_gpu_gauge(snap, "gpu_pcie_receive_bytes_per_second",
-                      "PCIe traffic to the GPU (host to device), bytes per second over the last poll interval (GPM).",
-                      lambda g: g.gpm.get("pcie_rx_bytes_per_second")),
-        per_gpu_gauge(snap, "gpu_pcie_transmit_bytes_per_second",
-                      "PCIe traffic from the GPU (device to host), bytes per second over the last poll interval (GPM).",
-                      lambda g: g.gpm.get("pcie_tx_bytes_per_second")),
+        per_gpu_gauge(
+            snap,
+            "gpu_pcie_receive_bytes_per_second",
+            "PCIe traffic to the GPU (host to device), bytes per second over the last poll interval (GPM).",
+            lambda g: g.gpm.get("pcie_rx_bytes_per_second"),
+        ),
+        per_gpu_gauge(
+            snap,
+            "gpu_pcie_transmit_bytes_per_second",
+            "PCIe traffic from the GPU (device to host), bytes per second over the last poll interval (GPM).",
+            lambda g: g.gpm.get("pcie_tx_bytes_per_second"),
+        ),
     ):
         if fam is not None:
             yield fam

@@ -10,7 +10,15 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import CollectOptions, collector, counter, gauge, gpu_label_values, per_gpu_gauge, readings
+from exporter.collectors.base import (
+    CollectOptions,
+    collector,
+    counter,
+    gauge,
+    gpu_label_values,
+    per_gpu_gauge,
+    readings,
+)
 from exporter.poller import NodeSnapshot
 
 
@@ -18,9 +26,15 @@ from exporter.poller import NodeSnapshot
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     """Yield gpu_power_usage_watts, gpu_power_limit_watts, gpu_power_default_limit_watts, gpu_energy_joules_total."""
     for fam in (
-        per_gpu_gauge(snap, "gpu_power_usage_watts", "Power draw of the board, in watts.", lambda g: g.power_usage_watts),
-        per_gpu_gauge(snap, "gpu_power_limit_watts", "Power limit the driver enforces now, in watts.",
-                      lambda g: g.power_limit_watts),
+        per_gpu_gauge(
+            snap, "gpu_power_usage_watts", "Power draw of the board, in watts.", lambda g: g.power_usage_watts
+        ),
+        per_gpu_gauge(
+            snap,
+            "gpu_power_limit_watts",
+            "Power limit the driver enforces now, in watts.",
+            lambda g: g.power_limit_watts,
+        ),
     ):
         if fam is not None:
             yield fam
@@ -30,7 +44,9 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
             default.add_metric(gpu_label_values(s), s.power_limit_default_watts)
     if default.samples:
         yield default
-    energy = counter("gpu_energy_joules", "Energy consumed since the driver loaded, in joules (read every slow interval).")
+    energy = counter(
+        "gpu_energy_joules", "Energy consumed since the driver loaded, in joules (read every slow interval)."
+    )
     for g in readings(snap):
         if g.energy_joules_total is not None:
             energy.add_metric(gpu_label_values(g), g.energy_joules_total)

@@ -18,12 +18,24 @@ from exporter.poller import NodeSnapshot
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     """Yield gpu_temperature_celsius, gpu_memory_temperature_celsius, thresholds and fan speed."""
     for fam in (
-        per_gpu_gauge(snap, "gpu_temperature_celsius", "GPU die temperature, in degrees Celsius.",
-                      lambda g: g.temperature_gpu_celsius),
-        per_gpu_gauge(snap, "gpu_memory_temperature_celsius", "Device memory (HBM) temperature, in degrees Celsius.",
-                      lambda g: g.temperature_memory_celsius),
-        per_gpu_gauge(snap, "gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (cards with a fan only).",
-                      lambda g: g.fan_speed_ratio),
+        per_gpu_gauge(
+            snap,
+            "gpu_temperature_celsius",
+            "GPU die temperature, in degrees Celsius.",
+            lambda g: g.temperature_gpu_celsius,
+        ),
+        per_gpu_gauge(
+            snap,
+            "gpu_memory_temperature_celsius",
+            "Device memory (HBM) temperature, in degrees Celsius.",
+            lambda g: g.temperature_memory_celsius,
+        ),
+        per_gpu_gauge(
+            snap,
+            "gpu_fan_speed_ratio",
+            "Fan speed as a fraction of its maximum (cards with a fan only).",
+            lambda g: g.fan_speed_ratio,
+        ),
     ):
         if fam is not None:
             yield fam

@@ -22,7 +22,9 @@ CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 @collector("xid", help="XID error counters per code and last event time (NVML events)")
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     """Yield gpu_xid_errors_total{xid} and gpu_xid_last_event_timestamp_seconds{xid}."""
-    total = counter("gpu_xid_errors", "XID errors reported by the driver since gpuwarden started, by XID code.", ["xid"])
+    total = counter(
+        "gpu_xid_errors", "XID errors reported by the driver since gpuwarden started, by XID code.", ["xid"]
+    )
     last = gauge("gpu_xid_last_event_timestamp_seconds", "Unix time of the last XID error of this code.", ["xid"])
     for g in readings(snap):
         labels = gpu_label_values(g)

@@ -193,7 +193,9 @@ class GpuPoller:
     def _read_fields(self, r: dict[str, Any]) -> None:
         if not self._fields:
             return
-        values = self._caller.call("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, self._handle, self._fields)
+        values = self._caller.call(
+            "nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, self._handle, self._fields
+        )
         if values is None:
             return
         events: dict[str, float] = {}
@@ -267,8 +269,13 @@ class GpuPoller:
         count = c("nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
         out = []
         for i in range(count):
-            mh = c("nvmlDeviceGetMigDeviceHandleByIndex", pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i,
-                   quiet=_QUIET_NOT_FOUND)
+            mh = c(
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                h,
+                i,
+                quiet=_QUIET_NOT_FOUND,
+            )
             if mh is None:
                 continue
             uuid = c("nvmlDeviceGetUUID(mig)", pynvml.nvmlDeviceGetUUID, mh)

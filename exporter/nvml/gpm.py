@@ -69,9 +69,7 @@ class GpmSampler:
         if self._gi is None:
             ok = self._caller.call("nvmlGpmSampleGet", pynvml.nvmlGpmSampleGet, self._handle, sample)
         else:
-            ok = self._caller.call(
-                "nvmlGpmMigSampleGet", pynvml.nvmlGpmMigSampleGet, self._handle, self._gi, sample
-            )
+            ok = self._caller.call("nvmlGpmMigSampleGet", pynvml.nvmlGpmMigSampleGet, self._handle, self._gi, sample)
         if ok is None:
             self._have_previous = False
             return {}

@@ -60,7 +60,9 @@ class NvmlSource:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             code = getattr(exc, "value", None)
-            raise SourceError(f"NVML unavailable: {_START_ERRORS.get(code, decode(str(exc)))} ({error_name(exc)})") from exc
+            raise SourceError(
+                f"NVML unavailable: {_START_ERRORS.get(code, decode(str(exc)))} ({error_name(exc)})"
+            ) from exc
         except OSError as exc:  # ctypes could not load the library
             raise SourceError(f"NVML unavailable: {exc}") from exc
         self._open = True

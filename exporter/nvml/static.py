@@ -95,8 +95,12 @@ def read_gpu_static(index: int, handle: Any, caller: Caller) -> GpuStatic:
     minor = c("nvmlDeviceGetMinorNumber", pynvml.nvmlDeviceGetMinorNumber, handle)
     max_gen = c("nvmlDeviceGetMaxPcieLinkGeneration", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
     links = None
-    fv = c("nvmlDeviceGetFieldValues(nvlink_link_count)", pynvml.nvmlDeviceGetFieldValues, handle,
-           [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])
+    fv = c(
+        "nvmlDeviceGetFieldValues(nvlink_link_count)",
+        pynvml.nvmlDeviceGetFieldValues,
+        handle,
+        [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT],
+    )
     if fv is not None and fv[0].nvmlReturn == pynvml.NVML_SUCCESS and fv[0].value.uiVal > 0:
         links = int(fv[0].value.uiVal)
     max_width = c("nvmlDeviceGetMaxPcieLinkWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle)

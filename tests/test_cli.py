@@ -1,0 +1,178 @@
+"""The command line: config errors, unknown flags, a missing driver, and the demo daemon end to end."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.cli import main
+
+REPO = Path(__file__).parent.parent
+
+
+def gw(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert "Traceback" not in res.stderr
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        ("poll_interval_seconds: 0\n", "poll_interval_seconds: Input should be greater than or equal to 0.05"),
+        ("pol_interval: 1\n", "unknown key 'pol_interval'"),
+        ("processes: {max_per_gpu: -1}\n", "processes.max_per_gpu"),
+        ("collectors: {disable: [nope]}\n", "unknown collector 'nope'"),
+        ("listen_address: nowhere\n", "listen_address: Value error, must be HOST:PORT with a port"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("a: [\n", "invalid YAML"),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, yaml_text: str, expected: str) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(yaml_text)
+    for args in (["check-config", str(cfg)], ["serve", "--config", str(cfg), "--demo"]):
+        res = gw(*args)
+        assert res.returncode == 2, res.stderr
+        line = one_line_error(res)
+        assert expected in line and line.startswith("gpuwarden: "), line
+
+
+def test_check_config_prints_effective_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("poll_interval_seconds: 0.5\nprocesses:\n  max_per_gpu: 4\n")
+    res = gw("check-config", str(cfg))
+    assert res.returncode == 0, res.stderr
+    assert "poll_interval_seconds: 0.5" in res.stdout and "max_per_gpu: 4" in res.stdout
+
+
+def test_flags_override_env_override_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter.config import load_config
+
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("poll_interval_seconds: 3\nslow_interval_seconds: 20\nlisten_address: 127.0.0.1:1\n")
+    monkeypatch.setenv("GPUWARDEN_POLL_INTERVAL_SECONDS", "2")
+    monkeypatch.setenv("GPUWARDEN_PROCESSES__MAX_PER_GPU", "3")
+    c = load_config(cfg, {"listen_address": "127.0.0.1:2"})
+    assert (c.poll_interval_seconds, c.slow_interval_seconds, c.port, c.processes.max_per_gpu) == (2, 20, 2, 3)
+
+
+def test_unknown_flag_exits_2() -> None:
+    res = gw("serve", "--bogus")
+    assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
+
+
+def test_missing_driver_is_one_line_and_exit_1() -> None:
+    # This machine (and CI) has no NVIDIA driver: live NVML must fail cleanly, not with a traceback.
+    res = gw("serve", "--web.listen-address", "127.0.0.1:0")
+    assert res.returncode == 1
+    assert one_line_error(res).startswith("gpuwarden: NVML unavailable:")
+    res = gw("record", "--duration", "1", "--out", "/tmp/never.jsonl")
+    assert res.returncode == 1 and "NVML unavailable" in one_line_error(res)
+
+
+def test_bad_trace_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{}\n")
+    res = gw("serve", "--replay", str(bad), "--web.listen-address", "127.0.0.1:0")
+    assert res.returncode == 1 and "the first record must be the header" in one_line_error(res)
+
+
+def test_address_in_use_is_one_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = gw("serve", "--demo", "--web.listen-address", f"127.0.0.1:{port}")
+    assert res.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in one_line_error(res)
+
+
+def test_collectors_command_lists_every_collector(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["collectors"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gpm", "xid", "processes", "exporter"):
+        assert name in out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_demo_daemon_serves_metrics_health_and_api() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "serve",
+            "--demo",
+            "--poll-interval",
+            "0.2",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline and proc.poll() is None, "daemon did not come up"
+            time.sleep(0.2)
+        time.sleep(0.5)  # GPM needs two samples: the first recorded poll has none
+        r = httpx.get(f"{base}/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        names = {f.name for f in text_string_to_metric_families(r.text)}
+        assert {"gpu_utilization_ratio", "gpu_sm_activity_ratio", "gpuwarden_build_info"} <= names
+        ready = httpx.get(f"{base}/readyz")
+        assert ready.status_code == 200 and ready.json()["ready"] is True
+        api = httpx.get(f"{base}/api/v1/gpus").json()
+        assert api["source"] == "replay" and api["gpus"][0]["static"]["name"] == "NVIDIA H100 80GB HBM3"
+        assert "/api/v1/gpus" in httpx.get(f"{base}/openapi.json").json()["paths"]
+        assert "metrics" in httpx.get(f"{base}/").text
+        # the replay advances: a later scrape has a later poll count
+        polls = [
+            s.value for f in text_string_to_metric_families(r.text) if f.name == "gpuwarden_polls" for s in f.samples
+        ]
+        time.sleep(1.0)
+        later = [
+            s.value
+            for f in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)
+            if f.name == "gpuwarden_polls"
+            for s in f.samples
+        ]
+        assert later[0] > polls[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert proc.returncode == 0

@@ -1,0 +1,62 @@
+"""HTTP behaviour without a network: readiness goes false when polls stop, scrapes never wait on a poll."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from conftest import replay_poller, trace
+from fastapi.testclient import TestClient
+
+from exporter.collectors import CollectOptions
+from exporter.exposition import Exposition, select_collectors
+from exporter.server import create_app, readiness
+
+
+def app_for(poller, stale_after: float = 5.0):  # noqa: ANN001, ANN201
+    exp = Exposition(lambda: poller.snapshot, select_collectors(), CollectOptions())
+    return TestClient(create_app(lambda: poller.snapshot, exp, stale_after))
+
+
+def test_readyz_fails_when_the_last_poll_is_stale() -> None:
+    p = replay_poller(trace("h100-idle"), 2)
+    snap = p.snapshot
+    assert readiness(snap, 5.0, now=snap.last_success_timestamp + 1).ready
+    late = readiness(snap, 5.0, now=snap.last_success_timestamp + 60)
+    assert not late.ready and "old" in late.reason
+    assert not readiness(None, 5.0).ready
+
+
+def test_scrape_answers_while_a_poll_hangs() -> None:
+    p = replay_poller(trace("h100-idle"), 2)
+    release = threading.Event()
+    real_poll = p.source.poll
+
+    def hanging_poll():  # noqa: ANN202
+        release.wait(10)
+        return real_poll()
+
+    p.source.poll = hanging_poll  # type: ignore[method-assign]
+    t = threading.Thread(target=p.poll_once)
+    t.start()
+    try:
+        client = app_for(p, stale_after=0.5)
+        start = time.perf_counter()
+        r = client.get("/metrics")
+        assert r.status_code == 200 and "gpu_up" in r.text
+        assert time.perf_counter() - start < 2
+        time.sleep(0.6)
+        assert client.get("/readyz").status_code == 503
+    finally:
+        release.set()
+        t.join()
+
+
+def test_api_gpus_matches_the_schema() -> None:
+    p = replay_poller(trace("h200x2-ddp_straggler"), 3)
+    client = app_for(p)
+    body = client.get("/api/v1/gpus").json()
+    assert [g["static"]["index"] for g in body["gpus"]] == [0, 1]
+    assert body["gpus"][0]["reading"]["gpm"]["sm_activity"] >= 0
+    schema = client.get("/openapi.json").json()
+    assert "GpusDocument" in schema["components"]["schemas"]
