@@ -19,10 +19,14 @@ from exporter.source import SourceError
 log = logging.getLogger(__name__)
 
 _START_ERRORS = {
-    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "the NVML library (libnvidia-ml.so.1) was not found: is the NVIDIA driver installed?",
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (
+        "the NVML library (libnvidia-ml.so.1) was not found: is the NVIDIA driver installed?"
+    ),
     pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded",
     pynvml.NVML_ERROR_NO_PERMISSION: "no permission to open /dev/nvidia* (run as a user that may)",
-    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "the NVML library and the kernel driver versions differ (reload the driver)",
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
+        "the NVML library and the kernel driver versions differ (reload the driver)"
+    ),
 }
 
 
