@@ -176,3 +176,9 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
         proc.terminate()
         proc.wait(timeout=10)
     assert proc.returncode == 0
+
+
+def test_shipped_example_config_is_valid() -> None:
+    res = gw("check-config", str(REPO / "deploy" / "gpuwarden.example.yml"))
+    assert res.returncode == 0, res.stderr
+    assert "listen_address: 0.0.0.0:10400" in res.stdout
