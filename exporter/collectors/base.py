@@ -79,6 +79,18 @@ def counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMetr
     return CounterMetricFamily(name, doc, labels=GPU_LABELS + (labels or []))
 
 
+def static_gauge(
+    snap: NodeSnapshot, name: str, doc: str, get: Callable[[GpuStatic], float | bool | None]
+) -> Metric | None:
+    """Return a gauge of a static fact with one sample per GPU where ``get`` is not None; None when none has it."""
+    fam = gauge(name, doc)
+    for s in snap.static.gpus:
+        v = get(s)
+        if v is not None:
+            fam.add_metric(gpu_label_values(s), float(v))
+    return fam if fam.samples else None
+
+
 def per_gpu_gauge(snap: NodeSnapshot, name: str, doc: str, get: Callable[[GpuReading], float | None]) -> Metric | None:
     """Return a gauge with one sample per up GPU where ``get`` is not None; None when no GPU has it.
 

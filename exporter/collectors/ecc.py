@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import CollectOptions, collector, counter, gauge, gpu_label_values, readings
+from exporter.collectors.base import CollectOptions, collector, counter, gauge, gpu_label_values, readings, static_gauge
 from exporter.poller import NodeSnapshot
 
 
@@ -18,11 +18,8 @@ from exporter.poller import NodeSnapshot
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     """Yield gpu_ecc_enabled, gpu_ecc_errors_total{type,counter}, gpu_remapped_rows_total{type},
     gpu_row_remap_pending and gpu_row_remap_failure."""
-    mode = gauge("gpu_ecc_enabled", "1 when ECC is enabled on the GPU.")
-    for s in snap.static.gpus:
-        if s.ecc_enabled is not None:
-            mode.add_metric(gpu_label_values(s), 1.0 if s.ecc_enabled else 0.0)
-    if mode.samples:
+    mode = static_gauge(snap, "gpu_ecc_enabled", "1 when ECC is enabled on the GPU.", lambda s: s.ecc_enabled)
+    if mode is not None:
         yield mode
     errors = counter(
         "gpu_ecc_errors",

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import CollectOptions, collector, gauge, gpu_label_values, readings
+from exporter.collectors.base import CollectOptions, collector, gauge, gpu_label_values, readings, static_gauge
 from exporter.poller import NodeSnapshot
 
 _MIG_LABELS = ["mig_uuid", "gpu_instance", "compute_instance"]
@@ -26,11 +26,8 @@ _MIG_GPM = (
 @collector("mig", help="MIG mode, and memory and GPM activity per MIG device")
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     """Yield gpu_mig_mode_enabled and, per MIG device, memory and activity gauges."""
-    mode = gauge("gpu_mig_mode_enabled", "1 when MIG mode is enabled on the GPU.")
-    for s in snap.static.gpus:
-        if s.mig_enabled is not None:
-            mode.add_metric(gpu_label_values(s), 1.0 if s.mig_enabled else 0.0)
-    if mode.samples:
+    mode = static_gauge(snap, "gpu_mig_mode_enabled", "1 when MIG mode is enabled on the GPU.", lambda s: s.mig_enabled)
+    if mode is not None:
         yield mode
     used = gauge("gpu_mig_memory_used_bytes", "Memory used on the MIG device, in bytes.", _MIG_LABELS)
     total = gauge("gpu_mig_memory_total_bytes", "Memory of the MIG device, in bytes.", _MIG_LABELS)

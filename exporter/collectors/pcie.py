@@ -15,10 +15,10 @@ from exporter.collectors.base import (
     CollectOptions,
     collector,
     counter,
-    gauge,
     gpu_label_values,
     per_gpu_gauge,
     readings,
+    static_gauge,
 )
 from exporter.poller import NodeSnapshot
 
@@ -48,12 +48,8 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
         ("gpu_pcie_link_max_generation", "pcie_max_generation", "Maximum PCIe link generation of the GPU and slot."),
         ("gpu_pcie_link_max_width", "pcie_max_width", "Maximum PCIe link width (lanes)."),
     ):
-        fam = gauge(name, doc)
-        for s in snap.static.gpus:
-            v = getattr(s, attr)
-            if v is not None:
-                fam.add_metric(gpu_label_values(s), v)
-        if fam.samples:
+        fam = static_gauge(snap, name, doc, lambda s, a=attr: getattr(s, a))
+        if fam is not None:
             yield fam
     replay = counter("gpu_pcie_replay_errors", "PCIe replays (link-level retransmissions) since the driver loaded.")
     for g in readings(snap):

@@ -14,10 +14,10 @@ from exporter.collectors.base import (
     CollectOptions,
     collector,
     counter,
-    gauge,
     gpu_label_values,
     per_gpu_gauge,
     readings,
+    static_gauge,
 )
 from exporter.poller import NodeSnapshot
 
@@ -38,11 +38,13 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     ):
         if fam is not None:
             yield fam
-    default = gauge("gpu_power_default_limit_watts", "Default power limit of the board, in watts.")
-    for s in snap.static.gpus:
-        if s.power_limit_default_watts is not None:
-            default.add_metric(gpu_label_values(s), s.power_limit_default_watts)
-    if default.samples:
+    default = static_gauge(
+        snap,
+        "gpu_power_default_limit_watts",
+        "Default power limit of the board, in watts.",
+        lambda s: s.power_limit_default_watts,
+    )
+    if default is not None:
         yield default
     energy = counter(
         "gpu_energy_joules", "Energy consumed since the driver loaded, in joules (read every slow interval)."
