@@ -65,6 +65,8 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, object]:
     out.update({k: v for k, v in simple.items() if v is not None})
     if args.demo:
         out["demo"] = True
+    if args.wait_for_nvml:
+        out["wait_for_nvml"] = True
     if args.gpus is not None:
         try:
             out["gpus"] = [int(x) for x in args.gpus.split(",") if x.strip()]
@@ -169,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replay", metavar="FILE", help="serve a recorded trace (looping) instead of live NVML")
     s.add_argument("--demo", action="store_true", help="serve the real trace shipped in the package (no GPU needed)")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--wait-for-nvml",
+        action="store_true",
+        help="if NVML is missing at start, serve gpuwarden_source_up 0 and retry instead of exiting",
+    )
     from exporter.collectors import REGISTRY
 
     for name, spec in sorted(REGISTRY.items()):

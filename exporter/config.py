@@ -78,6 +78,10 @@ class Config(BaseSettings):
     insight: InsightConfig = Field(default_factory=InsightConfig)
     replay: Path | None = Field(default=None, description="serve a recorded trace instead of live NVML")
     demo: bool = Field(default=False, description="serve the trace shipped in the package")
+    wait_for_nvml: bool = Field(
+        default=False,
+        description="when NVML is missing at start, serve gpuwarden_source_up 0 and retry instead of exiting 1",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("listen_address")

@@ -43,6 +43,7 @@ def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
             processes=cfg.processes.enabled,
             xid_events=cfg.xid_events,
             gpu_indices=cfg.gpus,
+            wait=cfg.wait_for_nvml,
         ),
         {},
     )
@@ -124,7 +125,13 @@ class Daemon:
         self.cfg = cfg
         self._reload = reload
         source, info = build_source(cfg)
-        self.poller = Poller(source, cfg.poll_interval_seconds, analyzers=build_analyzers(cfg), extra_info=info)
+        self.poller = Poller(
+            source,
+            cfg.poll_interval_seconds,
+            analyzers=build_analyzers(cfg),
+            extra_info=info,
+            deadline=cfg.stale_after,
+        )
         collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable)
         options = CollectOptions(max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0)
         self.exposition = Exposition(lambda: self.poller.snapshot, collectors, options)
@@ -152,8 +159,9 @@ class Daemon:
         options = CollectOptions(max_processes_per_gpu=new.processes.max_per_gpu if new.processes.enabled else 0)
         self.exposition.reconfigure(collectors, options)
         self.poller.interval = new.poll_interval_seconds
+        self.poller.deadline = new.stale_after
         logging.getLogger().setLevel(new.log_level.upper())
-        for key in ("listen_address", "web_config_file", "replay", "demo", "gpus", "xid_events"):
+        for key in ("listen_address", "web_config_file", "replay", "demo", "gpus", "xid_events", "wait_for_nvml"):
             if getattr(new, key) != getattr(self.cfg, key):
                 log.warning("reload: %s changed; it takes effect after a restart", key)
         self.cfg = new

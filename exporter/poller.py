@@ -1,7 +1,14 @@
-"""The background loop: source -> NodeSnapshot, with timing, error counts and staleness.
+"""The background loop: source -> NodeSnapshot, with timing, error counts, staleness and a watchdog.
 
 One thread polls the source at a fixed interval and publishes an immutable NodeSnapshot; scrapes
 and API calls only read the latest snapshot, so they never call NVML and never wait on it.
+
+A second thread is the watchdog. While a poll runs past ``deadline`` seconds (an NVML call that hangs)
+it logs "poll has been running for N s" (once, then at every doubling), publishes a snapshot without
+readings and with ``source_up`` False - the last values are stale, so they are withdrawn rather than
+served as if current - and stops sending systemd's ``WATCHDOG=1``, so a unit with ``WatchdogSec=``
+restarts the daemon if the hang outlasts it. Otherwise it sends ``WATCHDOG=1`` every tick.
+``READY=1`` follows the first poll, ``STOPPING=1`` the start of ``stop()`` (``exporter.sdnotify``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.model import NodeStatic, PollResult
+from exporter.sdnotify import Notifier
 from exporter.source import Source
 
 log = logging.getLogger(__name__)
@@ -31,7 +39,9 @@ class XidTotal:
 class NodeSnapshot:
     """Everything known about the node after one poll; what collectors and the API read.
 
-    ``poll`` is None until the first poll succeeds. ``xid`` maps GPU index -> XID code -> XidTotal.
+    ``poll`` is None until the first poll succeeds, after a poll that raised, and while a poll hangs past the
+    deadline. ``source_up`` is False when the last poll failed, the source reported itself down (NVML not
+    initialised: every GPU ``up=False``) or a poll hangs. ``xid`` maps GPU index -> XID code -> XidTotal.
     ``errors`` maps (call, error) -> count. ``analyses`` holds what analyzers (``exporter.insight``)
     derived from the history, keyed by analyzer name.
     """
@@ -44,6 +54,7 @@ class NodeSnapshot:
     polls_total: int = 0
     poll_failures_total: int = 0
     last_success_timestamp: float | None = None
+    source_up: bool = True
     errors: dict[tuple[str, str], int] = field(default_factory=dict)
     xid: dict[int, dict[int, XidTotal]] = field(default_factory=dict)
     analyses: dict[str, Any] = field(default_factory=dict)
@@ -59,11 +70,17 @@ Analyzer = Callable[[PollResult, NodeStatic], Any]
 
 
 class Poller:
-    """Polls ``source`` every ``interval`` seconds in a daemon thread.
+    """Polls ``source`` every ``interval`` seconds in a daemon thread, watched by a watchdog thread.
 
     ``start()`` opens the source (SourceError propagates to the caller, before any thread runs) and
     takes the first poll synchronously, so the first scrape already has data. ``snapshot`` is the
     latest NodeSnapshot. ``stop()`` ends the loop and closes the source.
+
+    A source may expose ``up`` (bool: False while it cannot read, e.g. NVML re-initialising; such a poll
+    counts as a failure and is published with ``source_up`` False) and ``static`` (NodeStatic: replaces the
+    static facts when it changes, e.g. when a waited-for driver appears). ``deadline`` (seconds, default
+    max(3 intervals, 5 s)) is how long a poll may run before the watchdog marks the data stale.
+    ``notifier`` sends systemd notifications (default: from the environment, a no-op outside systemd).
     """
 
     def __init__(
@@ -72,9 +89,16 @@ class Poller:
         interval: float,
         analyzers: dict[str, Analyzer] | None = None,
         extra_info: dict[str, str] | None = None,
+        deadline: float | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.source = source
         self.interval = interval
+        self.deadline = deadline
+        self.notifier = notifier if notifier is not None else Notifier()
+        self._lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
+        self._hung_logged_at = 0.0
         self.analyzers = analyzers or {}
         self._extra_info = extra_info or {}
         self._stop = threading.Event()
@@ -92,15 +116,58 @@ class Poller:
     def start(self, thread: bool = True) -> NodeSnapshot:
         """Open the source, poll once, start the thread (unless ``thread`` is False); return the first snapshot."""
         self._static = self.source.open()
-        self._publish(None)
+        self._publish(None, source_up=False)
         self.poll_once()
+        assert self.snapshot is not None
+        gpus = len(self.snapshot.static.gpus)
+        self.notifier.ready(f"serving {gpus} GPU(s) from {self.source.kind}")
         if not thread:
-            assert self.snapshot is not None
             return self.snapshot
         self._thread = threading.Thread(target=self._run, name="gpuwarden-poller", daemon=True)
         self._thread.start()
-        assert self.snapshot is not None
+        self._watchdog = threading.Thread(target=self._watch, name="gpuwarden-watchdog", daemon=True)
+        self._watchdog.start()
         return self.snapshot
+
+    @property
+    def effective_deadline(self) -> float:
+        """Seconds a poll may run before its data counts as stale: ``deadline``, else max(3 intervals, 5 s)."""
+        return self.deadline if self.deadline is not None else max(3 * self.interval, 5.0)
+
+    def _watch(self) -> None:
+        tick = 1.0
+        if self.notifier.watchdog_seconds is not None:
+            tick = min(tick, self.notifier.watchdog_seconds / 2)
+        while not self._stop.wait(tick):
+            self.check_hang()
+
+    def check_hang(self, now: float | None = None) -> bool:
+        """One watchdog tick: True when a poll runs past the deadline (logged, data marked stale).
+
+        Otherwise sends WATCHDOG=1 (when systemd's watchdog is on) and returns False.
+        """
+        now = time.time() if now is None else now
+        started = self.poll_started
+        running = now - started if started is not None else 0.0
+        limit = self.effective_deadline
+        if running <= limit:
+            self.notifier.watchdog()
+            return False
+        if self._hung_logged_at == 0.0 or running >= 2 * self._hung_logged_at:
+            first = self._hung_logged_at == 0.0
+            self._hung_logged_at = running
+            log.error(
+                "poll has been running for %.0f s (deadline %g s): an NVML call hangs; %s",
+                running,
+                limit,
+                "readings withdrawn as stale, /readyz fails" if first else "still hanging",
+            )
+            if first:
+                self.notifier.status(f"poll hanging for {running:.0f} s")
+                with self._lock:
+                    if self.poll_started == started:
+                        self._publish_locked(None, source_up=False)
+        return True
 
     def _run(self) -> None:
         next_at = time.monotonic() + self.interval
@@ -112,17 +179,27 @@ class Poller:
                 next_at = now + self.interval
 
     def poll_once(self) -> None:
-        """Take one poll and publish a new snapshot; a failing poll is counted and logged, not raised."""
-        self.poll_started = time.time()
+        """Take one poll and publish a new snapshot; a failing poll is counted and logged, not raised.
+
+        After a poll that raised, the snapshot has no readings (stale values are not served as current).
+        """
+        self.poll_started = started = time.time()
         try:
             poll = self.source.poll()
         except Exception as exc:  # noqa: BLE001 - the loop must survive any source failure
             self._failures += 1
             log.error("poll failed: %s", exc)
-            self.poll_started = None
-            self._publish(self._last_poll)
+            self._finished(started)
+            self._publish(None, source_up=False)
             return
-        self.poll_started = None
+        self._finished(started)
+        static = getattr(self.source, "static", None)
+        if isinstance(static, NodeStatic) and static is not self._static:
+            self._static = static
+        if not getattr(self.source, "up", True):
+            self._failures += 1
+            self._publish(poll, source_up=False)
+            return
         self._polls += 1
         self._last_success = poll.timestamp
         for g in poll.gpus:
@@ -139,7 +216,18 @@ class Poller:
         self._last_poll = poll
         self._publish(poll)
 
-    def _publish(self, poll: PollResult | None) -> None:
+    def _finished(self, started: float) -> None:
+        self.poll_started = None
+        if self._hung_logged_at:
+            self._hung_logged_at = 0.0
+            log.warning("the hanging poll finished after %.1f s", time.time() - started)
+            self.notifier.status(f"serving {len(self._static.gpus) if self._static else 0} GPU(s)")
+
+    def _publish(self, poll: PollResult | None, source_up: bool = True) -> None:
+        with self._lock:
+            self._publish_locked(poll, source_up)
+
+    def _publish_locked(self, poll: PollResult | None, source_up: bool) -> None:
         assert self._static is not None
         seq = self.snapshot.seq + 1 if self.snapshot else 0
         self.snapshot = NodeSnapshot(
@@ -151,6 +239,7 @@ class Poller:
             polls_total=self._polls,
             poll_failures_total=self._failures,
             last_success_timestamp=self._last_success,
+            source_up=source_up and poll is not None,
             errors=self.source.errors(),
             xid={i: dict(c) for i, c in self._xid.items()},
             analyses=dict(self._analyses),
@@ -158,8 +247,21 @@ class Poller:
         )
 
     def stop(self) -> None:
-        """Stop the loop (waits for a poll in flight up to 5 s) and close the source."""
+        """Stop the loop (waits for a poll in flight up to 5 s) and close the source (nvmlShutdown).
+
+        Sends STOPPING=1. When a poll still hangs after 5 s, the source is closed anyway from a helper thread
+        that is given 5 s more, so shutdown stays bounded even if NVML never returns.
+        """
+        self.notifier.stopping()
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-        self.source.close()
+        for t in (self._thread, self._watchdog):
+            if t is not None:
+                t.join(timeout=5.0)
+        if self._thread is None or not self._thread.is_alive():
+            self.source.close()
+        else:
+            log.error("a poll is still hanging at shutdown; shutting the source down anyway")
+            closer = threading.Thread(target=self.source.close, name="gpuwarden-close", daemon=True)
+            closer.start()
+            closer.join(timeout=5.0)
+        self.notifier.close()

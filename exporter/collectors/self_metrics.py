@@ -34,7 +34,7 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     yield GaugeMetricFamily(
         "gpuwarden_source_up",
         "1 when the last poll of the source succeeded.",
-        value=1.0 if snap.poll is not None and snap.poll.timestamp == snap.last_success_timestamp else 0.0,
+        value=1.0 if snap.source_up else 0.0,
     )
     yield CounterMetricFamily("gpuwarden_polls", "Polls completed.", value=snap.polls_total)
     yield CounterMetricFamily(
