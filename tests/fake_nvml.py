@@ -148,9 +148,7 @@ class FakeNvml:
     def __init__(self, path: Path) -> None:
         self.header, polls = read_trace(path)
         node = self.header.node
-        self.devices = [
-            _Device(s, [next(g for g in p.gpus if g.index == s.index) for p in polls]) for s in node.gpus
-        ]
+        self.devices = [_Device(s, [next(g for g in p.gpus if g.index == s.index) for p in polls]) for s in node.gpus]
         self.calls: Counter[str] = Counter()
         self.init_error: int | None = None
         self._unloaded: int | None = None
@@ -164,6 +162,11 @@ class FakeNvml:
         self._samples: dict[int, tuple[int, int] | None] = {}  # GPM sample address -> (device, reads)
         self._xid: list[tuple[int, int]] = []
         self._registered: set[int] = set()
+
+    @property
+    def initialized(self) -> bool:
+        """True between a successful nvmlInit and nvmlShutdown."""
+        return self._initialized
 
     # -- fault switches -------------------------------------------------------------------------------
 
@@ -644,11 +647,8 @@ class FakeNvml:
             with self._lock:
                 if self._xid:
                     index, code = self._xid.pop(0)
-                    handle = next(
-                        (self._keep_handle(a) for a, (i, g) in self._handles.items() if i == index and a in self._registered
-                         and g == self._generation),
-                        None,
-                    )
+                    live = [a for a, (i, g) in self._handles.items() if i == index and g == self._generation]
+                    handle = next((self._keep_handle(a) for a in live if a in self._registered), None)
                     if handle is not None:
                         data = pynvml.c_nvmlEventData_t()
                         data.device = handle
