@@ -42,3 +42,17 @@ def test_50_scrapers_for_10_seconds_against_8_replayed_gpus_have_no_error() -> N
     assert result.requests >= 5 * CLIENTS, result  # every scraper was answered, many times
     assert 0 < result.p50 <= result.p90 <= result.p99 <= result.max < 30
     assert code == 0
+
+
+def test_the_derived_trace_is_what_its_script_makes() -> None:
+    from exporter.trace import read_trace
+
+    spec = importlib.util.spec_from_file_location("make_8gpu_trace", REPO / "tools" / "make_8gpu_trace.py")
+    assert spec is not None and spec.loader is not None
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    header, polls = make.derive(make.SOURCE, 8)
+    committed_header, committed_polls = read_trace(loadtest.TRACE)
+    assert committed_header == header and committed_polls == polls
+    assert "modified" in header.metadata and header.metadata["derived_from"].endswith("h200x2-ddp_straggler.jsonl.gz")
+    assert len({g.uuid for g in header.node.gpus}) == 8 and [g.index for g in polls[0].gpus] == list(range(8))
