@@ -126,15 +126,18 @@ _FILE_DATA: dict[type, dict[str, Any]] = {}
 def read_yaml(path: Path) -> dict[str, Any]:
     """Return the mapping in the YAML file ``path``. Raises ConfigError (unreadable, invalid, not a mapping)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from exc
+        detail = str(getattr(exc, "problem", None) or exc).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {detail}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -92,6 +93,10 @@ def read_trace(path: Path) -> tuple[TraceHeader, list[PollResult]]:
         raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
     except EOFError as exc:
         raise TraceError(f"{path}: truncated compressed trace") from exc
+    except (zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceError(f"{path}: damaged compressed trace ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
 
 
 def _lines(f: IO[str]) -> Iterator[tuple[int, dict[str, Any]]]:
