@@ -59,3 +59,18 @@ def test_ddp_scrape_shows_the_waiting_gpu() -> None:
     sm = {s.labels["gpu"]: s.value for s in f["gpu_sm_activity_ratio"]}
     assert util["0"] > 0.9 and sm["0"] < 0.5  # busy by util.gpu, mostly idle SMs: waiting in the all-reduce
     assert {s.labels["gpu"] for s in f["gpu_nvlink_receive_bytes_per_second"]} == {"0", "1"}
+
+
+def test_compute_bound_scrape_shows_a_busy_power_capped_gpu() -> None:
+    f = fams(Path(__file__).parent / "data" / "scrapes" / "h100-compute_bound.txt")
+
+    def one(name: str, **labels: str) -> float:
+        [s] = [s for s in f[name] if all(s.labels.get(k) == v for k, v in labels.items())]
+        return s.value
+
+    assert one("gpu_utilization_ratio") > 0.95
+    assert one("gpu_sm_activity_ratio") > 0.9 and one("gpu_tensor_activity_ratio") > 0.9
+    assert one("gpu_clock_event_reason_active", reason="sw_power_cap") == 1
+    assert one("gpu_power_usage_watts") > 0.95 * one("gpu_power_limit_watts")
+    series_per_gpu = sum(len(v) for k, v in f.items() if k.startswith("gpu_") and k not in ("gpu_driver_info", "gpu_count"))
+    assert series_per_gpu <= 120

@@ -15,10 +15,7 @@ python3 -m exporter record --duration "$SECS" --out "$OUT/$S.jsonl.gz" --meta "s
   --meta "workload_pid=$wpid" --meta recorded_by=tools/device-live-check.sh &
 rec=$!
 sleep $((SECS / 2))
-t0=$(date +%s.%N)
-curl -sf http://127.0.0.1:10400/metrics -o "$OUT/$S.scrape.txt"
-t1=$(date +%s.%N)
-echo "scrape seconds: $(echo "$t1 - $t0" | bc)"
+curl -sf -w 'scrape seconds: %{time_total}\n' http://127.0.0.1:10400/metrics -o "$OUT/$S.scrape.txt"
 curl -sf http://127.0.0.1:10400/api/v1/gpus -o "$OUT/$S.gpus.json"
 curl -sf http://127.0.0.1:10400/api/v1/diagnosis -o "$OUT/$S.diagnosis.json" || true
 curl -s http://127.0.0.1:10400/readyz; echo
