@@ -72,5 +72,6 @@ def test_compute_bound_scrape_shows_a_busy_power_capped_gpu() -> None:
     assert one("gpu_sm_activity_ratio") > 0.9 and one("gpu_tensor_activity_ratio") > 0.9
     assert one("gpu_clock_event_reason_active", reason="sw_power_cap") == 1
     assert one("gpu_power_usage_watts") > 0.95 * one("gpu_power_limit_watts")
-    series_per_gpu = sum(len(v) for k, v in f.items() if k.startswith("gpu_") and k not in ("gpu_driver_info", "gpu_count"))
+    node_level = ("gpu_driver_info", "gpu_count")
+    series_per_gpu = sum(len(v) for k, v in f.items() if k.startswith("gpu_") and k not in node_level)
     assert series_per_gpu <= 120
