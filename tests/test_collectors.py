@@ -45,7 +45,7 @@ def test_compute_bound_shows_busy_gpu_tensor_work_and_power_cap(compute: dict) -
 def test_every_per_gpu_series_carries_gpu_and_uuid(compute: dict) -> None:
     uuid = read_trace(trace("h100-compute_bound"))[0].node.gpus[0].uuid
     for name, samples in compute.items():
-        if not name.startswith("gpu_") or name in ("gpu_driver_info", "gpu_count"):
+        if not name.startswith("gpu_") or name in ("gpu_driver_info", "gpu_devices"):
             continue
         for s in samples:
             assert s.labels.get("gpu") == "0" and s.labels.get("uuid") == uuid, (name, s)

@@ -226,7 +226,7 @@ def test_a_hanging_nvml_call_marks_data_stale_and_scrapes_still_answer(
             time.sleep(0.05)
         assert time.monotonic() - hung_at < 2.5
         text = client.get("/metrics").text
-        assert not gpus_with(text, "gpu_utilization_ratio") and value(text, "gpu_count") == 2.0
+        assert not gpus_with(text, "gpu_utilization_ratio") and value(text, "gpu_devices") == 2.0
         ready = client.get("/readyz")
         assert ready.status_code == 503 and "old" in ready.json()["reason"]
         assert any("poll has been running for" in r.getMessage() for r in caplog.records)
@@ -273,7 +273,7 @@ def test_wait_for_nvml_serves_source_down_then_reports_when_nvml_appears(fake: F
         time.sleep(0.03)
         p.poll_once()
     text = client.get("/metrics").text
-    assert value(text, "gpuwarden_source_up") == 0.0 and value(text, "gpu_count") == 0.0
+    assert value(text, "gpuwarden_source_up") == 0.0 and value(text, "gpu_devices") == 0.0
     assert not [k for k in samples(text) if k[0] == "gpu_up"]
     assert value(text, "gpuwarden_nvml_errors_total", call="nvmlInit", error="driver_not_loaded") >= 2
     assert client.get("/readyz").status_code == 503
@@ -282,7 +282,7 @@ def test_wait_for_nvml_serves_source_down_then_reports_when_nvml_appears(fake: F
     _poll_until(p, lambda: p.snapshot.source_up)
     p.poll_once()
     text = client.get("/metrics").text
-    assert value(text, "gpu_count") == 2.0 and value(text, "gpuwarden_source_up") == 1.0
+    assert value(text, "gpu_devices") == 2.0 and value(text, "gpuwarden_source_up") == 1.0
     assert gpus_with(text, "gpu_up") == {"0", "1"} and gpus_with(text, "gpu_sm_activity_ratio") == {"0", "1"}
     assert client.get("/readyz").status_code == 200
     assert [g["static"]["name"] for g in client.get("/api/v1/gpus").json()["gpus"]] == ["NVIDIA H200"] * 2
@@ -436,7 +436,7 @@ def test_wait_for_nvml_process_serves_source_down_without_a_driver() -> None:
     proc, base = start_serve("--wait-for-nvml", "--poll-interval", "0.2")
     try:
         text = httpx.get(f"{base}/metrics").text
-        assert value(text, "gpuwarden_source_up") == 0.0 and value(text, "gpu_count") == 0.0
+        assert value(text, "gpuwarden_source_up") == 0.0 and value(text, "gpu_devices") == 0.0
         assert httpx.get(f"{base}/readyz").status_code == 503
         wait_for(
             lambda: (

@@ -1,4 +1,4 @@
-"""Identity and presence: ``gpu_info``, ``gpu_driver_info``, ``gpu_up``, ``gpu_count``.
+"""Identity and presence: ``gpu_info``, ``gpu_driver_info``, ``gpu_up``, ``gpu_devices``.
 
 Sources: static facts (nvmlDeviceGetName/UUID/PciInfo/Serial/VbiosVersion/Architecture,
 nvmlSystemGetDriverVersion, ...) and whether this poll could read the GPU at all.
@@ -16,7 +16,7 @@ from exporter.poller import NodeSnapshot
 
 @collector("device", help="GPU identity (gpu_info), driver versions, up/down per GPU, GPU count")
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
-    """Yield gpu_info, gpu_driver_info, gpu_up and gpu_count."""
+    """Yield gpu_info, gpu_driver_info, gpu_up and gpu_devices."""
     info = InfoMetricFamily(
         "gpu",
         "Identity of each GPU (value 1): name, PCI bus id, serial, VBIOS, architecture, compute capability.",
@@ -47,4 +47,4 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
         for g in snap.poll.gpus:
             up.add_metric(gpu_label_values(g), 1.0 if g.up else 0.0)
     yield up
-    yield GaugeMetricFamily("gpu_count", "Number of GPUs gpuwarden watches on this node.", value=len(snap.static.gpus))
+    yield GaugeMetricFamily("gpu_devices", "Number of GPUs gpuwarden watches on this node.", value=len(snap.static.gpus))
