@@ -1,0 +1,436 @@
+"""The insight analyzer: keeps a rolling window per GPU and derives states, scores, jobs and verdicts.
+
+``InsightAnalyzer(window_seconds=300)`` is an ``exporter.poller.Analyzer``: the poller calls it with every
+poll (in the poll thread) and stores its ``InsightResult`` in ``NodeSnapshot.analyses["insight"]``. The
+result is a frozen pydantic model built anew each poll, so scrapes and API calls can read it from other
+threads while the analyzer prepares the next one. Definitions are in docs/scores.md.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from exporter.insight import states as st
+from exporter.insight.attribution import JobRef, attribute
+from exporter.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Diagnosis, GpuWindow, diagnose
+from exporter.insight.scores import imbalance, starved_ratio
+from exporter.model import CLOCK_EVENT_REASONS, GpuReading, GpuStatic, HostReading, NodeStatic, PollResult
+
+#: At most this many jobs are reported (the ones holding most GPU memory): bounds ``gpu_job_*`` series.
+MAX_JOBS = 64
+
+_POWER_BITS = sum(b for b, n in CLOCK_EVENT_REASONS.items() if n in POWER_REASONS)
+_SEVERE_BITS = sum(b for b, n in CLOCK_EVENT_REASONS.items() if n in SEVERE_REASONS)
+_IDLE_CPU_MODES = ("idle", "iowait")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class GpuInsight(_Frozen):
+    """One GPU's time accounting, scores and verdict.
+
+    ``state_seconds_total``: seconds per state since the analyzer started (counters). ``window_state_seconds``:
+    the same over the last ``window_seconds``. ``starved_ratio``: starved / accounted seconds in the window.
+    ``activity_ratio``: mean GPM SM activity over the window (``activity_source`` "sm_activity"), else mean
+    util.gpu ("utilization_gpu"). ``diagnosis``: None until MIN_SECONDS of history or while the GPU is down.
+    """
+
+    gpu: int
+    uuid: str
+    state_seconds_total: dict[str, float]
+    window_state_seconds: dict[str, float]
+    starved_ratio: float | None = None
+    activity_ratio: float | None = None
+    activity_source: str | None = None
+    diagnosis: Diagnosis | None = None
+
+
+class ProcessJob(_Frozen):
+    """One GPU process and its job (exporter.insight.attribution)."""
+
+    gpu: int
+    uuid: str
+    pid: int
+    job: str
+    job_kind: str
+    container_id: str = ""
+    user: str = ""
+    command: str = Field(default="", description="process name (not the command line)")
+    gpu_memory_bytes: int | None = None
+    cpu_cores: float | None = Field(default=None, description="CPU seconds per second over the last poll interval")
+
+
+class JobInsight(_Frozen):
+    """A job on this node: the GPUs where it holds the most memory, and its imbalance over them.
+
+    ``imbalance_ratio`` is None for a job on one GPU (see exporter.insight.scores.imbalance).
+    """
+
+    job: str
+    job_kind: str
+    gpus: list[int]
+    pids: list[int]
+    imbalance_ratio: float | None = None
+    activity_source: str | None = None
+
+
+class InsightResult(_Frozen):
+    """Everything the insight analyzer derived after one poll (what ``analyses["insight"]`` holds)."""
+
+    timestamp: float
+    window_seconds: float
+    diagnosis_window_seconds: float
+    gpus: list[GpuInsight]
+    processes: list[ProcessJob]
+    jobs: list[JobInsight]
+    node_imbalance_ratio: float | None = None
+    node_activity_source: str | None = None
+
+
+@dataclass(slots=True)
+class _Interval:
+    end: float
+    seconds: float
+    states: dict[str, float]
+    util_seconds: float
+    holder: str
+    pids: frozenset[int]
+    sm: float | None
+    tensor: float | None
+    pcie_rx: float | None
+    nvlink_rx: float | None
+    job_cpu: float | None
+    max_proc_cpu: float | None
+    host_busy: float | None
+    clock_ratio: float | None
+    throttle: bool
+    severe: bool
+    reasons: frozenset[str]
+    power: float | None
+    power_limit: float | None
+    mem_used: int | None
+    mem_total: int | None
+
+
+@dataclass(slots=True)
+class _GpuState:
+    index: int
+    last_ts: float | None = None
+    last_work: float | None = None
+    last_pids: frozenset[int] = frozenset()
+    totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.STATES, 0.0))
+    intervals: deque[_Interval] = field(default_factory=deque)
+
+
+def _mean(pairs: Iterable[tuple[float | None, float]]) -> float | None:
+    """Time-weighted mean of (value, seconds) pairs, skipping None values; None when none is known."""
+    num = den = 0.0
+    for v, w in pairs:
+        if v is not None and w > 0:
+            num += v * w
+            den += w
+    return num / den if den > 0 else None
+
+
+class InsightAnalyzer:
+    """Stateful analyzer: ``analyzer(poll, static) -> InsightResult``.
+
+    ``window_seconds`` (default 300) is the window of ``gpu_starved_ratio`` and the imbalance scores;
+    ``diagnosis_seconds`` (default 60, at most the window) that of the verdicts, further limited to the
+    time since the GPU's current set of processes appeared (so a verdict describes the job holding it now).
+    Not thread-safe: one poll thread calls it; its results are immutable.
+    """
+
+    def __init__(self, window_seconds: float = 300.0, diagnosis_seconds: float = 60.0) -> None:
+        if window_seconds <= 0 or diagnosis_seconds <= 0:
+            raise ValueError("window_seconds and diagnosis_seconds must be positive")
+        self.window_seconds = float(window_seconds)
+        self.diagnosis_seconds = float(min(diagnosis_seconds, window_seconds))
+        self._gpus: dict[str, _GpuState] = {}
+        self._proc_cpu: dict[int, tuple[float | None, float, float]] = {}
+        self._host: HostReading | None = None
+        self._jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
+
+    # -- per-poll inputs -------------------------------------------------------------------------------
+
+    def _host_busy(self, host: HostReading | None) -> float | None:
+        prev, self._host = self._host, host
+        if host is None or prev is None:
+            return None
+        total = sum(host.cpu_seconds_total.values()) - sum(prev.cpu_seconds_total.values())
+        idle = sum(host.cpu_seconds_total.get(m, 0.0) - prev.cpu_seconds_total.get(m, 0.0) for m in _IDLE_CPU_MODES)
+        if total <= 0:
+            return None
+        return min(1.0, max(0.0, (total - idle) / total))
+
+    def _process_rates(self, gpus: list[GpuReading]) -> dict[int, float]:
+        """CPU cores used by each GPU process since the previous poll (first sight: its mean since it started)."""
+        rates: dict[int, float] = {}
+        seen: dict[int, tuple[float | None, float, float]] = {}
+        for g in gpus:
+            for p in g.processes or ():
+                if p.cpu_seconds_total is None or p.pid in seen:
+                    continue
+                seen[p.pid] = (p.create_time, p.cpu_seconds_total, g.timestamp)
+                prev = self._proc_cpu.get(p.pid)
+                if prev is None or prev[0] != p.create_time:
+                    # first sight: the mean since the process started is the best estimate of this interval
+                    age = g.timestamp - p.create_time if p.create_time is not None else 0.0
+                    if age >= 1.0:
+                        rates[p.pid] = p.cpu_seconds_total / age
+                    continue
+                dt = g.timestamp - prev[2]
+                dc = p.cpu_seconds_total - prev[1]
+                if dt > 0 and dc >= 0:
+                    rates[p.pid] = dc / dt
+        self._proc_cpu = seen
+        return rates
+
+    def _job(self, p) -> JobRef:  # noqa: ANN001 - ProcessReading
+        key = (p.pid, p.create_time, p.cgroup)
+        ref = self._jobs.get(key)
+        if ref is None:
+            ref = self._jobs[key] = attribute(p)
+        return ref
+
+    # -- the analyzer ----------------------------------------------------------------------------------
+
+    def __call__(self, poll: PollResult, static: NodeStatic) -> InsightResult:
+        """Account the poll, update the windows and return the new InsightResult."""
+        statics = {s.index: s for s in static.gpus}
+        host_busy = self._host_busy(poll.host)
+        up = [g for g in poll.gpus if g.up]
+        rates = self._process_rates(up)
+        live_jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
+        processes: list[ProcessJob] = []
+        primary: dict[str, JobRef] = {}
+        for g in up:
+            best: tuple[int, int] | None = None
+            for p in g.processes or ():
+                ref = self._job(p)
+                live_jobs[(p.pid, p.create_time, p.cgroup)] = ref
+                processes.append(
+                    ProcessJob.model_construct(
+                        gpu=g.index,
+                        uuid=g.uuid,
+                        pid=p.pid,
+                        job=ref.job,
+                        job_kind=ref.kind,
+                        container_id=ref.container_id,
+                        user=p.username or "",
+                        command=p.name or "",
+                        gpu_memory_bytes=p.gpu_memory_bytes,
+                        cpu_cores=rates.get(p.pid),
+                    )
+                )
+                rank = (p.gpu_memory_bytes or 0, -p.pid)
+                if best is None or rank > best:
+                    best, primary[g.uuid] = rank, ref
+        self._jobs = live_jobs
+        for g in up:
+            self._account(g, statics.get(g.index), rates, host_busy, primary.get(g.uuid))
+        return self._result(poll, up, processes, primary)
+
+    def _account(
+        self,
+        g: GpuReading,
+        s: GpuStatic | None,
+        rates: dict[int, float],
+        host_busy: float | None,
+        job: JobRef | None,
+    ) -> None:
+        state = self._gpus.get(g.uuid)
+        if state is None:
+            state = self._gpus[g.uuid] = _GpuState(index=g.index)
+        state.index = g.index
+        procs = g.processes
+        pids = frozenset(p.pid for p in procs or ())
+        if pids != state.last_pids and not (pids & state.last_pids):
+            state.last_work = None  # another job: the previous one's GPU work says nothing about this one
+        start, state.last_ts, state.last_pids = state.last_ts, g.timestamp, pids
+        if start is None or not 0 < g.timestamp - start <= st.MAX_INTERVAL_SECONDS:
+            return
+        known = [rates[p.pid] for p in procs or () if p.pid in rates]
+        job_cpu = sum(known) if known else None
+        holder = st.holder_of(
+            procs is not None, len(procs or ()), g.memory_used_bytes, g.memory_reserved_bytes is not None
+        )
+        segs = st.segments(start, g.timestamp, g.utilization_samples, g.utilization_gpu_ratio)
+        secs, state.last_work = st.account(segs, holder, job_cpu, state.last_work)
+        for k, v in secs.items():
+            state.totals[k] += v
+        bits = g.clock_event_reasons or 0
+        clock_max = s.clock_max_hertz.get("sm") if s is not None else None
+        clock = g.clock_hertz.get("sm")
+        nv = g.gpm.get("nvlink_rx_bytes_per_second")
+        state.intervals.append(
+            _Interval(
+                end=g.timestamp,
+                seconds=g.timestamp - start,
+                states=secs,
+                util_seconds=sum(x.seconds for x in segs if x.util is not None),
+                holder=holder,
+                pids=pids,
+                sm=g.gpm.get("sm_activity"),
+                tensor=g.gpm.get("tensor_activity"),
+                pcie_rx=g.gpm.get("pcie_rx_bytes_per_second"),
+                nvlink_rx=nv,
+                job_cpu=job_cpu,
+                max_proc_cpu=max(known) if known else None,
+                host_busy=host_busy,
+                clock_ratio=clock / clock_max if clock is not None and clock_max else None,
+                throttle=bool(bits & (_POWER_BITS | _SEVERE_BITS)),
+                severe=bool(bits & _SEVERE_BITS),
+                reasons=frozenset(n for b, n in CLOCK_EVENT_REASONS.items() if bits & b and n != "gpu_idle"),
+                power=g.power_usage_watts,
+                power_limit=g.power_limit_watts,
+                mem_used=g.memory_used_bytes,
+                mem_total=g.memory_total_bytes or (s.memory_total_bytes if s is not None else None),
+            )
+        )
+        horizon = g.timestamp - self.window_seconds
+        while state.intervals and state.intervals[0].end - state.intervals[0].seconds < horizon - 1e-9:
+            state.intervals.popleft()
+
+    def _span(self, state: _GpuState, seconds: float, same_holder: bool) -> list[_Interval]:
+        """The trailing intervals within ``seconds`` (and with the latest holder and PIDs if ``same_holder``)."""
+        if not state.intervals:
+            return []
+        last = state.intervals[-1]
+        horizon = last.end - seconds
+        out: list[_Interval] = []
+        for iv in reversed(state.intervals):
+            if iv.end - iv.seconds < horizon - 1e-9:
+                break
+            if same_holder and (iv.holder != last.holder or iv.pids != last.pids):
+                break
+            out.append(iv)
+        out.reverse()
+        return out
+
+    @staticmethod
+    def _window(index: int, uuid: str, ivs: list[_Interval], job: JobRef | None) -> GpuWindow:
+        states = dict.fromkeys(st.STATES, 0.0)
+        for iv in ivs:
+            for k, v in iv.states.items():
+                states[k] += v
+        seconds = sum(states.values())
+        util_secs = sum(iv.util_seconds for iv in ivs)
+        last = ivs[-1] if ivs else None
+        throttled = [iv for iv in ivs if iv.throttle]
+        total = sum(iv.seconds for iv in ivs)
+        return GpuWindow(
+            index=index,
+            uuid=uuid,
+            seconds=seconds,
+            states=states,
+            held=last is not None and last.holder != "none",
+            util=states["busy"] / util_secs if util_secs > 0 else None,
+            sm=_mean((iv.sm, iv.seconds) for iv in ivs),
+            tensor=_mean((iv.tensor, iv.seconds) for iv in ivs),
+            pcie_rx=_mean((iv.pcie_rx, iv.seconds) for iv in ivs),
+            nvlink_rx=_mean((iv.nvlink_rx, iv.seconds) for iv in ivs),
+            job_cpu_cores=_mean((iv.job_cpu, iv.seconds) for iv in ivs),
+            max_process_cpu_cores=_mean((iv.max_proc_cpu, iv.seconds) for iv in ivs),
+            host_cpu_busy_ratio=_mean((iv.host_busy, iv.seconds) for iv in ivs),
+            memory_used_bytes=last.mem_used if last else None,
+            memory_total_bytes=last.mem_total if last else None,
+            sm_clock_ratio=_mean((iv.clock_ratio, iv.seconds) for iv in throttled),
+            throttle_fraction=sum(iv.seconds for iv in throttled) / total if total > 0 else 0.0,
+            severe_throttle_fraction=sum(iv.seconds for iv in ivs if iv.severe) / total if total > 0 else 0.0,
+            throttle_reasons=tuple(sorted(frozenset().union(*(iv.reasons for iv in throttled)))) if throttled else (),
+            power_watts=_mean((iv.power, iv.seconds) for iv in ivs),
+            power_limit_watts=last.power_limit if last else None,
+            job=job.job if job and last and last.holder == "job" else None,
+            job_kind=job.kind if job and last and last.holder == "job" else None,
+            processes=tuple(sorted(last.pids)) if last else (),
+        )
+
+    @staticmethod
+    def _activity(windows: list[GpuWindow]) -> tuple[list[float], str] | None:
+        """Per-GPU activity: SM activity when every GPU has it, else util.gpu when every GPU has it."""
+        if windows and all(w.sm is not None for w in windows):
+            return [w.sm for w in windows], "sm_activity"  # type: ignore[misc]
+        if windows and all(w.util is not None for w in windows):
+            return [w.util for w in windows], "utilization_gpu"  # type: ignore[misc]
+        return None
+
+    def _result(
+        self, poll: PollResult, up: list[GpuReading], processes: list[ProcessJob], primary: dict[str, JobRef]
+    ) -> InsightResult:
+        up_uuids = {g.uuid for g in up}
+        diag_w: dict[str, GpuWindow] = {}
+        job_w: dict[str, GpuWindow] = {}
+        node_w: dict[str, GpuWindow] = {}
+        for uuid, state in self._gpus.items():
+            job = primary.get(uuid)
+            node_w[uuid] = self._window(state.index, uuid, self._span(state, self.window_seconds, False), job)
+            if uuid in up_uuids:
+                diag_w[uuid] = self._window(state.index, uuid, self._span(state, self.diagnosis_seconds, True), job)
+                job_w[uuid] = self._window(state.index, uuid, self._span(state, self.window_seconds, True), job)
+        # jobs: the GPUs where each job holds the most memory
+        by_job: dict[tuple[str, str], list[str]] = {}
+        for uuid, ref in primary.items():
+            by_job.setdefault((ref.kind, ref.job), []).append(uuid)
+        mem: dict[tuple[str, str], int] = {}
+        pids: dict[tuple[str, str], set[int]] = {}
+        for p in processes:
+            key = (p.job_kind, p.job)
+            mem[key] = mem.get(key, 0) + (p.gpu_memory_bytes or 0)
+            pids.setdefault(key, set()).add(p.pid)
+        jobs: list[JobInsight] = []
+        for key in sorted(mem, key=lambda k: (-mem[k], k))[:MAX_JOBS]:
+            uuids = sorted(by_job.get(key, []), key=lambda u: self._gpus[u].index)
+            act = self._activity([job_w[u] for u in uuids if u in job_w])
+            jobs.append(
+                JobInsight(
+                    job=key[1],
+                    job_kind=key[0],
+                    gpus=[self._gpus[u].index for u in uuids],
+                    pids=sorted(pids[key]),
+                    imbalance_ratio=imbalance(act[0]) if act else None,
+                    activity_source=act[1] if act else None,
+                )
+            )
+        gpus: list[GpuInsight] = []
+        for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index):
+            w = node_w[uuid]
+            diagnosis = None
+            if uuid in diag_w:
+                job = primary.get(uuid)
+                peers = [
+                    diag_w[u]
+                    for u, ref in primary.items()
+                    if u != uuid and job is not None and ref == job and u in diag_w
+                ]
+                diagnosis = diagnose(diag_w[uuid], peers)
+            act = w.sm if w.sm is not None else w.util
+            gpus.append(
+                GpuInsight(
+                    gpu=state.index,
+                    uuid=uuid,
+                    state_seconds_total=dict(state.totals),
+                    window_state_seconds=dict(w.states),
+                    starved_ratio=starved_ratio(w.states),
+                    activity_ratio=act,
+                    activity_source=None if act is None else ("sm_activity" if w.sm is not None else "utilization_gpu"),
+                    diagnosis=diagnosis,
+                )
+            )
+        node_act = self._activity([node_w[g.uuid] for g in up if g.uuid in node_w])
+        return InsightResult(
+            timestamp=poll.timestamp,
+            window_seconds=self.window_seconds,
+            diagnosis_window_seconds=self.diagnosis_seconds,
+            gpus=gpus,
+            processes=processes,
+            jobs=jobs,
+            node_imbalance_ratio=imbalance(node_act[0]) if node_act else None,
+            node_activity_source=node_act[1] if node_act and len(node_act[0]) >= 2 else None,
+        )
