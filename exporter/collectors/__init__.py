@@ -9,6 +9,7 @@ from exporter.collectors import (  # noqa: F401 - imported for registration
     device,
     ecc,
     gpm,
+    insight,
     memory,
     mig,
     pcie,
