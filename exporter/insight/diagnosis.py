@@ -239,7 +239,7 @@ def _evidence(w: GpuWindow) -> list[Evidence]:
         "pcie_rx",
         w.pcie_rx,
         "bytes_per_second",
-        f"copy bound at >= {H2D_RX_BYTES_PER_SECOND:.0f} with SMs < {H2D_SM_MAX:g}",
+        f"copy bound at >= {H2D_RX_BYTES_PER_SECOND / 2**30:g} GiB/s with SMs < {H2D_SM_MAX:g}",
     )
     add("nvlink_rx", w.nvlink_rx, "bytes_per_second")
     add("memory_used", w.memory_used_bytes, "bytes")
