@@ -305,7 +305,7 @@ def render(report: DiagnoseReport, console: Any) -> None:
             f"node imbalance: [bold]{doc.node_imbalance_ratio:.2f}[/] on {doc.node_activity_source} "
             "(0 balanced, 1 one GPU does all the work)"
         )
-    if len({(s.gpu, s.verdict) for s in report.timeline}) > len(doc.gpus):
+    if len({(s.gpu, s.verdict) for s in report.timeline if s.verdict is not None}) > len(doc.gpus):
         tt = Table(title="verdicts over time", title_justify="left", header_style="bold")
         for col in ("GPU", "from s", "to s", "polls", "verdict"):
             tt.add_column(col, justify="right" if col != "verdict" else "left")

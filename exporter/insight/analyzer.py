@@ -23,6 +23,11 @@ from exporter.model import CLOCK_EVENT_REASONS, GpuReading, GpuStatic, HostReadi
 #: At most this many jobs are reported (the ones holding most GPU memory): bounds ``gpu_job_*`` series.
 MAX_JOBS = 64
 
+#: A process first seen between these ages (seconds since it started) gets its mean CPU since start as the CPU
+#: of its first interval; otherwise that interval's CPU is unknown.
+FIRST_SIGHT_MIN_AGE = 1.0
+FIRST_SIGHT_MAX_AGE = 60.0
+
 _POWER_BITS = sum(b for b, n in CLOCK_EVENT_REASONS.items() if n in POWER_REASONS)
 _SEVERE_BITS = sum(b for b, n in CLOCK_EVENT_REASONS.items() if n in SEVERE_REASONS)
 _IDLE_CPU_MODES = ("idle", "iowait")
@@ -170,7 +175,7 @@ class InsightAnalyzer:
         return min(1.0, max(0.0, (total - idle) / total))
 
     def _process_rates(self, gpus: list[GpuReading]) -> dict[int, float]:
-        """CPU cores used by each GPU process since the previous poll (first sight: its mean since it started)."""
+        """CPU cores used by each GPU process since the previous poll (first sight: see FIRST_SIGHT_MAX_AGE)."""
         rates: dict[int, float] = {}
         seen: dict[int, tuple[float | None, float, float]] = {}
         for g in gpus:
@@ -180,9 +185,10 @@ class InsightAnalyzer:
                 seen[p.pid] = (p.create_time, p.cpu_seconds_total, g.timestamp)
                 prev = self._proc_cpu.get(p.pid)
                 if prev is None or prev[0] != p.create_time:
-                    # first sight: the mean since the process started is the best estimate of this interval
+                    # first sight of a young process: its mean since it started estimates this interval;
+                    # an older one's lifetime mean says little about now, so it stays unknown until next poll
                     age = g.timestamp - p.create_time if p.create_time is not None else 0.0
-                    if age >= 1.0:
+                    if FIRST_SIGHT_MIN_AGE <= age <= FIRST_SIGHT_MAX_AGE:
                         rates[p.pid] = p.cpu_seconds_total / age
                     continue
                 dt = g.timestamp - prev[2]

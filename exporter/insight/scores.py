@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 
@@ -27,5 +28,5 @@ def imbalance(activity: Sequence[float]) -> float | None:
     top = max(vals)
     if top <= 0:
         return 0.0
-    mean = sum(vals) / n
-    return min(1.0, max(0.0, (1.0 - mean / top) * n / (n - 1)))
+    # (1 - mean/max) * n/(n-1) == (n*max - sum) / ((n-1)*max); fsum keeps equal values exactly balanced
+    return min(1.0, max(0.0, (n * top - math.fsum(vals)) / ((n - 1) * top)))

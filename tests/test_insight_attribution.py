@@ -1,0 +1,83 @@
+"""Job attribution from cgroup paths, and over the real traces."""
+
+from __future__ import annotations
+
+import pytest
+from test_insight_helpers import DDP, h100, run_trace
+
+from exporter.insight.attribution import JOB_KINDS, MAX_LABEL_CHARS, attribute_cgroup
+
+CID = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+UID = "1b2c3d4e-aaaa-bbbb-cccc-0123456789ab"
+
+
+@pytest.mark.parametrize(
+    ("path", "kind", "job", "container"),
+    [
+        (
+            f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/"
+            f"cri-containerd-{CID}.scope",
+            "kubernetes",
+            UID,
+            CID[:12],
+        ),
+        (f"/kubepods/besteffort/pod{UID}/{CID}", "kubernetes", UID, CID[:12]),
+        (f"/kubepods/pod{UID}/{CID}", "kubernetes", UID, CID[:12]),
+        ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", "slurm", "4242", ""),
+        ("/slurm/uid_1000/job_77/step_batch/task_0", "slurm", "77", ""),
+        (f"/system.slice/docker-{CID}.scope", "container", CID[:12], CID[:12]),
+        (f"/docker/{CID}", "container", CID[:12], CID[:12]),
+        (f"/machine.slice/libpod-{CID}.scope/container", "container", CID[:12], CID[:12]),
+        ("/system.slice/jupyterhub.service", "systemd", "jupyterhub.service", ""),
+        ("/user.slice/user-1000.slice/user@1000.service/app.slice/train.service", "systemd", "train.service", ""),
+        ("/user.slice/user-1000.slice/session-3.scope", "process", "alice/python3", ""),
+        ("/", "process", "alice/python3", ""),
+        (None, "process", "alice/python3", ""),
+        (
+            "/process_api/24fcd87c0ebfd8048e9b01ad72c39366",
+            "cgroup",
+            "/process_api/24fcd87c0ebfd8048e9b01ad72c39366",
+            "",
+        ),
+    ],
+)
+def test_cgroup_shapes(path: str | None, kind: str, job: str, container: str) -> None:
+    ref = attribute_cgroup(path, "alice", "python3")
+    assert (ref.kind, ref.job, ref.container_id) == (kind, job, container)
+    assert ref.kind in JOB_KINDS
+
+
+def test_long_paths_are_cut_to_bound_label_size() -> None:
+    ref = attribute_cgroup("/" + "x" * 500)
+    assert ref.kind == "cgroup" and len(ref.job) <= MAX_LABEL_CHARS
+
+
+def test_unknown_user_and_command_fall_back_to_question_marks() -> None:
+    assert attribute_cgroup(None).job == "?/?"
+
+
+def test_ddp_ranks_and_launcher_are_one_job_spanning_both_gpus() -> None:
+    if not DDP.exists():
+        pytest.skip("2xH200 ddp_straggler trace not recorded")
+    _, polls, results = run_trace(DDP)
+    res = results[-1]
+    pids = {q.pid for g in polls[-1].gpus for q in g.processes}
+    assert {p.pid for p in res.processes} == pids
+    assert len({(p.job_kind, p.job) for p in res.processes}) == 1
+    (job,) = res.jobs
+    assert job.gpus == [0, 1] and job.pids == sorted(pids)
+    # cpu of each process comes from its own cumulative counter
+    last = {q.pid: q for g in polls[-1].gpus for q in g.processes}
+    prev = {q.pid: q for g in polls[-2].gpus for q in g.processes}
+    dt = polls[-1].gpus[0].timestamp - polls[-2].gpus[0].timestamp
+    for p in res.processes:
+        assert p.cpu_cores == pytest.approx((last[p.pid].cpu_seconds_total - prev[p.pid].cpu_seconds_total) / dt)
+
+
+def test_processes_disappear_when_they_end() -> None:
+    header_static, polls, _ = run_trace(h100("held_idle"))
+    from test_insight_helpers import run
+
+    ended = polls[-1].model_copy(update={"gpus": [g.model_copy(update={"processes": []}) for g in polls[-1].gpus]})
+    res = run([*polls, ended], header_static)
+    assert res[-2].processes and res[-1].processes == [] and res[-1].jobs == []

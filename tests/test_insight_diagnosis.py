@@ -1,0 +1,136 @@
+"""Verdicts over the real traces: each scenario gets its own, and nothing else is called starved."""
+
+from __future__ import annotations
+
+import pytest
+from test_insight_helpers import DDP, h100, run, run_trace
+
+from exporter.insight.diagnosis import REASONS, REMEDIES, SEVERITY, GpuWindow, diagnose
+from exporter.trace import read_trace
+
+# ground truth: what each recorded workload (shared/gpu-workloads/workloads.py) does to the GPU
+EXPECTED = {
+    "idle": "free",
+    "compute_bound": "compute_bound",
+    "starved_dataloader": "input_starved",
+    "starved_cpu_heavy": "input_starved",
+    "h2d_pageable_copy": "h2d_copy_bound",
+    "held_idle": "held_idle",
+}
+STARVED = {"input_starved", "h2d_copy_bound", "waiting_on_peers"}
+
+
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+def test_each_h100_scenario_gets_its_verdict_at_the_end_of_its_trace(scenario: str) -> None:
+    header, polls = read_trace(h100(scenario))
+    assert header.metadata["scenario"] == scenario
+    d = run(polls, header.node)[-1].gpus[0].diagnosis
+    assert d is not None
+    assert d.verdict == EXPECTED[scenario]
+    assert d.findings[0] == d.verdict
+    assert d.remedies and d.summary and d.evidence
+
+
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+def test_the_verdict_is_stable_once_given(scenario: str) -> None:
+    _, _, results = run_trace(h100(scenario))
+    verdicts = [r.gpus[0].diagnosis.verdict for r in results if r.gpus[0].diagnosis is not None]
+    assert len(verdicts) >= len(results) - 3
+    assert set(verdicts) == {EXPECTED[scenario]}
+
+
+@pytest.mark.parametrize("scenario", ["compute_bound", "idle"])
+def test_compute_bound_and_idle_are_never_called_starved(scenario: str) -> None:
+    _, _, results = run_trace(h100(scenario))
+    for r in results:
+        d = r.gpus[0].diagnosis
+        assert d is None or not STARVED & set(d.findings)
+        assert r.gpus[0].starved_ratio is None or r.gpus[0].starved_ratio < 0.05
+
+
+def test_compute_bound_power_cap_is_an_info_finding_not_a_fault() -> None:
+    d = run_trace(h100("compute_bound"))[2][-1].gpus[0].diagnosis
+    assert d.findings == ["compute_bound", "throttled"]
+    assert d.severity == "info"
+    ev = {e.name: e.value for e in d.evidence}
+    assert ev["sm_clock_of_max"] < 0.9 and ev["throttle_share"] > 0.9
+    assert ev["sm_activity"] > 0.9
+
+
+def test_evidence_numbers_match_the_trace() -> None:
+    header, polls = read_trace(h100("h2d_pageable_copy"))
+    d = run(polls, header.node)[-1].gpus[0].diagnosis
+    ev = {e.name: e.value for e in d.evidence}
+    rx = [p.gpus[0].gpm["pcie_rx_bytes_per_second"] for p in polls[1:]]
+    assert ev["pcie_rx"] == pytest.approx(sum(rx) / len(rx), rel=0.05)
+    assert ev["job_cpu"] == pytest.approx(1.0, abs=0.05)
+    assert ev["sm_activity"] < 0.01
+
+
+def test_ddp_straggler_waiting_rank_and_straggling_rank() -> None:
+    if not DDP.exists():
+        pytest.skip("2xH200 ddp_straggler trace not recorded")
+    _, polls, results = run_trace(DDP)
+    by_gpu = {g.gpu: g for g in results[-1].gpus}
+    d0, d1 = by_gpu[0].diagnosis, by_gpu[1].diagnosis
+    assert d0.verdict == "waiting_on_peers"
+    assert "GPU 1" in d0.summary
+    assert d1.verdict == "input_starved"
+    assert "Straggler" in d1.summary
+    # rank 0 reads util.gpu ~99% yet it is not called compute_bound anywhere in its steady state
+    assert all(r.gpus[0].diagnosis.verdict != "compute_bound" for r in results if r.gpus[0].diagnosis)
+
+
+def _variant(scenario: str, gpu_update) -> tuple:  # noqa: ANN001
+    header, polls = read_trace(h100(scenario))
+    changed = [p.model_copy(update={"gpus": [gpu_update(g) for g in p.gpus]}) for p in polls]
+    return header.node, changed
+
+
+def test_launch_bound_when_sms_are_nearly_empty_under_full_util() -> None:
+    # the real compute_bound trace with GPM SM activity cut to a tenth: "utilized" but SMs nearly empty
+    static, polls = _variant(
+        "compute_bound",
+        lambda g: g.model_copy(update={"gpm": {**g.gpm, "sm_activity": g.gpm.get("sm_activity", 0) / 10}}),
+    )
+    d = run(polls, static)[-1].gpus[0].diagnosis
+    assert d.verdict == "launch_bound"
+
+
+def test_thermal_slowdown_under_load_is_the_verdict() -> None:
+    static, polls = _variant("compute_bound", lambda g: g.model_copy(update={"clock_event_reasons": 0x40}))
+    d = run(polls, static)[-1].gpus[0].diagnosis
+    assert d.verdict == "throttled" and d.severity == "warning"
+    assert "hw_thermal_slowdown" in d.summary
+
+
+def test_memory_nearly_full_is_an_extra_finding() -> None:
+    static, polls = _variant(
+        "held_idle", lambda g: g.model_copy(update={"memory_used_bytes": int(g.memory_total_bytes * 0.95)})
+    )
+    d = run(polls, static)[-1].gpus[0].diagnosis
+    assert d.verdict == "held_idle" and "memory_nearly_full" in d.findings
+
+
+def test_no_verdict_before_two_seconds_of_history() -> None:
+    header, polls = read_trace(h100("compute_bound"))
+    results = run(polls[:2], header.node)
+    assert all(g.diagnosis is None for r in results for g in r.gpus)
+
+
+def test_every_reason_has_severity_and_remedies() -> None:
+    assert set(REASONS) == set(SEVERITY) == set(REMEDIES)
+
+
+def test_underutilized_when_no_rule_holds() -> None:
+    w = GpuWindow(
+        index=0,
+        uuid="GPU-x",
+        seconds=10.0,
+        states={"busy": 3.0, "starved": 3.0, "held_idle": 3.0, "free": 0.0, "unknown": 1.0},
+        held=True,
+        util=0.3,
+        sm=0.3,
+        job_cpu_cores=0.5,
+    )
+    assert diagnose(w).verdict == "underutilized"
