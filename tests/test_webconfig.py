@@ -1,0 +1,564 @@
+"""Web config (exporter-toolkit format): real TLS, mutual TLS and bcrypt basic auth on a real uvicorn server.
+
+A test CA, server and client certificates are generated per session with ``cryptography``; the server is a
+real uvicorn on 127.0.0.1 and the client is httpx over real TLS. ``promtool check web-config`` checks the
+shipped example and agrees with ``load_web_config`` on good and bad files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import ipaddress
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+import uvicorn
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from fastapi import FastAPI
+
+from exporter import webconfig
+from exporter.webconfig import (
+    DEFAULT_OPEN_PATHS,
+    BasicAuthMiddleware,
+    WebConfig,
+    WebConfigError,
+    load_web_config,
+)
+
+EXAMPLE = Path(__file__).parent.parent / "deploy" / "web-config.example.yml"
+PASSWORD = "s3cret-scrape-pw"
+
+
+# --- a test PKI ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Pair:
+    cert: Path
+    key: Path
+    serial: int
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write(dir: Path, name: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Pair:
+    c, k = dir / f"{name}.crt", dir / f"{name}.key"
+    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    k.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    k.chmod(0o600)
+    return Pair(c, k, cert.serial_number)
+
+
+class CA:
+    def __init__(self, dir: Path, name: str) -> None:
+        self.dir = dir
+        self.key = _key()
+        now = datetime.datetime.now(datetime.UTC)
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
+            .sign(self.key, hashes.SHA256())
+        )
+        self.pem = dir / f"{name}.crt"
+        self.pem.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(self, name: str, server: bool) -> Pair:
+        key = _key()
+        now = datetime.datetime.now(datetime.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
+        )
+        if server:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+        return _write(self.dir, name, builder.sign(self.key, hashes.SHA256()), key)
+
+
+@dataclass
+class PKI:
+    dir: Path
+    ca: CA
+    server: Pair
+    client: Pair
+    rogue_client: Pair
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
+    d = tmp_path_factory.mktemp("pki")
+    ca, rogue = CA(d, "test-ca"), CA(d, "rogue-ca")
+    return PKI(d, ca, ca.issue("server", True), ca.issue("client", False), rogue.issue("rogue-client", False))
+
+
+@pytest.fixture(scope="module")
+def hashed() -> str:
+    return bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+
+
+def write_config(dir: Path, text: str, name: str = "web.yml") -> Path:
+    path = dir / name
+    path.write_text(text)
+    return path
+
+
+# --- a real server ------------------------------------------------------------------------------------------
+
+
+def tiny_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/metrics")
+    def metrics() -> dict[str, str]:
+        return {"metrics": "yes"}
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz() -> dict[str, str]:
+        return {"ready": "yes"}
+
+    return app
+
+
+@contextmanager
+def serve(web: WebConfig, app: object | None = None) -> Iterator[str]:
+    """Run uvicorn on 127.0.0.1 (free port) with ``web`` applied, as `gpuwarden serve` will; yield the base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+    asgi = app if app is not None else web.wrap(tiny_app())
+    config = uvicorn.Config(asgi, log_config=None, log_level="warning", **web.uvicorn_kwargs())
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive(), "uvicorn exited during start-up"
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"{'https' if web.tls_enabled else 'http'}://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def client_ctx(pki: PKI, cert: Pair | None = None, max_version: ssl.TLSVersion | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki.ca.pem))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert.cert), str(cert.key))
+    if max_version is not None:
+        ctx.maximum_version = max_version
+    return ctx
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+# --- basic auth over TLS ------------------------------------------------------------------------------------
+
+
+def test_basic_auth_over_tls(pki: PKI, hashed: str, tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n"
+        f"basic_auth_users:\n  prometheus: '{hashed}'\n",
+    )
+    web = load_web_config(path)
+    with serve(web) as url, httpx.Client(base_url=url, verify=client_ctx(pki), timeout=10) as c:
+        r = c.get("/metrics")
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"] == 'Basic realm="gpuwarden"'
+        assert c.get("/metrics", headers=basic("prometheus", "wrong")).status_code == 401
+        assert c.get("/metrics", headers=basic("nobody", PASSWORD)).status_code == 401
+        assert c.get("/metrics", headers={"Authorization": "Basic !!!notbase64"}).status_code == 401
+        assert c.get("/metrics", headers={"Authorization": "Bearer " + PASSWORD}).status_code == 401
+        assert c.get("/metrics", headers=basic("prometheus", "x" * 100)).status_code == 401  # > 72 bytes
+        r = c.get("/metrics", headers=basic("prometheus", PASSWORD))
+        assert r.status_code == 200 and r.json() == {"metrics": "yes"}
+        assert c.get("/metrics", auth=("prometheus", PASSWORD)).status_code == 200  # httpx's own encoding
+        # Probes stay open; nothing else does (exact match, no prefix).
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/readyz").status_code == 200
+        assert c.get("/healthz/").status_code == 401
+        assert c.get("/healthz/../metrics").status_code == 401
+        assert c.get("/docs").status_code == 401
+        assert c.get("/nonexistent").status_code == 401
+    # Plain HTTP to the TLS port does not get through either.
+    with pytest.raises(httpx.TransportError):
+        with serve(web) as url:
+            httpx.get(url.replace("https", "http") + "/healthz", timeout=5).raise_for_status()
+
+
+def test_successful_check_is_cached_and_failures_are_not(
+    pki: PKI, hashed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def counting(password: bytes, h: bytes) -> bool:
+        calls.append(h)
+        return real(password, h)
+
+    monkeypatch.setattr(webconfig.bcrypt, "checkpw", counting)
+    mw = BasicAuthMiddleware(tiny_app(), {"prometheus": hashed.encode()}, DEFAULT_OPEN_PATHS)
+    with serve(WebConfig(), app=mw) as url, httpx.Client(base_url=url, timeout=10) as c:
+        for _ in range(5):
+            assert c.get("/metrics", auth=("prometheus", PASSWORD)).status_code == 200
+        assert len(calls) == 1
+        for _ in range(3):
+            assert c.get("/metrics", auth=("prometheus", "wrong")).status_code == 401
+        assert len(calls) == 4
+        # An unknown user still costs one bcrypt check, against a dummy hash (no user enumeration by timing).
+        assert c.get("/metrics", auth=("ghost", PASSWORD)).status_code == 401
+        assert len(calls) == 5 and calls[-1] != hashed.encode()
+        # New users (reload) empty the cache.
+        mw.set_users({"prometheus": bcrypt.hashpw(b"new", bcrypt.gensalt(4))})
+        assert c.get("/metrics", auth=("prometheus", PASSWORD)).status_code == 401
+        assert c.get("/metrics", auth=("prometheus", "new")).status_code == 200
+
+
+def test_bcrypt_runs_off_the_event_loop(hashed: str) -> None:
+    """While bcrypt checks a password, /healthz still answers: bcrypt runs in a worker thread."""
+    slow = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(13)).decode()  # about half a second or more
+    mw = BasicAuthMiddleware(tiny_app(), {"prometheus": slow.encode()}, DEFAULT_OPEN_PATHS)
+    with serve(WebConfig(), app=mw) as url:
+
+        async def race() -> tuple[float, float]:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+                t0 = time.monotonic()
+                auth = asyncio.create_task(c.get("/metrics", auth=("prometheus", "wrong")))
+                await asyncio.sleep(0.05)
+                t1 = time.monotonic()
+                assert (await c.get("/healthz")).status_code == 200
+                health = time.monotonic() - t1
+                assert (await auth).status_code == 401
+                return health, time.monotonic() - t0
+
+        health, total = asyncio.run(race())
+    assert health < total / 2, (health, total)
+
+
+def test_no_secret_in_logs(pki: PKI, hashed: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("DEBUG", logger="exporter.webconfig")
+    mw = BasicAuthMiddleware(tiny_app(), {"prometheus": hashed.encode()}, DEFAULT_OPEN_PATHS)
+    with serve(WebConfig(), app=mw) as url, httpx.Client(base_url=url, timeout=10) as c:
+        c.get("/metrics", auth=("prometheus", "wrong-password-xyz"))
+        c.get("/metrics", auth=("prometheus", PASSWORD))
+    assert "refused" in caplog.text
+    for secret in ("wrong-password-xyz", PASSWORD, hashed, base64.b64encode(b"prometheus:wrong-password-xyz").decode()):
+        assert secret not in caplog.text
+
+
+# --- mutual TLS ---------------------------------------------------------------------------------------------
+
+
+def mtls_config(pki: PKI, tmp_path: Path, mode: str = "RequireAndVerifyClientCert") -> WebConfig:
+    path = write_config(
+        tmp_path,
+        f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n"
+        f"  client_auth_type: {mode}\n  client_ca_file: {pki.ca.pem}\n",
+    )
+    return load_web_config(path)
+
+
+def _raw_get(url: str, ctx: ssl.SSLContext) -> bytes | str:
+    """GET over a raw TLS socket: the first bytes of the answer, or the SSL error's reason as a str.
+
+    uvicorn (asyncio's TLS) drops the connection without a TLS alert when it refuses a client certificate:
+    under TLS 1.2 the client's handshake fails with an EOF; under TLS 1.3 the client's handshake has already
+    completed when the server checks the certificate, so the client sees an empty read instead of a response.
+    """
+    host, port = url.removeprefix("https://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        try:
+            with ctx.wrap_socket(raw, server_hostname=host) as s:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                return s.recv(64)
+        except ssl.SSLError as exc:
+            return str(exc.reason)
+
+
+def test_mutual_tls_require_and_verify(pki: PKI, tmp_path: Path) -> None:
+    web = mtls_config(pki, tmp_path)
+    assert web.uvicorn_kwargs()["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+    with serve(web) as url:
+        with httpx.Client(base_url=url, verify=client_ctx(pki, pki.client), timeout=10) as c:
+            assert c.get("/metrics").status_code == 200
+        assert _raw_get(url, client_ctx(pki, pki.client)).startswith(b"HTTP/1.1 200")
+        # No client certificate: the server aborts the TLS session and never answers.
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/metrics", verify=client_ctx(pki), timeout=10)
+        assert _raw_get(url, client_ctx(pki)) in (b"", "UNEXPECTED_EOF_WHILE_READING")
+        # A certificate from another CA is refused too.
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/metrics", verify=client_ctx(pki, pki.rogue_client), timeout=10)
+        # Same over TLS 1.2, where the failure happens inside the handshake itself.
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/metrics", verify=client_ctx(pki, max_version=ssl.TLSVersion.TLSv1_2), timeout=10)
+        assert _raw_get(url, client_ctx(pki, max_version=ssl.TLSVersion.TLSv1_2)) == "UNEXPECTED_EOF_WHILE_READING"
+        # Probes cannot get past mutual TLS either: open_paths only lifts basic auth.
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/healthz", verify=client_ctx(pki), timeout=10)
+
+
+def test_verify_client_cert_if_given(pki: PKI, tmp_path: Path) -> None:
+    web = mtls_config(pki, tmp_path, "VerifyClientCertIfGiven")
+    assert web.uvicorn_kwargs()["ssl_cert_reqs"] == ssl.CERT_OPTIONAL
+    with serve(web) as url:
+        assert httpx.get(url + "/metrics", verify=client_ctx(pki), timeout=10).status_code == 200
+        assert httpx.get(url + "/metrics", verify=client_ctx(pki, pki.client), timeout=10).status_code == 200
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/metrics", verify=client_ctx(pki, pki.rogue_client), timeout=10)
+
+
+def test_min_version_tls13_is_enforced(pki: PKI, tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n  min_version: TLS13\n",
+    )
+    web = load_web_config(path)
+    with serve(web) as url:
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/metrics", verify=client_ctx(pki, max_version=ssl.TLSVersion.TLSv1_2), timeout=10)
+        with httpx.Client(verify=client_ctx(pki), timeout=10) as c:
+            r = c.get(url + "/metrics")
+            assert r.status_code == 200
+            assert r.extensions["network_stream"].get_extra_info("ssl_object").version() == "TLSv1.3"
+
+
+def _served_serial(url: str, pki: PKI) -> int:
+    host, port = url.removeprefix("https://").split(":")
+    ctx = client_ctx(pki)
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=host) as s:
+            der = s.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def test_certificate_rotation_without_restart(pki: PKI, tmp_path: Path) -> None:
+    first = pki.ca.issue("rotating", True)
+    path = write_config(tmp_path, f"tls_server_config:\n  cert_file: {first.cert}\n  key_file: {first.key}\n")
+    web = load_web_config(path)
+    with serve(web) as url:
+        assert _served_serial(url, pki) == first.serial
+        second = pki.ca.issue("rotating", True)  # same paths, new certificate and key
+        assert web.reload_certificates() == 1
+        assert _served_serial(url, pki) == second.serial
+        # A half-written pair is refused and the running certificate stays.
+        first.key.write_text("-----BEGIN PRIVATE KEY-----\ntruncated\n")
+        with pytest.raises(WebConfigError):
+            web.reload_certificates()
+        assert _served_serial(url, pki) == second.serial
+
+
+def test_headers_from_http_server_config(pki: PKI, hashed: str, tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        "http_server_config:\n  http2: false\n  headers:\n    X-Content-Type-Options: nosniff\n"
+        "    Strict-Transport-Security: max-age=31536000\n",
+    )
+    web = load_web_config(path)
+    assert not web.tls_enabled and web.wrap(tiny_app()).__class__ is FastAPI
+    with serve(web) as url:
+        r = httpx.get(url + "/metrics", timeout=10)
+    assert r.status_code == 200
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["strict-transport-security"] == "max-age=31536000"
+
+
+# --- loading: one-line errors -------------------------------------------------------------------------------
+
+
+def test_empty_file_is_plain_http(tmp_path: Path) -> None:
+    web = load_web_config(write_config(tmp_path, ""))
+    assert not web.tls_enabled and web.users == {} and web.uvicorn_kwargs() == {}
+
+
+def test_relative_paths_resolve_against_the_config_dir(pki: PKI, hashed: str, tmp_path: Path) -> None:
+    for name in ("server.crt", "server.key"):
+        shutil.copy(pki.dir / name, tmp_path / name)
+    shutil.copy(pki.ca.pem, tmp_path / "ca.crt")
+    path = write_config(
+        tmp_path,
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n",
+    )
+    kwargs = load_web_config(path).uvicorn_kwargs()
+    assert kwargs["ssl_certfile"] == str(tmp_path / "server.crt")
+    assert kwargs["ssl_keyfile"] == str(tmp_path / "server.key")
+    assert kwargs["ssl_ca_certs"] == str(tmp_path / "ca.crt")
+    assert kwargs["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(WebConfigError) as exc:
+        load_web_config(path)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(path) in msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("tls_server_config: [\n", "bad YAML at line"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("tls_server_config:\n  cert_file: /x\n  key_file: /y\n  bogus: 1\n", "tls_server_config.bogus: unknown key"),
+        ("basic_auth: {}\n", "basic_auth: unknown key"),
+        ("tls_server_config:\n  cert_file: /nonexistent/server.crt\n  key_file: /nonexistent/k\n", "cannot read"),
+        ("tls_server_config:\n  key_file: /y\n", "missing cert_file"),
+        ("tls_server_config:\n  client_auth_type: Sometimes\n", "'Sometimes' is not one of"),
+        ("tls_server_config:\n  min_version: TLS14\n", "min_version"),
+        ("tls_server_config:\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "cipher_suites is not supported"),
+        ("tls_server_config:\n  client_allowed_sans: [a]\n", "client_allowed_sans is not supported"),
+        ("rate_limit:\n  interval: 1s\n  burst: 5\n", "rate_limit is not supported"),
+        ("http_server_config:\n  headers:\n    X-Powered-By: me\n", "X-Powered-By"),
+        ("basic_auth_users:\n  alice: hunter2\n", "not a bcrypt hash"),
+        ("basic_auth_users:\n  alice: $2b$12$short\n", "not a bcrypt hash"),
+    ],
+)
+def test_load_errors_are_one_line(tmp_path: Path, text: str, expected: str) -> None:
+    msg = _error(write_config(tmp_path, text))
+    assert expected in msg
+
+
+def test_plain_password_is_not_echoed(tmp_path: Path) -> None:
+    msg = _error(write_config(tmp_path, "basic_auth_users:\n  alice: hunter2-plain\n"))
+    assert "hunter2-plain" not in msg and "alice" in msg
+
+
+def test_missing_file_and_unreadable_key(pki: PKI, tmp_path: Path) -> None:
+    assert "No such file" in _error(tmp_path / "absent.yml")
+    # A key that is not the certificate's key.
+    other = pki.ca.issue("other", True)
+    msg = _error(
+        write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {other.key}\n")
+    )
+    assert "do not load" in msg
+    garbage = tmp_path / "garbage.crt"
+    garbage.write_text("not a certificate\n")
+    msg = _error(write_config(tmp_path, f"tls_server_config:\n  cert_file: {garbage}\n  key_file: {pki.server.key}\n"))
+    assert "do not load" in msg
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("  client_auth_type: RequireAnyClientCert\n  client_ca_file: {ca}\n", "RequireAndVerifyClientCert"),
+        ("  client_ca_file: {ca}\n", "client_auth_type is NoClientCert"),
+        ("  client_auth_type: RequireAndVerifyClientCert\n", "needs client_ca_file"),
+        ("  min_version: TLS13\n  max_version: TLS12\n", "min_version is above max_version"),
+    ],
+)
+def test_tls_policy_errors(pki: PKI, tmp_path: Path, extra: str, expected: str) -> None:
+    base = f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n"
+    assert expected in _error(write_config(tmp_path, base + extra.format(ca=pki.ca.pem)))
+
+
+# --- promtool: the shipped example, and the same verdict as promtool ----------------------------------------
+
+
+@pytest.fixture
+def example_dir(pki: PKI, tmp_path: Path) -> Path:
+    """The shipped example beside the certificate files it names (relative to it), as installed."""
+    shutil.copy(EXAMPLE, tmp_path / "web-config.yml")
+    shutil.copy(pki.server.cert, tmp_path / "server.crt")
+    shutil.copy(pki.server.key, tmp_path / "server.key")
+    shutil.copy(pki.ca.pem, tmp_path / "ca.crt")
+    return tmp_path
+
+
+def test_promtool_accepts_the_example(example_dir: Path, promtool: str) -> None:
+    res = subprocess.run(
+        [promtool, "check", "web-config", str(example_dir / "web-config.yml")], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    web = load_web_config(example_dir / "web-config.yml")
+    assert web.tls_enabled and list(web.users) == ["prometheus"]
+
+
+def test_example_without_certs_loads_its_users() -> None:
+    """Without promtool: the example parses; it fails only on the certificate files it names."""
+    with pytest.raises(WebConfigError, match="cannot read cert_file"):
+        load_web_config(EXAMPLE)
+
+
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n", True),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+            "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n",
+            True,
+        ),
+        ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  colour: blue\n", False),
+        ("tls_server_config:\n  cert_file: missing.crt\n  key_file: server.key\n", False),
+        ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_ca_file: ca.crt\n", False),
+        ("basic_auth_users:\n  alice: plain-text\n", False),
+        ("basic_auth_users:\n  alice: HASH\n", True),
+        ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: Maybe\n", False),
+    ],
+)
+def test_same_verdict_as_promtool(example_dir: Path, promtool: str, hashed: str, text: str, valid: bool) -> None:
+    path = write_config(example_dir, text.replace("HASH", hashed), "case.yml")
+    res = subprocess.run([promtool, "check", "web-config", str(path)], capture_output=True, text=True)
+    assert (res.returncode == 0) is valid, res.stdout + res.stderr
+    if valid:
+        load_web_config(path)
+    else:
+        with pytest.raises(WebConfigError):
+            load_web_config(path)
