@@ -17,9 +17,10 @@ def starved_ratio(state_seconds: Mapping[str, float]) -> float | None:
 def imbalance(activity: Sequence[float]) -> float | None:
     """Return the load imbalance of per-GPU activities in [0, 1]: 0 balanced, 1 one GPU does all the work.
 
-    ``(1 - mean / max) * n / (n - 1)``: the percent imbalance of HPE CrayPat ("Imb. %" = (max - avg) / max
-    * n / (n - 1)) as a ratio. With every activity 0 the GPUs are equally (not) working: 0. Returns None
-    for fewer than 2 GPUs. Negative inputs are clamped to 0.
+    ``(1 - mean / max) * n / (n - 1)``: one minus the POP "load balance" efficiency (mean / max, as in the
+    Scalasca Cube guide), rescaled by n / (n - 1) so that one GPU doing all the work reads 1 for any n.
+    With every activity 0 the GPUs are equally (not) working: 0. Returns None for fewer than 2 GPUs.
+    Negative inputs are clamped to 0.
     """
     n = len(activity)
     if n < 2:
