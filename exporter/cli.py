@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check-config", help="validate a configuration file")
     c.add_argument("file")
     c.set_defaults(func=cmd_check_config)
+    from exporter import diagnose
+
+    diagnose.add_parser(sub)
     ls = sub.add_parser("collectors", help="list collectors and their default state")
     ls.set_defaults(func=cmd_collectors)
     r = sub.add_parser("record", help="record a trace of raw NVML readings (JSON Lines)")

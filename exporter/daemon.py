@@ -18,7 +18,7 @@ from exporter.config import Config, ConfigError
 from exporter.exposition import Exposition, select_collectors
 from exporter.poller import Analyzer, Poller
 from exporter.replay import ReplaySource, demo_trace_path
-from exporter.server import create_app
+from exporter.server import create_app, diagnosis_route
 from exporter.source import Source
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,12 @@ class Daemon:
         collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable)
         options = CollectOptions(max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0)
         self.exposition = Exposition(lambda: self.poller.snapshot, collectors, options)
-        self.app = create_app(lambda: self.poller.snapshot, self.exposition, cfg.stale_after, extra_routes)
+        self.app = create_app(
+            lambda: self.poller.snapshot,
+            self.exposition,
+            cfg.stale_after,
+            extra_routes or diagnosis_route(lambda: self.poller.snapshot),
+        )
 
     def start(self) -> None:
         """Open the source and take the first poll (raises SourceError)."""

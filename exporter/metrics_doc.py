@@ -116,15 +116,17 @@ def reference_snapshots() -> list[NodeSnapshot]:
     """Snapshots of every recorded trace shipped with the tests and the demo trace (needs the source tree)."""
     from pathlib import Path
 
+    from exporter.insight.analyzer import InsightAnalyzer
     from exporter.poller import Poller
     from exporter.replay import ReplaySource, demo_trace_path
 
     traces = sorted((Path(__file__).parent.parent / "tests" / "data" / "traces").glob("*.jsonl.gz"))
     out = []
     for path in [demo_trace_path(), *traces]:
-        poller = Poller(ReplaySource(path), 1.0)
+        source = ReplaySource(path, timing="recorded")
+        poller = Poller(source, 1.0, analyzers={"insight": InsightAnalyzer()})
         poller.start(thread=False)
-        for _ in range(4):
+        for _ in range(min(source.polls_in_trace, 30) - 1):
             poller.poll_once()
         assert poller.snapshot is not None
         out.append(poller.snapshot)

@@ -145,3 +145,25 @@ def create_app(
         )
 
     return app
+
+
+def diagnosis_route(get_snapshot: Callable[[], NodeSnapshot | None]) -> Callable[[FastAPI], list[str]]:
+    """Return an ``extra_routes`` hook adding ``GET /api/v1/diagnosis`` (exporter.diagnose.DiagnosisDocument)."""
+    from exporter.diagnose import DiagnosisDocument, diagnosis_document
+
+    def add(app: FastAPI) -> list[str]:
+        @app.get(
+            "/api/v1/diagnosis",
+            summary="Verdict, evidence and remedies for every GPU",
+            response_model=DiagnosisDocument,
+            responses={503: {"description": "no snapshot yet"}},
+        )
+        def diagnosis() -> Any:
+            snap = get_snapshot()
+            if snap is None:
+                return JSONResponse({"detail": "no snapshot yet"}, status_code=503)
+            return diagnosis_document(snap)
+
+        return ["/api/v1/diagnosis"]
+
+    return add

@@ -22,9 +22,9 @@ def trace(name: str) -> Path:
     return TRACES / f"{name}.jsonl.gz"
 
 
-def replay_poller(path: Path, polls: int, analyzers: dict | None = None) -> Poller:
-    """A Poller over a trace, advanced ``polls`` times synchronously (no thread)."""
-    p = Poller(ReplaySource(path), 1.0, analyzers=analyzers)
+def replay_poller(path: Path, polls: int, analyzers: dict | None = None, timing: str = "recorded") -> Poller:
+    """A Poller over a trace, advanced ``polls`` times synchronously (no thread), with the recorded spacing."""
+    p = Poller(ReplaySource(path, timing=timing), 1.0, analyzers=analyzers)
     p.start(thread=False)
     for _ in range(polls - 1):
         p.poll_once()

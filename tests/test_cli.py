@@ -160,6 +160,8 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
         assert api["source"] == "replay" and api["gpus"][0]["static"]["name"] == "NVIDIA H100 80GB HBM3"
         assert "/api/v1/gpus" in httpx.get(f"{base}/openapi.json").json()["paths"]
         assert "metrics" in httpx.get(f"{base}/").text
+        diag = httpx.get(f"{base}/api/v1/diagnosis")
+        assert diag.status_code == 200 and "/api/v1/diagnosis" in httpx.get(f"{base}/openapi.json").json()["paths"]
         # the replay advances: a later scrape has a later poll count
         polls = [
             s.value for f in text_string_to_metric_families(r.text) if f.name == "gpuwarden_polls" for s in f.samples

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from conftest import trace
 
 from exporter.replay import ReplaySource
@@ -45,3 +46,14 @@ def test_no_loop_ends() -> None:
     for _ in range(src.polls_in_trace):
         src.poll()
     assert src.exhausted
+
+
+def test_recorded_timing_keeps_the_spacing_across_loops() -> None:
+    src = ReplaySource(trace("h100-idle"), timing="recorded")
+    src.open()
+    _, polls = read_trace(trace("h100-idle"))
+    got = [src.poll().timestamp for _ in range(len(polls) + 2)]
+    steps = [b - a for a, b in zip(got, got[1:], strict=False)]
+    recorded = [b.timestamp - a.timestamp for a, b in zip(polls, polls[1:], strict=False)]
+    assert steps[: len(recorded)] == pytest.approx(recorded)
+    assert all(0.5 < s < 1.5 for s in steps)  # including the step across the loop

@@ -28,7 +28,7 @@ def test_readyz_fails_when_the_last_poll_is_stale() -> None:
 
 
 def test_scrape_answers_while_a_poll_hangs() -> None:
-    p = replay_poller(trace("h100-idle"), 2)
+    p = replay_poller(trace("h100-idle"), 2, timing="wall")
     release = threading.Event()
     real_poll = p.source.poll
 

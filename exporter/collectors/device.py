@@ -47,4 +47,6 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
         for g in snap.poll.gpus:
             up.add_metric(gpu_label_values(g), 1.0 if g.up else 0.0)
     yield up
-    yield GaugeMetricFamily("gpu_devices", "Number of GPUs gpuwarden watches on this node.", value=len(snap.static.gpus))
+    yield GaugeMetricFamily(
+        "gpu_devices", "Number of GPUs gpuwarden watches on this node.", value=len(snap.static.gpus)
+    )

@@ -42,14 +42,21 @@ def _counters(g: GpuReading) -> dict[str, float]:
 class ReplaySource:
     """Plays ``path`` back. ``open()`` raises SourceError for an unreadable or malformed trace.
 
+    ``timing="wall"`` (serve) stamps each poll with the time it is played; ``timing="recorded"`` keeps the
+    recorded spacing between polls, anchored at ``open()``, so a trace can be analysed as fast as it is read.
+
     ``header`` is the trace's header once opened; ``loops`` counts completed passes.
     """
 
     kind = "replay"
 
-    def __init__(self, path: Path, *, loop: bool = True) -> None:
+    def __init__(self, path: Path, *, loop: bool = True, timing: str = "wall") -> None:
+        if timing not in ("wall", "recorded"):
+            raise ValueError(f"timing must be 'wall' or 'recorded', not {timing!r}")
         self.path = path
         self.loop = loop
+        self.timing = timing
+        self._anchor = 0.0
         self.header: TraceHeader | None = None
         self.loops = 0
         self._polls: list[PollResult] = []
@@ -64,6 +71,8 @@ class ReplaySource:
         except TraceError as exc:
             raise SourceError(str(exc)) from exc
         first, last = self._polls[0], self._polls[-1]
+        self._period = last.timestamp - first.timestamp + self.header.poll_interval_seconds
+        self._anchor = time.time() - first.timestamp
         firsts = {g.index: _counters(g) for g in first.gpus}
         for g in last.gpus:
             a = firsts.get(g.index, {})
@@ -93,8 +102,13 @@ class ReplaySource:
         if self._next == len(self._polls):
             self._next = 0
             self.loops += 1
-        now = time.time()
-        shift = now - rec.timestamp
+        if self.timing == "recorded":
+            # the recorded spacing, anchored at open() and continued loop after loop
+            shift = self._anchor + k * self._period
+            now = rec.timestamp + shift
+        else:
+            now = time.time()
+            shift = now - rec.timestamp
         gpus = [self._gpu(g, shift, k) for g in rec.gpus]
         host = None
         if rec.host is not None:
