@@ -244,6 +244,8 @@ def test_objects_fit_together() -> None:
     assert port["containerPort"] == DEFAULT_PORT == svc["spec"]["ports"][0]["port"]
     assert svc["spec"]["ports"][0]["targetPort"] == port["name"] == sm["spec"]["endpoints"][0]["port"]
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    # Not-ready pods (stale data) must still be scraped, to see why.
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert pod["spec"]["serviceAccountName"] == one("ServiceAccount")["metadata"]["name"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["config"]["configMap"]["name"] == one("ConfigMap")["metadata"]["name"]
