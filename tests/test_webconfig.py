@@ -562,3 +562,32 @@ def test_same_verdict_as_promtool(example_dir: Path, promtool: str, hashed: str,
     else:
         with pytest.raises(WebConfigError):
             load_web_config(path)
+
+
+# --- the recipe for `gpuwarden serve --web.config.file`, on the real daemon and its demo trace ---------------
+
+
+def test_real_daemon_behind_web_config(pki: PKI, hashed: str, tmp_path: Path) -> None:
+    from exporter.config import load_config
+    from exporter.daemon import Daemon
+
+    path = write_config(
+        tmp_path,
+        f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n"
+        f"basic_auth_users:\n  prometheus: '{hashed}'\n",
+    )
+    cfg = load_config(None, {"demo": True, "web_config_file": path})
+    web = load_web_config(cfg.web_config_file)
+    daemon = Daemon(cfg)
+    daemon.start()
+    try:
+        with serve(web, app=web.wrap(daemon.app)) as url, httpx.Client(verify=client_ctx(pki), timeout=10) as c:
+            assert c.get(url + "/metrics").status_code == 401
+            assert c.get(url + "/api/v1/gpus").status_code == 401
+            r = c.get(url + "/metrics", auth=("prometheus", PASSWORD))
+            assert r.status_code == 200 and "gpuwarden_source_up" in r.text
+            assert c.get(url + "/api/v1/gpus", auth=("prometheus", PASSWORD)).json()["gpus"]
+            assert c.get(url + "/healthz").status_code == 200
+            assert c.get(url + "/readyz").status_code == 200
+    finally:
+        daemon.poller.stop()
