@@ -1,0 +1,122 @@
+"""Profile the poll path and the render path in-process over a replayed trace (cProfile).
+
+``python3 -m bench.profile [--gpus 64] [--polls 200] [--top 25] [--what poll,render]`` builds the daemon's
+pieces as ``gpuwarden serve --replay`` does (ReplaySource, the insight analyzer, the default collectors),
+then times ``Poller.poll_once()`` (replay source + analyzers + snapshot) and ``Exposition.render()`` (a fresh
+render per poll, as a scrape after each poll pays), prints per-call medians and p99, and the ``--top``
+functions by cumulative time under cProfile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from prometheus_client import generate_latest
+
+from bench.traces import trace_for
+from exporter.collectors import CollectOptions
+from exporter.config import Config
+from exporter.daemon import build_analyzers
+from exporter.exposition import Exposition, select_collectors
+from exporter.poller import Poller
+from exporter.replay import ReplaySource
+from exporter.sdnotify import Notifier
+
+
+def quantiles(values: list[float]) -> tuple[float, float]:
+    """Return (median, p99) of ``values`` (nearest rank)."""
+    s = sorted(values)
+    return statistics.median(s), s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))]
+
+
+def _without_durations(body: bytes) -> list[bytes]:
+    return [line for line in body.splitlines() if not line.startswith(b"gpuwarden_scrape_collector_duration_seconds{")]
+
+
+def build(trace: Path) -> tuple[Poller, Exposition]:
+    """Return a started (threadless) Poller over ``trace`` and an Exposition with the default collectors."""
+    cfg = Config()
+    poller = Poller(ReplaySource(trace), 1.0, analyzers=build_analyzers(cfg), notifier=Notifier({}))
+    poller.start(thread=False)
+    expo = Exposition(lambda: poller.snapshot, select_collectors(), CollectOptions())
+    return poller, expo
+
+
+def time_paths(poller: Poller, expo: Exposition, polls: int) -> dict[str, tuple[float, float]]:
+    """Return {"poll": (median, p99), "render": (median, p99), "bytes": (size, size)} over ``polls`` rounds."""
+    tp, tr = [], []
+    size = 0
+    for _ in range(polls):
+        t0 = time.perf_counter()
+        poller.poll_once()
+        t1 = time.perf_counter()
+        body = expo.render()
+        t2 = time.perf_counter()
+        tp.append(t1 - t0)
+        tr.append(t2 - t1)
+        size = len(body)
+    return {"poll": quantiles(tp), "render": quantiles(tr), "bytes": (size, size)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the profile; return 0."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--polls", type=int, default=200)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--what", default="poll,render", help="which paths to profile: poll, render or both")
+    ap.add_argument("--no-profile", action="store_true", help="timings only")
+    ap.add_argument(
+        "--check", action="store_true", help="also check the rendered bytes equal prometheus_client.generate_latest's"
+    )
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = trace_for(args.gpus, Path(tmp))
+        poller, expo = build(trace)
+        for _ in range(40):  # warm up: fill the analyzer's window a little
+            poller.poll_once()
+            expo.render()
+        if args.check:
+            poller.poll_once()
+            # the collectors' own durations differ from one render to the next: compare everything else
+            same = _without_durations(expo.render()) == _without_durations(generate_latest(expo.registry))
+            print(f"render_text == generate_latest: {same}")
+            if not same:
+                return 1
+        t = time_paths(poller, expo, args.polls)
+        print(
+            f"{args.gpus} GPUs: poll median {t['poll'][0] * 1e3:.3f} ms p99 {t['poll'][1] * 1e3:.3f} ms; "
+            f"render median {t['render'][0] * 1e3:.3f} ms p99 {t['render'][1] * 1e3:.3f} ms; "
+            f"exposition {t['bytes'][0]} bytes"
+        )
+        if args.no_profile:
+            return 0
+        what = set(args.what.split(","))
+        prof = cProfile.Profile()
+        for _ in range(args.polls):
+            if "poll" in what:
+                prof.enable()
+            poller.poll_once()
+            prof.disable()
+            if "render" in what:
+                prof.enable()
+            expo.render()
+            prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(args.top)
+        print(out.getvalue())
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+        print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
