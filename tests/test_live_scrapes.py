@@ -75,3 +75,40 @@ def test_compute_bound_scrape_shows_a_busy_power_capped_gpu() -> None:
     node_level = ("gpu_driver_info", "gpu_count")
     series_per_gpu = sum(len(v) for k, v in f.items() if k.startswith("gpu_") and k not in node_level)
     assert series_per_gpu <= 120
+
+
+LIVE = Path(__file__).parent / "data" / "live"
+
+
+def _diag(name: str) -> dict:
+    import json
+
+    return json.loads((LIVE / f"{name}.diagnosis.json").read_text())
+
+
+def test_live_starved_dataloader_is_starved_and_attributed() -> None:
+    f = fams(Path(__file__).parent / "data" / "scrapes" / "h100-starved_dataloader.txt")
+    [ratio] = f["gpu_starved_ratio"]
+    assert ratio.value > 0.5
+    assert [s.labels["reason"] for s in f["gpu_diagnosis"] if s.value == 1] == ["input_starved"]
+    [job] = f["gpu_process_job_info"]
+    assert job.labels["command"] == "python3" and job.labels["job"]
+    [gpu] = _diag("h100-starved_dataloader")["gpus"]
+    assert gpu["diagnosis"]["verdict"] == "input_starved" and gpu["starved_ratio"] > 0.5
+
+
+def test_live_compute_bound_is_not_starved() -> None:
+    f = fams(Path(__file__).parent / "data" / "scrapes" / "h100-compute_bound.txt")
+    [ratio] = f["gpu_starved_ratio"]
+    assert ratio.value < 0.1
+    assert {s.labels["reason"] for s in f["gpu_diagnosis"] if s.value == 1} == {"compute_bound", "throttled"}
+
+
+def test_live_ddp_straggler_names_the_waiting_gpu_and_the_straggler() -> None:
+    f = fams(Path(__file__).parent / "data" / "scrapes" / "h200x2-ddp_straggler.txt")
+    verdicts = {s.labels["gpu"]: s.labels["reason"] for s in f["gpu_diagnosis"] if s.value == 1}
+    assert verdicts == {"0": "waiting_on_peers", "1": "input_starved"}
+    [node] = f["gpu_node_imbalance_ratio"]
+    assert node.value > 0.5
+    gpus = {g["gpu"]: g["diagnosis"] for g in _diag("h200x2-ddp_straggler")["gpus"]}
+    assert "GPU 1" in gpus[0]["summary"] and "straggler" in gpus[0]["summary"]
