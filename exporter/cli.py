@@ -91,14 +91,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon until SIGINT/SIGTERM."""
     from exporter.config import ConfigError
     from exporter.daemon import Daemon, StartupError, bind
+    from exporter.webconfig import WebConfigError
 
     try:
         cfg = _load(args)
-    except (ConfigError, ValueError) as exc:
+        daemon = Daemon(cfg, reload=lambda: _load(args))
+    except (ConfigError, WebConfigError, ValueError) as exc:
         return _die(str(exc), EXIT_USAGE)
     logging.getLogger().setLevel(cfg.log_level.upper())
     try:
-        daemon = Daemon(cfg, reload=lambda: _load(args))
         sock = bind(cfg)
     except StartupError as exc:
         return _die(str(exc))
@@ -109,7 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _die(str(exc))
     print(
         f"gpuwarden {__version__} serving {len(daemon.poller.snapshot.static.gpus)} GPU(s) "
-        f"from {daemon.poller.source.kind} on http://{cfg.listen_address}/metrics",
+        f"from {daemon.poller.source.kind} on {daemon.scheme}://{cfg.listen_address}/metrics",
         file=sys.stderr,
     )
     daemon.serve(sock)
@@ -119,10 +120,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Validate a configuration file and print the effective configuration."""
     from exporter.config import ConfigError, load_config
+    from exporter.webconfig import WebConfigError, load_web_config
 
     try:
         cfg = load_config(Path(args.file))
-    except ConfigError as exc:
+        if cfg.web_config_file is not None:
+            load_web_config(cfg.web_config_file)
+    except (ConfigError, WebConfigError) as exc:
         return _die(str(exc), EXIT_USAGE)
     print(f"{args.file}: OK")
     print(yaml_dump(cfg.model_dump(mode="json")))

@@ -20,6 +20,7 @@ from exporter.poller import Analyzer, Poller
 from exporter.replay import ReplaySource, demo_trace_path
 from exporter.server import create_app, diagnosis_route
 from exporter.source import Source
+from exporter.webconfig import BasicAuthMiddleware, WebConfigError, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,8 @@ class Daemon:
     ) -> None:
         self.cfg = cfg
         self._reload = reload
+        # Raises WebConfigError (one line) for a bad web config file, before anything starts.
+        self.web = load_web_config(cfg.web_config_file) if cfg.web_config_file is not None else None
         source, info = build_source(cfg)
         self.poller = Poller(
             source,
@@ -170,16 +173,34 @@ class Daemon:
             if getattr(new, key) != getattr(self.cfg, key):
                 log.warning("reload: %s changed; it takes effect after a restart", key)
         self.cfg = new
+        if self.web is not None and self.cfg.web_config_file is not None:
+            try:
+                fresh = load_web_config(self.cfg.web_config_file)
+                self.web.reload_certificates()
+                if isinstance(self._http_app, BasicAuthMiddleware):
+                    self._http_app.set_users(fresh.users)
+            except WebConfigError as exc:
+                log.error("reload of the web config refused, keeping the running one: %s", exc)
         log.warning("configuration reloaded")
         return True
 
+    @property
+    def scheme(self) -> str:
+        """``https`` when the web config enables TLS, else ``http``."""
+        return "https" if self.web is not None and self.web.tls_enabled else "http"
+
     def serve(self, sock: socket.socket, uvicorn_kwargs: dict[str, object] | None = None) -> None:
         """Serve HTTP on ``sock`` until SIGINT/SIGTERM; then stop the poller (nvmlShutdown)."""
+        kwargs = dict(uvicorn_kwargs or {})
+        self._http_app: Any = self.app
+        if self.web is not None:
+            self._http_app = self.web.wrap(self.app)
+            kwargs.update(self.web.uvicorn_kwargs())
         config = uvicorn.Config(
-            self.app,
+            self._http_app,
             log_level=self.cfg.log_level if self.cfg.log_level != "debug" else "debug",
             access_log=self.cfg.log_level == "debug",
-            **(uvicorn_kwargs or {}),
+            **kwargs,
         )
         server = _Server(config, self.reload)
         try:

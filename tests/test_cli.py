@@ -184,3 +184,42 @@ def test_shipped_example_config_is_valid() -> None:
     res = gw("check-config", str(REPO / "deploy" / "gpuwarden.example.yml"))
     assert res.returncode == 0, res.stderr
     assert "listen_address: 0.0.0.0:10400" in res.stdout
+
+
+def test_bad_web_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prometheus: not-a-bcrypt-hash\n")
+    res = gw("serve", "--demo", "--web.config.file", str(web), "--web.listen-address", "127.0.0.1:0")
+    assert res.returncode == 2
+    line = one_line_error(res)
+    assert line.startswith("gpuwarden: ") and str(web) in line and "not-a-bcrypt-hash" not in line
+
+
+def test_served_with_basic_auth_from_the_web_config_flag(tmp_path: Path) -> None:
+    import bcrypt
+
+    web = tmp_path / "web.yml"
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--demo", "--web.config.file", str(web),
+                             "--web.listen-address", f"127.0.0.1:{port}"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline and proc.poll() is None, "daemon did not come up"
+            time.sleep(0.2)
+        assert httpx.get(f"{base}/metrics").status_code == 401
+        assert httpx.get(f"{base}/metrics", auth=("prometheus", "wrong")).status_code == 401
+        assert httpx.get(f"{base}/metrics", auth=("prometheus", "s3cret")).status_code == 200
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=10)
+    assert "s3cret" not in out + err and hashed not in out + err
