@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvml-calls", type=int, default=100, help="with --real: calls per NVML function timed")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
-    console = Console()
+    console = Console(width=200)
     results: list[dict[str, Any]] = []
     failed = 0
     nvml: dict[str, Any] | None = None
