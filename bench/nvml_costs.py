@@ -280,8 +280,17 @@ def source_poll(polls: int, interval: float) -> dict[str, Any]:
 
 
 def measure_all(calls: int = 300, polls: int = 100, interval: float = 0.1, gpu: int | None = None) -> dict[str, Any]:
-    """Run the three parts (module doc) and return their results; raises pynvml.NVMLError without a GPU."""
+    """Run the three parts (module doc) and return their results; raises pynvml.NVMLError without a GPU.
+
+    Also records this process's resident memory before nvmlInit, after it, and after the polls (``rss_mib``):
+    what NVML itself costs the daemon.
+    """
+    import psutil
+
+    me = psutil.Process()
+    rss = {"before_nvml_init": me.memory_info().rss / 1048576.0}
     pynvml.nvmlInit()
+    rss["after_nvml_init"] = me.memory_info().rss / 1048576.0
     try:
         count = pynvml.nvmlDeviceGetCount()
         indices = [gpu] if gpu is not None else list(range(count))
@@ -291,6 +300,7 @@ def measure_all(calls: int = 300, polls: int = 100, interval: float = 0.1, gpu: 
         name = static.name
         iso = isolated(handles[first], calls, interval, static.gpm_supported)
         poll = in_poll(handles, polls, interval)
+        rss["after_polls"] = me.memory_info().rss / 1048576.0
         driver = pynvml.nvmlSystemGetDriverVersion()
     finally:
         pynvml.nvmlShutdown()
@@ -304,6 +314,7 @@ def measure_all(calls: int = 300, polls: int = 100, interval: float = 0.1, gpu: 
         "isolated": iso,
         "in_poll": poll,
         "source": src,
+        "rss_mib": rss,
         "poll_calls_sum_ms": poll["nvml_calls_sum_per_gpu"]["median_us"] * len(indices) / 1e3,
         "gpu_poller_read_p50_ms": poll["read_per_gpu"]["median_us"] * len(indices) / 1e3,
     }
@@ -337,6 +348,9 @@ def _print(doc: dict[str, Any]) -> None:
         f"GpuPoller.read() per GPU: median {r['median_us']:.0f} µs, p99 {r['p99_us']:.0f} µs; sum of its NVML calls: "
         f"median {s['median_us']:.0f} µs (read / calls = {p['read_over_calls_ratio_median']:.2f}); psutil per GPU "
         f"median {p['psutil_describe_sum_per_gpu']['median_us']:.0f} µs"
+    )
+    console.print(
+        "resident memory (MiB): " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in doc["rss_mib"].items())
     )
     sp = doc["source"]["poll"]
     console.print(
