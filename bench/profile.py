@@ -4,7 +4,9 @@
 pieces as ``gpuwarden serve --replay`` does (ReplaySource, the insight analyzer, the default collectors),
 then times ``Poller.poll_once()`` (replay source + analyzers + snapshot) and ``Exposition.render()`` (a fresh
 render per poll, as a scrape after each poll pays), prints per-call medians and p99, and the ``--top``
-functions by cumulative time under cProfile.
+functions by cumulative time under cProfile. ``--check`` first compares the rendered bytes with
+``prometheus_client.generate_latest``'s; ``--analyzer-steady INTERVAL`` times only the insight analyzer once its
+300 s window is full at that poll interval.
 """
 
 from __future__ import annotations
@@ -65,6 +67,42 @@ def time_paths(poller: Poller, expo: Exposition, polls: int) -> dict[str, tuple[
     return {"poll": quantiles(tp), "render": quantiles(tr), "bytes": (size, size)}
 
 
+def analyzer_steady(trace: Path, interval: float, window: float = 300.0, rounds: int = 20) -> tuple[float, int]:
+    """Return (median seconds of one InsightAnalyzer call, polls in its window) once its window is full.
+
+    The trace's polls are re-stamped ``interval`` apart (timestamps, utilization samples, host time), so the
+    analyzer holds what a daemon polling every ``interval`` holds after ``window`` seconds.
+    """
+    from exporter.insight.analyzer import InsightAnalyzer
+
+    src = ReplaySource(trace, timing="recorded")
+    static = src.open()
+    analyzer = InsightAnalyzer(window_seconds=window)
+    n = int(window / interval) + 2
+    t0 = None
+    times: list[float] = []
+    for k in range(n + rounds):
+        p = src.poll()
+        t0 = p.timestamp if t0 is None else t0
+        shift = t0 + k * interval - p.timestamp
+        gpus = [
+            g.model_copy(
+                update={
+                    "timestamp": g.timestamp + shift,
+                    "utilization_samples": [(t + shift, v) for t, v in g.utilization_samples],
+                }
+            )
+            for g in p.gpus
+        ]
+        host = p.host.model_copy(update={"timestamp": p.host.timestamp + shift}) if p.host else None
+        poll = p.model_copy(update={"timestamp": p.timestamp + shift, "gpus": gpus, "host": host})
+        start = time.perf_counter()
+        analyzer(poll, static)
+        if k >= n:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), n
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the profile; return 0."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -74,11 +112,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--what", default="poll,render", help="which paths to profile: poll, render or both")
     ap.add_argument("--no-profile", action="store_true", help="timings only")
     ap.add_argument(
+        "--analyzer-steady",
+        type=float,
+        metavar="INTERVAL",
+        help="only time the insight analyzer with a full 300 s window at this poll interval",
+    )
+    ap.add_argument(
         "--check", action="store_true", help="also check the rendered bytes equal prometheus_client.generate_latest's"
     )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         trace = trace_for(args.gpus, Path(tmp))
+        if args.analyzer_steady:
+            sec, n = analyzer_steady(trace, args.analyzer_steady)
+            print(
+                f"{args.gpus} GPUs, poll every {args.analyzer_steady:g} s, {n} polls in the window: insight "
+                f"analyzer {sec * 1e3:.2f} ms a poll = {100 * sec / args.analyzer_steady:.1f}% of one core"
+            )
+            return 0
         poller, expo = build(trace)
         for _ in range(40):  # warm up: fill the analyzer's window a little
             poller.poll_once()
