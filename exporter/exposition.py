@@ -98,26 +98,31 @@ def _prefix(name: str, labels: dict[str, str]) -> str:
 
 
 class SeriesCache:
-    """``name{labels}`` strings of the series of the last two renders, so a series is formatted once.
+    """The sample lines of the last two renders, so a series is formatted once and re-formatted only when its
+    value changed (static facts, limits, thresholds and most counters do not change from poll to poll).
 
     Entries used by a render are kept for the next one and the rest dropped (``rotate()``): its size is
     bounded by the series of two consecutive renders, however series come and go over a long run.
     """
 
     def __init__(self) -> None:
-        self._old: dict[tuple[object, ...], str] = {}
-        self._new: dict[tuple[object, ...], str] = {}
+        self._old: dict[tuple[object, ...], tuple[str, float, str]] = {}
+        self._new: dict[tuple[object, ...], tuple[str, float, str]] = {}
 
-    def prefix(self, name: str, labels: dict[str, str]) -> str:
-        """Return ``name{labels}`` of a sample, formatted at most once per two renders."""
-        key = (name, *labels.items())
+    def line(self, s: Sample) -> str:
+        """Return the text line of sample ``s`` (without a timestamp), from the cache when nothing changed."""
+        key = (s.name, *s.labels.items())
         got = self._new.get(key)
         if got is None:
             got = self._old.get(key)
-            if got is None:
-                got = _prefix(name, labels)
+        value = s.value
+        if got is not None and got[1] == value and (value or math.copysign(1.0, value) == math.copysign(1.0, got[1])):
             self._new[key] = got
-        return got
+            return got[2]
+        prefix = got[0] if got is not None else _prefix(s.name, s.labels)
+        line = f"{prefix} {_float(value)}\n"
+        self._new[key] = (prefix, value, line)
+        return line
 
     def rotate(self) -> None:
         """End a render: keep what it used, drop the rest."""
@@ -128,9 +133,10 @@ class SeriesCache:
 
 
 def _sample_line(s: Sample, cache: SeriesCache | None) -> str:
-    prefix = cache.prefix(s.name, s.labels) if cache is not None else _prefix(s.name, s.labels)
+    if cache is not None and s.timestamp is None:
+        return cache.line(s)
     ts = "" if s.timestamp is None else f" {int(float(s.timestamp) * 1000):d}"
-    return f"{prefix} {_float(s.value)}{ts}\n"
+    return f"{_prefix(s.name, s.labels)} {_float(s.value)}{ts}\n"
 
 
 def render_text(metrics: Iterable[Metric], cache: SeriesCache | None = None) -> bytes:
