@@ -7,12 +7,12 @@ Reads ``snapshot.analyses["insight"]`` (an ``InsightResult``); definitions in do
 - ``gpu_starved_ratio{gpu,uuid}``: starved seconds / accounted seconds over the analyzer window (default 5 min).
 - ``gpu_node_imbalance_ratio``: load imbalance over all GPUs of the node in [0, 1] (0 balanced, 1 one GPU does
   all the work), on GPM SM activity where every GPU has it, else util.gpu. Absent with fewer than 2 GPUs.
-- ``gpu_job_imbalance_ratio{job,job_kind}``: the same over the GPUs where one job holds the most memory; only
+- ``gpu_job_imbalance_ratio{job_id,job_kind}``: the same over the GPUs where one job holds the most memory; only
   jobs on 2+ GPUs, at most 64 jobs.
 - ``gpu_diagnosis{gpu,uuid,reason}``: 1 for the verdict and for each extra finding (throttled,
   memory_nearly_full), 0 for every other reason of the fixed set (``exporter.insight.diagnosis.REASONS``);
   absent until the analyzer has 2 s of history for the GPU.
-- ``gpu_process_job_info{gpu,uuid,pid,job,job_kind,container_id,user,command}`` = 1: the job of each GPU process
+- ``gpu_process_job_info{gpu,uuid,pid,job_id,job_kind,container_id,user,command}`` = 1: the job of each GPU process
   (the ``max_processes_per_gpu`` largest by GPU memory per GPU); series end with their process. Join on
   ``gpu``/``uuid`` to put job labels on per-GPU series without making them part of those series.
 """
@@ -74,7 +74,7 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     job = GaugeMetricFamily(
         "gpu_job_imbalance_ratio",
         "Load imbalance over the GPUs of one job: 0 balanced, 1 one GPU does all the work (docs/scores.md).",
-        labels=["job", "job_kind"],
+        labels=["job_id", "job_kind"],
     )
     for j in res.jobs:
         if j.imbalance_ratio is not None:
@@ -96,7 +96,7 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
             [str(p.gpu), p.uuid],
             {
                 "pid": str(p.pid),
-                "job": p.job,
+                "job_id": p.job,
                 "job_kind": p.job_kind,
                 "container_id": p.container_id,
                 "user": p.user,
