@@ -1,0 +1,63 @@
+"""The alert rules: promtool lint and unit tests, and every rule covered by a test and a runbook section."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).parent.parent
+RULES = sorted((REPO / "alerts").glob("*.rules.yml"))
+TESTS = sorted((REPO / "alerts" / "tests").glob("*.yml"))
+RUNBOOK = (REPO / "docs" / "runbook.md").read_text()
+
+
+def rules() -> list[dict]:
+    return [r for f in RULES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
+
+
+def test_promtool_check_rules(promtool: str) -> None:
+    res = subprocess.run([promtool, "check", "rules", *map(str, RULES)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_promtool_test_rules(promtool: str) -> None:
+    res = subprocess.run([promtool, "test", "rules", *map(str, TESTS)], capture_output=True, text=True, timeout=120,
+                         cwd=REPO / "alerts" / "tests")  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_every_alert_has_a_firing_and_a_silent_case() -> None:
+    fires, silent = set(), set()
+    for f in TESTS:
+        for t in yaml.safe_load(f.read_text())["tests"]:
+            assert "interval" in t, f"{t['name']}: promtool 2.42 needs interval in every test group"
+            for case in t.get("alert_rule_test", []):
+                (fires if case["exp_alerts"] else silent).add(case["alertname"])
+    alerts = {r["alert"] for r in rules() if "alert" in r}
+    assert alerts - fires == set(), "alerts with no firing test"
+    assert alerts - silent == set(), "alerts with no must-not-fire test"
+
+
+def test_every_recording_rule_is_tested() -> None:
+    tested = {c["expr"].strip() for f in TESTS for t in yaml.safe_load(f.read_text())["tests"]
+              for c in t.get("promql_expr_test", [])}  # fmt: skip
+    records = {r["record"] for r in rules() if "record" in r}
+    assert records - tested == set()
+    for name in records:
+        assert re.fullmatch(r"[a-z_]*:[a-z_]+:[a-z0-9_]+", name), f"{name}: not level:metric:operations"
+
+
+def test_alerts_follow_the_mixin_style() -> None:
+    anchors = {a.lower() for a in re.findall(r"^## (\w+)$", RUNBOOK, re.M)}
+    for r in (r for r in rules() if "alert" in r):
+        name = r["alert"]
+        assert re.fullmatch(r"Gpu[A-Z][A-Za-z]+", name), name
+        assert r["labels"]["severity"] in ("critical", "warning", "info"), name
+        ann = r["annotations"]
+        assert ann["summary"].endswith(".") and "{{" not in ann["summary"], name
+        assert "{{" in ann["description"], name
+        anchor = ann["runbook_url"].rsplit("#", 1)[1]
+        assert anchor == name.lower() and anchor in anchors, name
