@@ -54,7 +54,7 @@ def test_alerts_follow_the_mixin_style() -> None:
     anchors = {a.lower() for a in re.findall(r"^## (\w+)$", RUNBOOK, re.M)}
     for r in (r for r in rules() if "alert" in r):
         name = r["alert"]
-        assert re.fullmatch(r"Gpu[A-Z][A-Za-z]+", name), name
+        assert re.fullmatch(r"Gpu[A-Za-z]+", name), name
         assert r["labels"]["severity"] in ("critical", "warning", "info"), name
         ann = r["annotations"]
         assert ann["summary"].endswith(".") and "{{" not in ann["summary"], name
