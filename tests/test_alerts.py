@@ -61,3 +61,17 @@ def test_alerts_follow_the_mixin_style() -> None:
         assert "{{" in ann["description"], name
         anchor = ann["runbook_url"].rsplit("#", 1)[1]
         assert anchor == name.lower() and anchor in anchors, name
+
+
+def test_example_prometheus_config_is_valid(promtool: str, tmp_path: Path) -> None:
+    import shutil
+
+    cfg = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    shutil.copy(RULES[0], rules_dir / "gpuwarden.rules.yml")
+    cfg["rule_files"] = [str(rules_dir / "gpuwarden.rules.yml")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    res = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
