@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             poller.poll_once()
             # the collectors' own durations differ from one render to the next: compare everything else
             same = _without_durations(expo.render()) == _without_durations(generate_latest(expo.registry))
-            print(f"render_text == generate_latest: {same}")
+            print(f"Exposition.render() == generate_latest: {same}")
             if not same:
                 return 1
         t = time_paths(poller, expo, args.polls)

@@ -20,7 +20,6 @@ from exporter.poller import Analyzer, Poller
 from exporter.replay import ReplaySource, demo_trace_path
 from exporter.server import create_app, diagnosis_route
 from exporter.source import Source
-from exporter.webconfig import BasicAuthMiddleware, WebConfigError, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +124,13 @@ class Daemon:
     ) -> None:
         self.cfg = cfg
         self._reload = reload
-        # Raises WebConfigError (one line) for a bad web config file, before anything starts.
-        self.web = load_web_config(cfg.web_config_file) if cfg.web_config_file is not None else None
+        # Raises WebConfigError (one line) for a bad web config file, before anything starts. Imported only when
+        # used: bcrypt and ssl are not needed (nor loaded) by a daemon without a web config.
+        self.web = None
+        if cfg.web_config_file is not None:
+            from exporter.webconfig import load_web_config
+
+            self.web = load_web_config(cfg.web_config_file)
         source, info = build_source(cfg)
         self.poller = Poller(
             source,
@@ -174,6 +178,8 @@ class Daemon:
                 log.warning("reload: %s changed; it takes effect after a restart", key)
         self.cfg = new
         if self.web is not None and self.cfg.web_config_file is not None:
+            from exporter.webconfig import BasicAuthMiddleware, WebConfigError, load_web_config
+
             try:
                 fresh = load_web_config(self.cfg.web_config_file)
                 self.web.reload_certificates()
