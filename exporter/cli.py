@@ -91,12 +91,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon until SIGINT/SIGTERM."""
     from exporter.config import ConfigError
     from exporter.daemon import Daemon, StartupError, bind
-    from exporter.webconfig import WebConfigError
 
     try:
         cfg = _load(args)
-        daemon = Daemon(cfg, reload=lambda: _load(args))
-    except (ConfigError, WebConfigError, ValueError) as exc:
+        daemon = Daemon(cfg, reload=lambda: _load(args))  # a bad web config raises WebConfigError, a ConfigError
+    except (ConfigError, ValueError) as exc:
         return _die(str(exc), EXIT_USAGE)
     logging.getLogger().setLevel(cfg.log_level.upper())
     try:
@@ -120,13 +119,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Validate a configuration file and print the effective configuration."""
     from exporter.config import ConfigError, load_config
-    from exporter.webconfig import WebConfigError, load_web_config
 
     try:
         cfg = load_config(Path(args.file))
         if cfg.web_config_file is not None:
+            from exporter.webconfig import load_web_config
+
             load_web_config(cfg.web_config_file)
-    except (ConfigError, WebConfigError) as exc:
+    except ConfigError as exc:
         return _die(str(exc), EXIT_USAGE)
     print(f"{args.file}: OK")
     print(yaml_dump(cfg.model_dump(mode="json")))

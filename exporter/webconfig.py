@@ -55,6 +55,8 @@ import bcrypt
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from exporter.config import ConfigError
+
 log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
@@ -106,7 +108,7 @@ _ALLOWED_HEADERS = (
 _BCRYPT = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
 
 
-class WebConfigError(Exception):
+class WebConfigError(ConfigError):
     """The web config file cannot be used; ``str()`` is one line that names the file and the problem."""
 
 
