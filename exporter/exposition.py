@@ -107,20 +107,6 @@ class Exposition:
             self.collector.options = options
             self._cache = None
 
-    def cached(self) -> bytes | None:
-        """Return the rendered exposition of the latest snapshot if it is already rendered, else None.
-
-        Lets an async handler answer from the event loop when no render is due and hand ``render()`` to a
-        thread only when one is (a sync handler's thread-pool hop costs about 0.4 ms a scrape).
-        """
-        snap = self._get()
-        cached = self._cache
-        if snap is None:
-            return b""
-        if cached is not None and cached[0] == snap.seq:
-            return cached[1]
-        return None
-
     def render(self) -> bytes:
         """Return the exposition of the latest snapshot (b"" before the first snapshot)."""
         snap = self._get()
