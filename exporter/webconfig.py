@@ -52,10 +52,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import bcrypt
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from exporter.config import ConfigError
+from exporter.config import ConfigError, read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -379,22 +378,9 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WebConfigError(f"web config {path}: cannot read: {_reason(exc)}") from exc
-    except UnicodeDecodeError as exc:
-        raise WebConfigError(f"web config {path}: not UTF-8 text (byte {exc.start})") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise WebConfigError(f"web config {path}: bad YAML{where}: {problem}") from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise WebConfigError(f"web config {path}: expected a mapping at the top level, got {type(data).__name__}")
+        data = read_yaml(path)  # the same reader, and the same one-line errors, as the main configuration
+    except ConfigError as exc:
+        raise WebConfigError(f"web config {exc}") from exc
     # Resolve relative file names against the file's directory before validation loads them.
     tls = data.get("tls_server_config")
     if isinstance(tls, dict):

@@ -113,6 +113,19 @@ def test_collectors_command_lists_every_collector(capsys: pytest.CaptureFixture[
         assert name in out
 
 
+def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = 30) -> None:
+    """Wait until the daemon at ``base`` answers /healthz; fail if it exits or does not come up in time."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.time() < deadline and proc.poll() is None, "daemon did not come up"
+        time.sleep(0.2)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -140,15 +153,7 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline and proc.poll() is None, "daemon did not come up"
-            time.sleep(0.2)
+        wait_healthy(proc, base)
         time.sleep(0.5)  # GPM needs two samples: the first recorded poll has none
         r = httpx.get(f"{base}/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -207,15 +212,7 @@ def test_served_with_basic_auth_from_the_web_config_flag(tmp_path: Path) -> None
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline and proc.poll() is None, "daemon did not come up"
-            time.sleep(0.2)
+        wait_healthy(proc, base)
         assert httpx.get(f"{base}/metrics").status_code == 401
         assert httpx.get(f"{base}/metrics", auth=("prometheus", "wrong")).status_code == 401
         assert httpx.get(f"{base}/metrics", auth=("prometheus", "s3cret")).status_code == 200

@@ -454,8 +454,8 @@ def _error(path: Path) -> str:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("tls_server_config: [\n", "bad YAML at line"),
-        ("- a\n- b\n", "expected a mapping"),
+        ("tls_server_config: [\n", "invalid YAML at line"),
+        ("- a\n- b\n", "top level must be a mapping"),
         ("tls_server_config:\n  cert_file: /x\n  key_file: /y\n  bogus: 1\n", "tls_server_config.bogus: unknown key"),
         ("basic_auth: {}\n", "basic_auth: unknown key"),
         ("tls_server_config:\n  cert_file: /nonexistent/server.crt\n  key_file: /nonexistent/k\n", "cannot read"),
