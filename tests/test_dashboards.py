@@ -49,3 +49,60 @@ def test_dashboard_lint(path: Path) -> None:
             for rng in re.findall(r"\[([^\]]+)\]", expr):
                 assert rng in ("$__rate_interval", "$__range"), f"{p['title']}: fixed range [{rng}]"
             assert 'job=~"$job"' in expr or "job_id:" in expr, f"{p['title']}: not filtered by $job"
+
+
+# Grafana unit ids used here (public/app/features/... valueFormats): a typo renders raw numbers.
+UNITS = {"short", "percentunit", "h", "s", "bytes", "Bps", "celsius", "watt", "hertz", "bool_yes_no", "bool_on_off"}
+
+
+@pytest.mark.parametrize("path", BOARDS, ids=[p.stem for p in BOARDS])
+def test_units_known_and_panels_do_not_overlap(path: Path) -> None:
+    panels = load(path)["panels"]
+    for p in panels:
+        assert p["fieldConfig"]["defaults"]["unit"] in UNITS, p["title"]
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
+
+
+def test_recording_rules_used_by_dashboards_exist() -> None:
+    import yaml
+
+    groups = yaml.safe_load((REPO / "alerts" / "gpuwarden.rules.yml").read_text())["groups"]
+    recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    used = {
+        name
+        for p in BOARDS
+        for panel in load(p)["panels"]
+        for t in panel["targets"]
+        for name in re.findall(r"[a-z_]*:[a-z_]+:[a-z0-9_]+", t["expr"])
+    }
+    assert used, "the dashboards use no recording rule"
+    assert used <= recorded, used - recorded
+
+
+def test_job_tables_link_to_the_job_view() -> None:
+    fleet = load(REPO / "dashboards" / "gpuwarden-fleet.json")
+    for p in fleet["panels"]:
+        if p["type"] == "table" and "job_id:" in p["targets"][0]["expr"]:
+            urls = [link["url"] for link in p["fieldConfig"]["defaults"]["links"]]
+            assert any(u.startswith("/d/gpuwarden-job?var-job_id=${__data.fields.job_id}") for u in urls), p["title"]
+
+
+def test_variables_are_matched_the_way_grafana_escapes_them() -> None:
+    # regex-escaped ("All" or multi-value) variables with =~, string-escaped ones with =
+    for path in BOARDS:
+        d = load(path)
+        for v in d["templating"]["list"]:
+            if v["type"] != "query":
+                continue
+            regex = v["includeAll"] or v["multi"]
+            for p in d["panels"]:
+                for t in p["targets"]:
+                    for op in re.findall(rf'(=~|!~|=|!=)"\${v["name"]}"', t["expr"]):
+                        assert (op in ("=~", "!~")) == regex, f"{path.stem} {p['title']}: {op}${v['name']}"
