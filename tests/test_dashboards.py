@@ -106,3 +106,17 @@ def test_variables_are_matched_the_way_grafana_escapes_them() -> None:
                 for t in p["targets"]:
                     for op in re.findall(rf'(=~|!~|=|!=)"\${v["name"]}"', t["expr"]):
                         assert (op in ("=~", "!~")) == regex, f"{path.stem} {p['title']}: {op}${v['name']}"
+
+
+def test_grafana_provisioning() -> None:
+    import yaml
+
+    prov = REPO / "deploy" / "grafana" / "provisioning"
+    [ds] = yaml.safe_load((prov / "datasources" / "gpuwarden.yml").read_text())["datasources"]
+    assert ds["type"] == "prometheus" and ds["url"].startswith("http")
+    [provider] = yaml.safe_load((prov / "dashboards" / "gpuwarden.yml").read_text())["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
+    # the dashboards choose the datasource by variable, of the provisioned type
+    for p in BOARDS:
+        ds_var = next(v for v in load(p)["templating"]["list"] if v["name"] == "datasource")
+        assert ds_var["query"] == ds["type"]
