@@ -75,3 +75,18 @@ def test_example_prometheus_config_is_valid(promtool: str, tmp_path: Path) -> No
     res = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_alert_trace_is_what_its_script_writes_and_says_it_is_modified(tmp_path: Path) -> None:
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_alert_trace", REPO / "tests" / "data" / "make_alert_trace.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(tmp_path / "t.jsonl.gz")
+    committed = gzip.decompress(mod.OUT.read_bytes())
+    assert gzip.decompress((tmp_path / "t.jsonl.gz").read_bytes()) == committed, "run tests/data/make_alert_trace.py"
+    header = yaml.safe_load(committed.split(b"\n", 1)[0])  # JSON is YAML
+    assert "modified" in header["metadata"] and header["metadata"]["derived_from"].endswith(".jsonl.gz")

@@ -17,8 +17,8 @@ SOURCE = HERE / "traces" / "h100-compute_bound.jsonl.gz"
 OUT = HERE / "traces" / "derived-h100-hot-full.jsonl.gz"
 
 
-def main() -> None:
-    """Write the derived trace."""
+def main(out: Path = OUT) -> None:
+    """Write the derived trace to ``out``."""
     header, polls = read_trace(SOURCE)
     slowdown = header.node.gpus[0].temperature_thresholds_celsius["slowdown"]
     header = header.model_copy(
@@ -32,7 +32,7 @@ def main() -> None:
             }
         }
     )
-    with TraceWriter(OUT, header) as w:
+    with TraceWriter(out, header) as w:
         for p in polls:
             gpus = []
             for g in p.gpus:
