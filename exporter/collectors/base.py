@@ -79,6 +79,13 @@ def counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMetr
     return CounterMetricFamily(name, doc, labels=GPU_LABELS + (labels or []))
 
 
+def present(*families: Metric | None) -> Iterator[Metric]:
+    """Yield the families that are not None (the gauges that have at least one sample)."""
+    for fam in families:
+        if fam is not None:
+            yield fam
+
+
 def static_gauge(
     snap: NodeSnapshot, name: str, doc: str, get: Callable[[GpuStatic], float | bool | None]
 ) -> Metric | None:

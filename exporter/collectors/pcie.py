@@ -17,6 +17,7 @@ from exporter.collectors.base import (
     counter,
     gpu_label_values,
     per_gpu_gauge,
+    present,
     readings,
     static_gauge,
 )
@@ -26,7 +27,7 @@ from exporter.poller import NodeSnapshot
 @collector("pcie", help="PCIe link generation/width, RX/TX bytes per second (GPM), replay errors")
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     """Yield the PCIe link gauges, gpu_pcie_{receive,transmit}_bytes_per_second, gpu_pcie_replay_errors_total."""
-    for fam in (
+    yield from present(
         per_gpu_gauge(snap, "gpu_pcie_link_generation", "Current PCIe link generation.", lambda g: g.pcie_generation),
         per_gpu_gauge(snap, "gpu_pcie_link_width", "Current PCIe link width (lanes).", lambda g: g.pcie_width),
         per_gpu_gauge(
@@ -41,9 +42,7 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
             "PCIe traffic from the GPU (device to host), bytes per second over the last poll interval (GPM).",
             lambda g: g.gpm.get("pcie_tx_bytes_per_second"),
         ),
-    ):
-        if fam is not None:
-            yield fam
+    )
     for name, attr, doc in (
         ("gpu_pcie_link_max_generation", "pcie_max_generation", "Maximum PCIe link generation of the GPU and slot."),
         ("gpu_pcie_link_max_width", "pcie_max_width", "Maximum PCIe link width (lanes)."),

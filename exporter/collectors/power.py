@@ -16,6 +16,7 @@ from exporter.collectors.base import (
     counter,
     gpu_label_values,
     per_gpu_gauge,
+    present,
     readings,
     static_gauge,
 )
@@ -25,7 +26,7 @@ from exporter.poller import NodeSnapshot
 @collector("power", help="Power draw, enforced/default power limits, energy counter")
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     """Yield gpu_power_usage_watts, gpu_power_limit_watts, gpu_power_default_limit_watts, gpu_energy_joules_total."""
-    for fam in (
+    yield from present(
         per_gpu_gauge(
             snap, "gpu_power_usage_watts", "Power draw of the board, in watts.", lambda g: g.power_usage_watts
         ),
@@ -35,9 +36,7 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
             "Power limit the driver enforces now, in watts.",
             lambda g: g.power_limit_watts,
         ),
-    ):
-        if fam is not None:
-            yield fam
+    )
     default = static_gauge(
         snap,
         "gpu_power_default_limit_watts",

@@ -10,14 +10,14 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import CollectOptions, collector, gauge, gpu_label_values, per_gpu_gauge
+from exporter.collectors.base import CollectOptions, collector, gauge, gpu_label_values, per_gpu_gauge, present
 from exporter.poller import NodeSnapshot
 
 
 @collector("thermal", help="GPU and memory temperature, the card's slowdown/shutdown thresholds, fan speed")
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     """Yield gpu_temperature_celsius, gpu_memory_temperature_celsius, thresholds and fan speed."""
-    for fam in (
+    yield from present(
         per_gpu_gauge(
             snap,
             "gpu_temperature_celsius",
@@ -36,9 +36,7 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
             "Fan speed as a fraction of its maximum (cards with a fan only).",
             lambda g: g.fan_speed_ratio,
         ),
-    ):
-        if fam is not None:
-            yield fam
+    )
     th = gauge(
         "gpu_temperature_threshold_celsius",
         "The card's temperature thresholds: slowdown (clocks drop), shutdown, gpu_max and memory_max (max operating).",

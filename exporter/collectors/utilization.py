@@ -10,14 +10,14 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import CollectOptions, collector, per_gpu_gauge
+from exporter.collectors.base import CollectOptions, collector, per_gpu_gauge, present
 from exporter.poller import NodeSnapshot
 
 
 @collector("utilization", help="GPU and memory-controller utilization (nvmlDeviceGetUtilizationRates)")
 def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
     """Yield the two utilization gauges (0-1)."""
-    for fam in (
+    yield from present(
         per_gpu_gauge(
             snap,
             "gpu_utilization_ratio",
@@ -30,6 +30,4 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
             "Fraction of the last sample period in which device memory was read or written (NVML util.memory).",
             lambda g: g.utilization_memory_ratio,
         ),
-    ):
-        if fam is not None:
-            yield fam
+    )
