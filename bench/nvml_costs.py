@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: python3 bench/nvml_costs.py
 import pynvml  # noqa: E402
 
 from exporter.nvml.calls import Caller, error_name  # noqa: E402
-from exporter.nvml.device import FAST_FIELDS, GpuPoller  # noqa: E402
+from exporter.nvml.device import FAST_FIELDS, SLOW_FIELDS, GpuPoller  # noqa: E402
 from exporter.nvml.gpm import GPM_IDS, GpmSampler  # noqa: E402
 from exporter.nvml.static import CLOCK_TYPES, read_gpu_static  # noqa: E402
 from exporter.procinfo import ProcessInspector, read_host  # noqa: E402
@@ -55,9 +55,11 @@ def stats_us(values: list[float]) -> dict[str, float]:
 
 
 def time_call(fn: Callable[[], Any], n: int) -> dict[str, Any]:
-    """Call ``fn`` ``n`` times; return its median/p99 (µs) and the NVML error it raised, if any."""
+    """Call ``fn`` ``n`` times; return its median/p99 wall time (µs), its mean CPU time (µs, this process's
+    user + system: kernel work in the driver's ioctl counts, waiting does not) and the NVML error it raised."""
     durations: list[float] = []
     error = None
+    cpu0 = time.process_time()
     for _ in range(n):
         t0 = time.perf_counter()
         try:
@@ -65,7 +67,8 @@ def time_call(fn: Callable[[], Any], n: int) -> dict[str, Any]:
         except pynvml.NVMLError as exc:
             error = error_name(exc)
         durations.append(time.perf_counter() - t0)
-    return {**stats_us(durations), "error": error}
+    cpu_us = (time.process_time() - cpu0) / max(n, 1) * 1e6
+    return {**stats_us(durations), "cpu_mean_us": cpu_us, "error": error}
 
 
 def isolated(h: Any, n: int, interval: float, gpm: bool) -> dict[str, dict[str, Any]]:
@@ -101,6 +104,10 @@ def isolated(h: Any, n: int, interval: float, gpm: bool) -> dict[str, dict[str, 
             (f"nvmlDeviceGetFieldValues({key})", lambda f=f: pynvml.nvmlDeviceGetFieldValues(h, [f]))
             for f, (key, _) in FAST_FIELDS.items()
         ],
+        (
+            f"slow: nvmlDeviceGetFieldValues({len(SLOW_FIELDS)} slow fields)",
+            lambda: pynvml.nvmlDeviceGetFieldValues(h, list(SLOW_FIELDS)),
+        ),
         ("nvmlDeviceGetComputeRunningProcesses", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(h)),
         (
             "nvmlDeviceGetSamples(GPU_UTILIZATION, 0) whole buffer",
@@ -166,6 +173,18 @@ def isolated(h: Any, n: int, interval: float, gpm: bool) -> dict[str, dict[str, 
                 pynvml.nvmlGpmMetricsGet(r)
 
             out[f"nvmlGpmMetricsGet({len(GPM_IDS)} metrics, request built per call)"] = time_call(fresh_request, n)
+
+            # does the cost grow with the number of metrics asked?
+            for count in (1, 5):
+                r = pynvml.c_nvmlGpmMetricsGet_t()
+                r.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+                r.numMetrics = count
+                for i, (mid, _) in enumerate(list(GPM_IDS.values())[:count]):
+                    r.metrics[i].metricId = mid
+                r.sample1, r.sample2 = samples[0], samples[1]
+                out[f"nvmlGpmMetricsGet({count} metrics, reused request)"] = time_call(
+                    lambda r=r: pynvml.nvmlGpmMetricsGet(r), n
+                )
         finally:
             for s in samples:
                 pynvml.nvmlGpmSampleFree(s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -142,6 +143,7 @@ class Daemon:
         collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable)
         options = CollectOptions(max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0)
         self.exposition = Exposition(lambda: self.poller.snapshot, collectors, options)
+        self.poller.on_publish = self.exposition.render
         self.app = create_app(
             lambda: self.poller.snapshot,
             self.exposition,
@@ -150,8 +152,15 @@ class Daemon:
         )
 
     def start(self) -> None:
-        """Open the source and take the first poll (raises SourceError)."""
+        """Open the source and take the first poll (raises SourceError).
+
+        Then moves every object alive after start-up (modules, pydantic schemas, the app) out of the garbage
+        collector's sight (``gc.freeze``): they live as long as the process, and a full collection would
+        otherwise walk them all again and again over the daemon's life.
+        """
         self.poller.start()
+        gc.collect()
+        gc.freeze()
 
     def reload(self) -> bool:
         """Re-read the configuration (SIGHUP) and apply what can change while running.

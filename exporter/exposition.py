@@ -4,7 +4,11 @@
 latest snapshot and adds ``gpuwarden_scrape_collector_success`` / ``_duration_seconds`` per collector
 (as node_exporter does): a failing collector is visible and does not take the others down.
 ``Exposition.render()`` caches the rendered bytes by snapshot sequence number, so any number of scrapes
-between two polls cost one render.
+between two polls cost one render. The daemon calls it from the poll thread right after each poll, so a
+scrape finds the text ready and only sends bytes. When polls come faster than once per ``min_age`` (1 s),
+the rendered text is reused for up to ``min_age``: rendering at most once a second bounds the CPU a fast poll
+costs (Prometheus scrapes every 10-60 s; the readings themselves and the insight accounting still take every
+poll).
 
 The text is written by prometheus_client's own ``generate_latest``: the exposition format is the library's
 job, not ours (a faster hand-written renderer was measured and declined; see docs/performance.md).
@@ -86,15 +90,24 @@ class SnapshotCollector(Collector):
 class Exposition:
     """Renders the latest snapshot to the Prometheus text format, cached per snapshot.
 
-    ``render()`` returns bytes; it re-renders only when the snapshot's ``seq`` changed.
+    ``render()`` returns bytes; it re-renders when the snapshot's ``seq`` changed, except that with a poll
+    interval shorter than ``min_age`` seconds a render less than ``min_age`` old is served (see module doc),
+    unless the source went up or down since (stale readings are withdrawn, and come back, at once).
+    ``cached()`` returns the text when ``render()`` would not need to render, else None.
     """
 
     def __init__(
-        self, get_snapshot: Callable[[], NodeSnapshot | None], collectors: list[CollectorSpec], options: CollectOptions
+        self,
+        get_snapshot: Callable[[], NodeSnapshot | None],
+        collectors: list[CollectorSpec],
+        options: CollectOptions,
+        min_age: float = 1.0,
     ) -> None:
         self._get = get_snapshot
         self._lock = threading.Lock()
-        self._cache: tuple[int, bytes] | None = None
+        self.min_age = min_age
+        # (snapshot seq, source_up, monotonic render time, text)
+        self._cache: tuple[int, bool, float, bytes] | None = None
         self._pinned: NodeSnapshot | None = None
         self.collector = SnapshotCollector(lambda: self._pinned, collectors, options)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -107,19 +120,35 @@ class Exposition:
             self.collector.options = options
             self._cache = None
 
+    def _valid(self, snap: NodeSnapshot) -> bytes | None:
+        cached = self._cache
+        if cached is None:
+            return None
+        seq, up, at, body = cached
+        if seq == snap.seq:
+            return body
+        if up == snap.source_up and snap.interval_seconds < self.min_age and time.monotonic() - at < self.min_age:
+            return body
+        return None
+
+    def cached(self) -> bytes | None:
+        """Return what ``render()`` would return if it needs no render (b"" before the first snapshot), else None."""
+        snap = self._get()
+        return b"" if snap is None else self._valid(snap)
+
     def render(self) -> bytes:
         """Return the exposition of the latest snapshot (b"" before the first snapshot)."""
         snap = self._get()
         if snap is None:
             return b""
-        cached = self._cache
-        if cached is not None and cached[0] == snap.seq:
-            return cached[1]
+        body = self._valid(snap)
+        if body is not None:
+            return body
         with self._lock:
-            cached = self._cache
-            if cached is not None and cached[0] == snap.seq:
-                return cached[1]
+            body = self._valid(snap)
+            if body is not None:
+                return body
             self._pinned = snap
             body = generate_latest(self.registry)
-            self._cache = (snap.seq, body)
+            self._cache = (snap.seq, snap.source_up, time.monotonic(), body)
             return body

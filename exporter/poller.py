@@ -81,6 +81,8 @@ class Poller:
     static facts when it changes, e.g. when a waited-for driver appears). ``deadline`` (seconds, default
     max(3 intervals, 5 s)) is how long a poll may run before the watchdog marks the data stale.
     ``notifier`` sends systemd notifications (default: from the environment, a no-op outside systemd).
+    ``on_publish`` is called in the poll thread after each successful poll is published (the daemon
+    pre-renders the exposition there, so scrapes only send bytes).
     """
 
     def __init__(
@@ -91,8 +93,10 @@ class Poller:
         extra_info: dict[str, str] | None = None,
         deadline: float | None = None,
         notifier: Notifier | None = None,
+        on_publish: Callable[[], None] | None = None,
     ) -> None:
         self.source = source
+        self.on_publish = on_publish
         self.interval = interval
         self.deadline = deadline
         self.notifier = notifier if notifier is not None else Notifier()
@@ -215,6 +219,11 @@ class Poller:
                 log.exception("analyzer %s failed", name)
         self._last_poll = poll
         self._publish(poll)
+        if self.on_publish is not None:
+            try:
+                self.on_publish()
+            except Exception:  # noqa: BLE001 - e.g. a render failure must not stop polling
+                log.exception("after-poll hook failed")
 
     def _finished(self, started: float) -> None:
         self.poll_started = None

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
@@ -105,8 +106,13 @@ def create_app(
     )
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
-        return Response(exposition.render(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics() -> Response:
+        # The poll thread renders after each poll, so the text is usually ready: send it from the event loop.
+        # Otherwise render in a worker thread, never blocking the loop.
+        body = exposition.cached()
+        if body is None:
+            body = await run_in_threadpool(exposition.render)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", summary="Liveness: the process answers")
     def healthz() -> dict[str, str]:

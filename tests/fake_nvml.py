@@ -40,7 +40,7 @@ import pynvml
 import pytest
 
 from exporter.model import GpuReading, GpuStatic
-from exporter.nvml.device import FAST_FIELDS
+from exporter.nvml.device import FAST_FIELDS, SLOW_FIELDS
 from exporter.nvml.gpm import GPM_IDS
 from exporter.nvml.static import CLOCK_TYPES
 from exporter.trace import read_trace
@@ -429,8 +429,8 @@ class FakeNvml:
             number: float | None = None
             if fid == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
                 number = dev.static.nvlink_link_count
-            elif fid in FAST_FIELDS:
-                key, scale = FAST_FIELDS[fid]
+            elif fid in FAST_FIELDS or fid in SLOW_FIELDS:
+                key, scale = FAST_FIELDS.get(fid) or SLOW_FIELDS[fid]
                 if key == "temperature_memory":
                     number = r.temperature_memory_celsius
                 elif key == "pcie_replay":

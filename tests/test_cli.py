@@ -154,7 +154,9 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, base)
-        time.sleep(0.5)  # GPM needs two samples: the first recorded poll has none
+        # GPM needs two samples (the first recorded poll has none), and at a poll under 1 s the exposition is
+        # re-rendered once a second (exporter.exposition): wait past one refresh
+        time.sleep(1.5)
         r = httpx.get(f"{base}/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         names = {f.name for f in text_string_to_metric_families(r.text)}
@@ -171,7 +173,7 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
         polls = [
             s.value for f in text_string_to_metric_families(r.text) if f.name == "gpuwarden_polls" for s in f.samples
         ]
-        time.sleep(1.0)
+        time.sleep(1.5)
         later = [
             s.value
             for f in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)

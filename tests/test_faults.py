@@ -65,6 +65,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
 
 
 def nvml_poller(**kwargs: object) -> Poller:
+    # polls in these tests are milliseconds apart: read GPM and the sample buffer at every poll
+    kwargs = {"gpm_interval": 0.0, "samples_min_gap": 0.0, **kwargs}
     return Poller(NvmlSource(**kwargs), 1.0)  # type: ignore[arg-type]
 
 

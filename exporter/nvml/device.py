@@ -1,10 +1,20 @@
-"""Polling one GPU: the cheap readings every poll, the expensive ones at a slow cadence.
+"""Polling one GPU: the cheap readings every poll, the expensive ones at a slower cadence.
 
-Costs measured on an H100 (shared/reference/h100-nvml-facts.md) decide the cadence: utilization,
-memory, temperature, power, clocks, clock event reasons, P-state, processes and GPM samples cost
-microseconds and are read every poll; the energy counter (3 ms), ECC totals and remapped rows are
-read every ``slow_interval`` seconds and carried between reads; max clocks and thresholds are
-static; nvmlDeviceGetPcieThroughput (a 20 ms block) is never called - PCIe rates come from GPM.
+Costs measured on an H100 (shared/reference/h100-nvml-facts.md, docs/bench/h100-nvml-costs.json) decide
+the cadence:
+
+- every poll (a few µs each): utilization, memory, temperature, power, clocks, clock event reasons,
+  P-state, PCIe link, processes, and the cheap field values (FAST_FIELDS: memory temperature and the
+  software clock-event duration counters, ~3 µs);
+- at most once per ``gpm_interval`` (1 s): GPM metrics (nvmlGpmMetricsGet, ~1.4 ms), carried between reads;
+- only when polls are at least SAMPLES_MIN_GAP apart: the util.gpu sample buffer (nvmlDeviceGetSamples,
+  ~2.8 ms whatever it returns). At faster polls nvmlDeviceGetUtilizationRates, read every poll, already
+  resolves the sample period (1/6 s on an H100) by itself;
+- every ``slow_interval`` seconds (default 10), carried between reads: the energy counter (~3 ms), ECC
+  totals, remapped rows, and the expensive field values (SLOW_FIELDS: PCIe replays ~150 µs, hardware
+  thermal / power-brake slowdown durations ~570 µs each);
+- once (exporter.nvml.static): max clocks, thresholds; never: nvmlDeviceGetPcieThroughput (a 20 ms block),
+  PCIe rates come from GPM.
 """
 
 from __future__ import annotations
@@ -24,16 +34,32 @@ from exporter.procinfo import ProcessInspector
 
 _NS = 1e-9
 
-#: Field values read every poll: field id -> (reading, scale). Clock event durations are in ns.
+#: Field values read every poll (each ~3 µs on an H100): field id -> (reading, scale). Durations are in ns.
 FAST_FIELDS: dict[int, tuple[str, float]] = {
     pynvml.NVML_FI_DEV_MEMORY_TEMP: ("temperature_memory", 1.0),
-    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: ("pcie_replay", 1.0),
     pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: ("event:sw_power_cap", _NS),
     pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST: ("event:sync_boost", _NS),
     pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: ("event:sw_thermal_slowdown", _NS),
+}
+
+#: Field values read every ``slow_interval`` (measured on an H100: PCIe replays ~150 µs, the two hardware
+#: slowdown durations ~570 µs each; one such field makes the whole batch that slow).
+SLOW_FIELDS: dict[int, tuple[str, float]] = {
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: ("pcie_replay", 1.0),
     pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: ("event:hw_thermal_slowdown", _NS),
     pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: ("event:hw_power_brake_slowdown", _NS),
 }
+
+_ALL_FIELDS = {**FAST_FIELDS, **SLOW_FIELDS}
+
+#: The util.gpu sample buffer is read only when polls are at least this many seconds apart (see module doc).
+SAMPLES_MIN_GAP = 0.5
+
+#: GPM metrics are computed at most once per this many seconds by default (nvmlGpmMetricsGet ~1.4 ms).
+GPM_INTERVAL = 1.0
+
+#: Slack on the GPM cadence, so a 1 s poll that wakes a few ms early still reads GPM every poll.
+_CADENCE_SLACK = 0.9
 
 _ECC = {
     "corrected_volatile": (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
@@ -90,6 +116,10 @@ def field_value(fv: Any) -> float | int | None:
 class GpuPoller:
     """Reads one GPU each poll into a GpuReading (see the module doc for the cadence).
 
+    ``slow_interval``: seconds between reads of the slow readings; ``gpm_interval``: least seconds between
+    two GPM metric computations (carried in between); ``samples_min_gap``: least seconds since the previous
+    poll for the util.gpu sample buffer to be read.
+
     Raises nothing: a GPU that answers NVML_ERROR_GPU_IS_LOST is returned with ``up=False``; other
     failures leave the reading None and are counted by the shared Caller.
     """
@@ -102,6 +132,8 @@ class GpuPoller:
         inspector: ProcessInspector | None,
         xid: XidWatcher | None,
         slow_interval: float,
+        gpm_interval: float = GPM_INTERVAL,
+        samples_min_gap: float = SAMPLES_MIN_GAP,
     ) -> None:
         self.static = static
         self._handle = handle
@@ -112,7 +144,13 @@ class GpuPoller:
         self._next_slow = 0.0
         self._slow: dict[str, Any] = {}
         self._fields = list(FAST_FIELDS)
+        self._slow_fields = list(SLOW_FIELDS)
         self._last_sample_us = int(time.time() * 1e6)
+        self._last_read: float | None = None
+        self._gpm_interval = gpm_interval
+        self._samples_min_gap = samples_min_gap
+        self._gpm_at: float | None = None
+        self._gpm_last: dict[str, float] = {}
         self._gpm: GpmSampler | None = None
         if static.gpm_supported:
             try:
@@ -143,7 +181,11 @@ class GpuPoller:
         if util is not None:
             r["utilization_gpu_ratio"] = util.gpu / 100.0
             r["utilization_memory_ratio"] = util.memory / 100.0
-        r["utilization_samples"] = self._samples()
+        previous, self._last_read = self._last_read, now
+        if previous is None or now - previous >= self._samples_min_gap:
+            r["utilization_samples"] = self._samples()
+        else:
+            self._last_sample_us = int(now * 1e6)
         mem = None
         if self._memory_v2:
             mem = c("nvmlDeviceGetMemoryInfo_v2", pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
@@ -182,12 +224,15 @@ class GpuPoller:
         r["performance_state"] = c("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState, h)
         r["pcie_generation"] = c("nvmlDeviceGetCurrPcieLinkGeneration", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
         r["pcie_width"] = c("nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
-        self._read_fields(r)
-        r["gpm"] = self._gpm.read() if self._gpm is not None else {}
+        events: dict[str, float] = {}
+        self._fields = self._read_fields(self._fields, r, events)
+        r["gpm"] = self._read_gpm(now)
         if now >= self._next_slow:
             self._read_slow()
             self._next_slow = now + self._slow_interval
+        events.update(self._slow.get("clock_event_seconds_total", {}))
         r.update(self._slow)
+        r["clock_event_seconds_total"] = events
         r["processes"] = self._processes()
         if self.static.mig_enabled:
             r["mig"] = self._mig()
@@ -215,18 +260,26 @@ class GpuPoller:
         self._last_sample_us = last
         return out
 
-    def _read_fields(self, r: dict[str, Any]) -> None:
-        if not self._fields:
-            return
-        values = self._caller.call(
-            "nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, self._handle, self._fields
-        )
+    def _read_gpm(self, now: float) -> dict[str, float]:
+        """GPM metrics over the time since the last GPM read, read at most once per ``gpm_interval``."""
+        if self._gpm is None:
+            return {}
+        if self._gpm_at is not None and now - self._gpm_at < self._gpm_interval * _CADENCE_SLACK:
+            return self._gpm_last
+        self._gpm_at = now
+        self._gpm_last = self._gpm.read()
+        return self._gpm_last
+
+    def _read_fields(self, fields: list[int], r: dict[str, Any], events: dict[str, float]) -> list[int]:
+        """Read ``fields`` into ``r`` (clock event durations into ``events``); return the fields still supported."""
+        if not fields:
+            return fields
+        values = self._caller.call("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, self._handle, fields)
         if values is None:
-            return
-        events: dict[str, float] = {}
+            return fields
         unsupported = []
         for fv in values:
-            key, scale = FAST_FIELDS[fv.fieldId]
+            key, scale = _ALL_FIELDS[fv.fieldId]
             if fv.nvmlReturn != pynvml.NVML_SUCCESS:
                 if fv.nvmlReturn in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
                     unsupported.append(fv.fieldId)
@@ -240,13 +293,15 @@ class GpuPoller:
                 r["pcie_replay_total"] = int(value)
             else:
                 events[key.removeprefix("event:")] = value * scale
-        r["clock_event_seconds_total"] = events
-        if unsupported:
-            self._fields = [f for f in self._fields if f not in unsupported]
+        return [f for f in fields if f not in unsupported] if unsupported else fields
 
     def _read_slow(self) -> None:
         c, h = self._caller.call, self._handle
         slow: dict[str, Any] = {}
+        events: dict[str, float] = {}
+        self._slow_fields = self._read_fields(self._slow_fields, slow, events)
+        if events:
+            slow["clock_event_seconds_total"] = events
         energy = c("nvmlDeviceGetTotalEnergyConsumption", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
         if energy is not None:
             slow["energy_joules_total"] = energy / 1000.0

@@ -24,7 +24,7 @@ import pynvml
 
 from exporter.model import GpuReading, GpuStatic, NodeStatic, PollResult
 from exporter.nvml.calls import Caller, decode, error_name
-from exporter.nvml.device import GpuPoller
+from exporter.nvml.device import GPM_INTERVAL, SAMPLES_MIN_GAP, GpuPoller
 from exporter.nvml.events import XidWatcher
 from exporter.nvml.static import read_gpu_static, read_node_static
 from exporter.procinfo import ProcessInspector, read_host
@@ -83,7 +83,8 @@ class NvmlSource:
     trying in ``poll()``). ``poll()`` returns a PollResult of every GPU (a lost GPU has ``up=False``; while
     NVML is down, every GPU has ``up=False`` and ``error`` says why). ``up`` is False while NVML is down;
     ``static`` is the node's static facts, which change once when a waited-for driver appears.
-    ``close()`` stops the watcher and calls nvmlShutdown.
+    ``close()`` stops the watcher and calls nvmlShutdown. ``slow_interval``, ``gpm_interval`` and
+    ``samples_min_gap`` set each GPU's read cadence (exporter.nvml.device.GpuPoller).
     """
 
     kind = "nvml"
@@ -92,12 +93,16 @@ class NvmlSource:
         self,
         *,
         slow_interval: float = 10.0,
+        gpm_interval: float = GPM_INTERVAL,
+        samples_min_gap: float = SAMPLES_MIN_GAP,
         processes: bool = True,
         xid_events: bool = True,
         gpu_indices: list[int] | None = None,
         wait: bool = False,
     ) -> None:
         self._slow_interval = slow_interval
+        self._gpm_interval = gpm_interval
+        self._samples_min_gap = samples_min_gap
         self._processes = processes
         self._xid_events = xid_events
         self._gpu_indices = gpu_indices
@@ -169,7 +174,16 @@ class NvmlSource:
             self._xid = XidWatcher(handles, Caller(self._errors))
             self._xid.start()
         self._pollers = [
-            GpuPoller(s, handles[s.index], Caller(self._errors), self._inspector, self._xid, self._slow_interval)
+            GpuPoller(
+                s,
+                handles[s.index],
+                Caller(self._errors),
+                self._inspector,
+                self._xid,
+                self._slow_interval,
+                gpm_interval=self._gpm_interval,
+                samples_min_gap=self._samples_min_gap,
+            )
             for s in statics
         ]
 

@@ -1,0 +1,87 @@
+"""Read cadence of the NVML layer (exporter.nvml.device): what is read every poll, what at most once a second,
+what at the slow cadence, and that readings carry the slower values in between.
+
+Driven through the fake pynvml (tests/fake_nvml.py) fed by the real 2xH200 recording, with explicit poll times.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import trace
+from fake_nvml import FakeNvml
+
+from exporter.nvml import NvmlSource
+from exporter.nvml.device import SLOW_FIELDS
+
+H200X2 = trace("h200x2-ddp_straggler")
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    return FakeNvml(H200X2).install(monkeypatch)
+
+
+def _poller(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, **kwargs: float):  # noqa: ANN202
+    source = NvmlSource(xid_events=False, processes=False, **kwargs)  # type: ignore[arg-type]
+    source.open()
+    fields: list[list[int]] = []
+    real = fake.nvmlDeviceGetFieldValues
+
+    def spy(handle, ids):  # noqa: ANN001, ANN202
+        fields.append(list(ids))
+        return real(handle, ids)
+
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", spy)
+    return source, source._pollers[0], fields
+
+
+def test_fast_polls_read_gpm_once_a_second_and_skip_the_sample_buffer(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, gpu, fields = _poller(fake, monkeypatch)
+    t0 = 1_800_000_000.0
+    readings = [gpu.read(t0 + i * 0.1) for i in range(31)]  # 3 s at a 0.1 s poll
+    # a GPM sample at 0, 1, 2, 3 s; metrics from the second sample on
+    assert fake.calls["nvmlGpmSampleGet"] == 4
+    assert fake.calls["nvmlGpmMetricsGet"] == 3
+    assert readings[0].gpm == {}
+    assert all(r.gpm for r in readings[10:]), "GPM values are carried between reads"
+    assert readings[12].gpm is readings[11].gpm
+    # the util.gpu sample buffer (2.8 ms a call) is read once, at the first poll; util.gpu every poll
+    assert fake.calls["nvmlDeviceGetSamples"] == 1
+    assert all(r.utilization_gpu_ratio is not None for r in readings)
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 31
+    # the expensive field values once (slow cadence), the cheap ones every poll
+    slow = [f for f in fields if set(f) & set(SLOW_FIELDS)]
+    assert len(slow) == 1 and len(fields) == 32
+    source.close()
+
+
+def test_slow_fields_are_carried_between_slow_reads(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, gpu, fields = _poller(fake, monkeypatch, slow_interval=10.0)
+    t0 = 1_800_000_000.0
+    readings = [gpu.read(t0 + i) for i in range(21)]  # 20 s at a 1 s poll
+    slow = [f for f in fields if set(f) & set(SLOW_FIELDS)]
+    assert len(slow) == 3  # at 0, 10 and 20 s
+    first = readings[0]
+    if first.pcie_replay_total is None:
+        pytest.skip("the recording has no PCIe replay counter")
+    assert all(r.pcie_replay_total is not None for r in readings)
+    keys = set(first.clock_event_seconds_total)
+    assert {"hw_thermal_slowdown", "sw_power_cap"} <= keys
+    assert all(set(r.clock_event_seconds_total) == keys for r in readings)
+    source.close()
+
+
+def test_one_second_polls_read_gpm_and_samples_every_poll(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, gpu, _ = _poller(fake, monkeypatch)
+    t0 = 1_800_000_000.0
+    # a 1 s timer that wakes a few ms early still reads GPM every poll
+    for i in range(6):
+        gpu.read(t0 + i * 1.0 - (0.004 if i % 2 else 0.0))
+    assert fake.calls["nvmlGpmSampleGet"] == 6
+    assert fake.calls["nvmlGpmMetricsGet"] == 5
+    assert fake.calls["nvmlDeviceGetSamples"] == 6
+    source.close()
