@@ -38,7 +38,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         meta = _meta(args.meta)
     except ValueError as exc:
         return _die(str(exc), EXIT_USAGE)
-    source = NvmlSource(slow_interval=args.slow_interval, processes=not args.no_processes)
+    # a trace is for analysis and replay: GPM and the util.gpu sample buffer at every poll, whatever they cost
+    source = NvmlSource(
+        slow_interval=args.slow_interval, gpm_interval=0.0, samples_min_gap=0.0, processes=not args.no_processes
+    )
     try:
         n = record(source, Path(args.out), args.duration, args.interval, meta)
     except SourceError as exc:
@@ -59,6 +62,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, object]:
         "web_config_file": args.web_config_file,
         "poll_interval_seconds": args.poll_interval,
         "slow_interval_seconds": args.slow_interval,
+        "gpm_interval_seconds": args.gpm_interval,
         "replay": args.replay,
         "log_level": args.log_level,
     }
@@ -170,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (default 1)")
     s.add_argument("--slow-interval", type=float, metavar="S", help="seconds between energy/ECC reads (default 10)")
+    s.add_argument("--gpm-interval", type=float, metavar="S", help="seconds GPM metrics average over (default 5)")
     s.add_argument("--gpus", metavar="I,J", help="NVML indices to watch (default all)")
     s.add_argument("--no-processes", action="store_true", help="do not read GPU processes")
     s.add_argument("--replay", metavar="FILE", help="serve a recorded trace (looping) instead of live NVML")

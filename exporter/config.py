@@ -68,6 +68,9 @@ class Config(BaseSettings):
     web_config_file: Path | None = Field(default=None, description="exporter-toolkit web config (TLS, basic auth)")
     poll_interval_seconds: float = Field(default=1.0, ge=0.05, le=300)
     slow_interval_seconds: float = Field(default=10.0, ge=1, le=3600, description="energy, ECC and row remap reads")
+    gpm_interval_seconds: float = Field(
+        default=5.0, ge=0.1, le=300, description="GPM metrics are averages over this many seconds (at least a poll)"
+    )
     stale_after_seconds: float | None = Field(
         default=None, gt=0, description="readiness fails when the last poll is older (default 3 polls, at least 5 s)"
     )

@@ -41,6 +41,7 @@ def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
     return (
         NvmlSource(
             slow_interval=cfg.slow_interval_seconds,
+            gpm_interval=cfg.gpm_interval_seconds,
             processes=cfg.processes.enabled,
             xid_events=cfg.xid_events,
             gpu_indices=cfg.gpus,
@@ -182,7 +183,8 @@ class Daemon:
         self.poller.interval = new.poll_interval_seconds
         self.poller.deadline = new.stale_after
         logging.getLogger().setLevel(new.log_level.upper())
-        for key in ("listen_address", "web_config_file", "replay", "demo", "gpus", "xid_events", "wait_for_nvml"):
+        restart_keys = ("listen_address", "web_config_file", "replay", "demo", "gpus", "xid_events", "wait_for_nvml")
+        for key in (*restart_keys, "slow_interval_seconds", "gpm_interval_seconds"):
             if getattr(new, key) != getattr(self.cfg, key):
                 log.warning("reload: %s changed; it takes effect after a restart", key)
         self.cfg = new

@@ -1,4 +1,4 @@
-"""Read cadence of the NVML layer (exporter.nvml.device): what is read every poll, what at most once a second,
+"""Read cadence of the NVML layer (exporter.nvml.device): what is read every poll, what once per GPM interval,
 what at the slow cadence, and that readings carry the slower values in between.
 
 Driven through the fake pynvml (tests/fake_nvml.py) fed by the real 2xH200 recording, with explicit poll times.
@@ -40,7 +40,7 @@ def _poller(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, **kwargs: float):  
 def test_fast_polls_read_gpm_once_a_second_and_skip_the_sample_buffer(
     fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source, gpu, fields = _poller(fake, monkeypatch)
+    source, gpu, fields = _poller(fake, monkeypatch, gpm_interval=1.0)
     t0 = 1_800_000_000.0
     readings = [gpu.read(t0 + i * 0.1) for i in range(31)]  # 3 s at a 0.1 s poll
     # a GPM sample at 0, 1, 2, 3 s; metrics from the second sample on
@@ -75,13 +75,36 @@ def test_slow_fields_are_carried_between_slow_reads(fake: FakeNvml, monkeypatch:
     source.close()
 
 
-def test_one_second_polls_read_gpm_and_samples_every_poll(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
-    source, gpu, _ = _poller(fake, monkeypatch)
+def test_one_second_polls_read_gpm_every_poll_and_the_sample_buffer_only_at_start(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, gpu, _ = _poller(fake, monkeypatch, gpm_interval=1.0)
     t0 = 1_800_000_000.0
     # a 1 s timer that wakes a few ms early still reads GPM every poll
     for i in range(6):
         gpu.read(t0 + i * 1.0 - (0.004 if i % 2 else 0.0))
     assert fake.calls["nvmlGpmSampleGet"] == 6
     assert fake.calls["nvmlGpmMetricsGet"] == 5
-    assert fake.calls["nvmlDeviceGetSamples"] == 6
+    assert fake.calls["nvmlDeviceGetSamples"] == 1
+    source.close()
+
+
+def test_gpm_is_computed_once_per_default_interval_at_one_second_polls(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, gpu, _ = _poller(fake, monkeypatch)
+    t0 = 1_800_000_000.0
+    readings = [gpu.read(t0 + i * 1.0) for i in range(11)]
+    assert fake.calls["nvmlGpmSampleGet"] == 3  # at 0, 5 and 10 s (default gpm_interval 5 s)
+    assert fake.calls["nvmlGpmMetricsGet"] == 2
+    assert readings[5].gpm and all(r.gpm is readings[5].gpm for r in readings[5:10])
+    source.close()
+
+
+def test_slow_polls_read_the_sample_buffer_every_poll(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, gpu, _ = _poller(fake, monkeypatch)
+    t0 = 1_800_000_000.0
+    for i in range(4):
+        gpu.read(t0 + i * 5.0)
+    assert fake.calls["nvmlDeviceGetSamples"] == 4
     source.close()

@@ -33,13 +33,13 @@ def collect(snap: NodeSnapshot, opts: CollectOptions) -> Iterable[Metric]:
         per_gpu_gauge(
             snap,
             "gpu_pcie_receive_bytes_per_second",
-            "PCIe traffic to the GPU (host to device), bytes per second over the last poll interval (GPM).",
+            "PCIe traffic to the GPU (host to device), bytes per second over the last GPM interval.",
             lambda g: g.gpm.get("pcie_rx_bytes_per_second"),
         ),
         per_gpu_gauge(
             snap,
             "gpu_pcie_transmit_bytes_per_second",
-            "PCIe traffic from the GPU (device to host), bytes per second over the last poll interval (GPM).",
+            "PCIe traffic from the GPU (device to host), bytes per second over the last GPM interval.",
             lambda g: g.gpm.get("pcie_tx_bytes_per_second"),
         ),
     )

@@ -6,10 +6,15 @@ the cadence:
 - every poll (a few µs each): utilization, memory, temperature, power, clocks, clock event reasons,
   P-state, PCIe link, processes, and the cheap field values (FAST_FIELDS: memory temperature and the
   software clock-event duration counters, ~3 µs);
-- at most once per ``gpm_interval`` (1 s): GPM metrics (nvmlGpmMetricsGet, ~1.4 ms), carried between reads;
-- only when polls are at least SAMPLES_MIN_GAP apart: the util.gpu sample buffer (nvmlDeviceGetSamples,
-  ~2.8 ms whatever it returns). At faster polls nvmlDeviceGetUtilizationRates, read every poll, already
-  resolves the sample period (1/6 s on an H100) by itself;
+- once per ``gpm_interval`` (config ``gpm_interval_seconds``, default 5 s; never more often than polls): GPM
+  metrics (nvmlGpmMetricsGet, ~1.3 ms of CPU per call on an H100 whether it computes 1 or 13 metrics), each the
+  average since the previous computation, carried between them. The insight verdicts of every recorded
+  scenario are the same with GPM held for 10 s as for 1 s (they use 60-300 s windows);
+- only when polls are at least SAMPLES_MIN_GAP (2 s) apart: the util.gpu sample buffer
+  (nvmlDeviceGetSamples, ~2.8 ms of CPU whatever it returns, the largest cost of a 1 s poll). At faster polls
+  nvmlDeviceGetUtilizationRates, read every poll, is enough: at 0.1 s it resolves the sample period (1/6 s
+  on an H100) by itself, and at 1 s the insight verdicts and starved ratios of every recorded scenario are
+  the same without the buffer (within 0.01; tests/test_insight_without_samples.py);
 - every ``slow_interval`` seconds (default 10), carried between reads: the energy counter (~3 ms), ECC
   totals, remapped rows, and the expensive field values (SLOW_FIELDS: PCIe replays ~150 µs, hardware
   thermal / power-brake slowdown durations ~570 µs each);
@@ -53,10 +58,10 @@ SLOW_FIELDS: dict[int, tuple[str, float]] = {
 _ALL_FIELDS = {**FAST_FIELDS, **SLOW_FIELDS}
 
 #: The util.gpu sample buffer is read only when polls are at least this many seconds apart (see module doc).
-SAMPLES_MIN_GAP = 0.5
+SAMPLES_MIN_GAP = 2.0
 
-#: GPM metrics are computed at most once per this many seconds by default (nvmlGpmMetricsGet ~1.4 ms).
-GPM_INTERVAL = 1.0
+#: GPM metrics are computed at most once per this many seconds by default (nvmlGpmMetricsGet ~1.3 ms).
+GPM_INTERVAL = 5.0
 
 #: Slack on the GPM cadence, so a 1 s poll that wakes a few ms early still reads GPM every poll.
 _CADENCE_SLACK = 0.9
