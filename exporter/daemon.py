@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -91,6 +92,21 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self._on_hup = on_hup
 
+    async def main_loop(self) -> None:
+        """uvicorn's housekeeping loop, woken once a second instead of ten times.
+
+        uvicorn ticks every 0.1 s (date header, exit check); each wake-up of the event loop costs CPU, which
+        was a third of an idle daemon's CPU (measured: 0.28% of a core for the main thread with no scrapes).
+        ``on_tick`` gets the counter it expects (a multiple of 10 each second), and a stop signal is seen
+        within a second.
+        """
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864000
+            await asyncio.sleep(1.0)
+            should_exit = await self.on_tick(counter)
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         if threading.current_thread() is not threading.main_thread():
@@ -144,7 +160,7 @@ class Daemon:
         collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable)
         options = CollectOptions(max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0)
         self.exposition = Exposition(lambda: self.poller.snapshot, collectors, options)
-        self.poller.on_publish = self.exposition.render
+        self.poller.on_publish = lambda: self.exposition.prerender(self.poller.interval)
         self.app = create_app(
             lambda: self.poller.snapshot,
             self.exposition,

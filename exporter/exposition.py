@@ -4,8 +4,10 @@
 latest snapshot and adds ``gpuwarden_scrape_collector_success`` / ``_duration_seconds`` per collector
 (as node_exporter does): a failing collector is visible and does not take the others down.
 ``Exposition.render()`` caches the rendered bytes by snapshot sequence number, so any number of scrapes
-between two polls cost one render. The daemon calls it from the poll thread right after each poll, so a
-scrape finds the text ready and only sends bytes. When polls come faster than once per ``min_age`` (1 s),
+between two polls cost one render. The daemon renders ahead in the poll thread (``prerender``), so a scrape
+finds the text ready and only sends bytes; it renders ahead only on the last poll before the next scrape is
+due (scrapes are periodic: the next is expected one scrape gap after the last), so a 1 s poll scraped every
+15 s pays one render per scrape, not fifteen. When polls come faster than once per ``min_age`` (1 s),
 the rendered text is reused for up to ``min_age``: rendering at most once a second bounds the CPU a fast poll
 costs (Prometheus scrapes every 10-60 s; the readings themselves and the insight accounting still take every
 poll).
@@ -93,7 +95,8 @@ class Exposition:
     ``render()`` returns bytes; it re-renders when the snapshot's ``seq`` changed, except that with a poll
     interval shorter than ``min_age`` seconds a render less than ``min_age`` old is served (see module doc),
     unless the source went up or down since (stale readings are withdrawn, and come back, at once).
-    ``cached()`` returns the text when ``render()`` would not need to render, else None.
+    ``cached()`` (called by the server for each scrape, whose time it notes) returns the text when ``render()``
+    would not need to render, else None. ``prerender(poll_interval)`` is the poll thread's hook.
     """
 
     def __init__(
@@ -102,8 +105,12 @@ class Exposition:
         collectors: list[CollectorSpec],
         options: CollectOptions,
         min_age: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._get = get_snapshot
+        self._clock = clock
+        self._last_scrape: float | None = None
+        self._scrape_gap: float | None = None
         self._lock = threading.Lock()
         self.min_age = min_age
         # (snapshot seq, source_up, monotonic render time, text)
@@ -127,14 +134,32 @@ class Exposition:
         seq, up, at, body = cached
         if seq == snap.seq:
             return body
-        if up == snap.source_up and snap.interval_seconds < self.min_age and time.monotonic() - at < self.min_age:
+        if up == snap.source_up and snap.interval_seconds < self.min_age and self._clock() - at < self.min_age:
             return body
         return None
 
     def cached(self) -> bytes | None:
-        """Return what ``render()`` would return if it needs no render (b"" before the first snapshot), else None."""
+        """Note a scrape; return what ``render()`` would return if it needs no render (b"" before the first
+        snapshot), else None."""
+        now = self._clock()
+        if self._last_scrape is not None:
+            self._scrape_gap = now - self._last_scrape
+        self._last_scrape = now
         snap = self._get()
         return b"" if snap is None else self._valid(snap)
+
+    def prerender(self, poll_interval: float) -> bool:
+        """Render now if a scrape is expected before the next poll; return True when it rendered.
+
+        Expected: nobody has scraped twice yet (no gap known), or the last scrape plus the last gap between
+        scrapes comes before the next poll (``poll_interval`` from now), or is already past.
+        """
+        if self._last_scrape is not None and self._scrape_gap is not None:
+            due = self._last_scrape + self._scrape_gap
+            if self._clock() + poll_interval < due:
+                return False
+        self.render()
+        return True
 
     def render(self) -> bytes:
         """Return the exposition of the latest snapshot (b"" before the first snapshot)."""
@@ -150,5 +175,5 @@ class Exposition:
                 return body
             self._pinned = snap
             body = generate_latest(self.registry)
-            self._cache = (snap.seq, snap.source_up, time.monotonic(), body)
+            self._cache = (snap.seq, snap.source_up, self._clock(), body)
             return body

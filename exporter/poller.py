@@ -82,7 +82,7 @@ class Poller:
     max(3 intervals, 5 s)) is how long a poll may run before the watchdog marks the data stale.
     ``notifier`` sends systemd notifications (default: from the environment, a no-op outside systemd).
     ``on_publish`` is called in the poll thread after each successful poll is published (the daemon
-    pre-renders the exposition there, so scrapes only send bytes).
+    renders the exposition ahead there, so scrapes only send bytes).
     """
 
     def __init__(

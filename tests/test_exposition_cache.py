@@ -23,7 +23,7 @@ def _polls_in(text: bytes) -> float:
 def _setup(interval: float, min_age: float = 1.0) -> tuple[Poller, Exposition]:
     p = Poller(ReplaySource(H100, timing="recorded"), interval)
     exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), min_age=min_age)
-    p.on_publish = exp.render
+    p.on_publish = lambda: exp.prerender(interval)
     p.start(thread=False)
     return p, exp
 
@@ -59,3 +59,29 @@ def test_a_new_snapshot_with_a_slow_poll_is_never_served_stale() -> None:
     p.poll_once()
     assert exp.cached() is None
     assert _polls_in(exp.render()) == 2
+
+
+def test_with_periodic_scrapes_only_the_poll_before_a_scrape_renders_ahead() -> None:
+    now = [0.0]
+    p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
+    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    p.start(thread=False)
+    assert exp.prerender(1.0)  # nobody scraped yet: render ahead
+    for t in (0.0, 15.0):  # Prometheus scrapes every 15 s
+        now[0] = t
+        p.poll_once()
+        exp.prerender(1.0)
+        assert exp.cached() is not None
+    rendered = []
+    for t in range(16, 30):  # polls every second until the next scrape, due at 30 s
+        now[0] = float(t)
+        p.poll_once()
+        rendered.append(exp.prerender(1.0))
+    assert rendered == [False] * 13 + [True]  # only the poll at 29 s renders
+    now[0] = 30.0
+    body = exp.cached()
+    assert body is not None and _polls_in(body) == p.snapshot.polls_total
+    # a late scrape: every poll past the due time renders ahead until it comes
+    now[0] = 46.0
+    p.poll_once()
+    assert exp.prerender(1.0)
