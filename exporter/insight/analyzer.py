@@ -8,8 +8,8 @@ threads while the analyzer prepares the next one. Definitions are in docs/scores
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -123,14 +123,157 @@ class _Interval:
     mem_total: int | None
 
 
+#: _Interval fields averaged over a window, weighted by the interval's seconds (None values skipped).
+_MEAN_FIELDS = ("sm", "tensor", "pcie_rx", "nvlink_rx", "job_cpu", "max_proc_cpu", "host_busy", "power")
+
+#: Sums below this are float residue of adding and removing the same intervals: read as 0.
+_EPS = 1e-9
+
+#: A running window is recomputed from its intervals after this many removals, so float drift stays bounded.
+REBUILD_EVERY = 1000
+
+
+class _Agg:
+    """Additive sums over a set of intervals: everything ``window_of`` needs, so adding an interval and removing
+    one cost O(1) (reasons are counted, so their union survives removals)."""
+
+    __slots__ = (
+        "states",
+        "util_seconds",
+        "seconds",
+        "num",
+        "den",
+        "clock_num",
+        "clock_den",
+        "throttled",
+        "severe",
+        "reasons",
+    )
+
+    def __init__(self) -> None:
+        self.states = dict.fromkeys(st.STATES, 0.0)
+        self.util_seconds = self.seconds = self.clock_num = self.clock_den = self.throttled = self.severe = 0.0
+        self.num = dict.fromkeys(_MEAN_FIELDS, 0.0)
+        self.den = dict.fromkeys(_MEAN_FIELDS, 0.0)
+        self.reasons: Counter[str] = Counter()
+
+    def add(self, iv: _Interval, sign: float = 1.0) -> None:
+        """Add ``iv`` to the sums (``sign`` -1: remove it)."""
+        for k, v in iv.states.items():
+            self.states[k] += sign * v
+        self.util_seconds += sign * iv.util_seconds
+        w = iv.seconds
+        self.seconds += sign * w
+        if w > 0:
+            for name in _MEAN_FIELDS:
+                v = getattr(iv, name)
+                if v is not None:
+                    self.num[name] += sign * v * w
+                    self.den[name] += sign * w
+        if iv.throttle:
+            self.throttled += sign * w
+            if iv.clock_ratio is not None and w > 0:
+                self.clock_num += sign * iv.clock_ratio * w
+                self.clock_den += sign * w
+            self.reasons.update(dict.fromkeys(iv.reasons, int(sign)))
+        if iv.severe:
+            self.severe += sign * w
+
+    def window(self, index: int, uuid: str, last: _Interval | None, job: JobRef | None) -> GpuWindow:
+        """The GpuWindow of the intervals summed here (``last``: the latest of them); equals ``window_of``."""
+
+        def z(x: float) -> float:
+            return x if abs(x) > _EPS else 0.0
+
+        def mean(name: str) -> float | None:
+            den = self.den[name]
+            return self.num[name] / den if den > _EPS else None
+
+        states = {k: z(v) for k, v in self.states.items()}
+        total = z(self.seconds)
+        util_secs = z(self.util_seconds)
+        held_job = job is not None and last is not None and last.holder == "job"
+        return GpuWindow(
+            index=index,
+            uuid=uuid,
+            seconds=sum(states.values()),
+            states=states,
+            held=last is not None and last.holder != "none",
+            util=states["busy"] / util_secs if util_secs > 0 else None,
+            sm=mean("sm"),
+            tensor=mean("tensor"),
+            pcie_rx=mean("pcie_rx"),
+            nvlink_rx=mean("nvlink_rx"),
+            job_cpu_cores=mean("job_cpu"),
+            max_process_cpu_cores=mean("max_proc_cpu"),
+            host_cpu_busy_ratio=mean("host_busy"),
+            memory_used_bytes=last.mem_used if last else None,
+            memory_total_bytes=last.mem_total if last else None,
+            sm_clock_ratio=self.clock_num / self.clock_den if self.clock_den > _EPS else None,
+            throttle_fraction=z(self.throttled) / total if total > 0 else 0.0,
+            severe_throttle_fraction=z(self.severe) / total if total > 0 else 0.0,
+            throttle_reasons=tuple(sorted(r for r, n in self.reasons.items() if n > 0)),
+            power_watts=mean("power"),
+            power_limit_watts=last.power_limit if last else None,
+            job=job.job if held_job else None,  # type: ignore[union-attr]
+            job_kind=job.kind if held_job else None,  # type: ignore[union-attr]
+            processes=tuple(sorted(last.pids)) if last else (),
+        )
+
+
+class _Running:
+    """The trailing ``seconds`` of a GPU's intervals with their running sums (``same_holder``: only the trailing
+    run with the latest interval's holder and PIDs). Each push costs O(1) amortised, whatever the window holds."""
+
+    __slots__ = ("seconds", "same_holder", "intervals", "agg", "_removals")
+
+    def __init__(self, seconds: float, same_holder: bool) -> None:
+        self.seconds = seconds
+        self.same_holder = same_holder
+        self.intervals: deque[_Interval] = deque()
+        self.agg = _Agg()
+        self._removals = 0
+
+    def push(self, iv: _Interval) -> None:
+        """Add the newest interval, then drop those that left the window (or the run, when ``same_holder``)."""
+        ivs = self.intervals
+        if self.same_holder and ivs and (ivs[-1].holder != iv.holder or ivs[-1].pids != iv.pids):
+            ivs.clear()
+            self.agg = _Agg()
+        ivs.append(iv)
+        self.agg.add(iv)
+        horizon = iv.end - self.seconds
+        while ivs and ivs[0].end - ivs[0].seconds < horizon - 1e-9:
+            self.agg.add(ivs.popleft(), -1.0)
+            self._removals += 1
+        if not ivs:
+            self.agg = _Agg()
+        elif self._removals >= REBUILD_EVERY:
+            self._removals = 0
+            self.agg = _Agg()
+            for x in ivs:
+                self.agg.add(x)
+
+    def window(self, index: int, uuid: str, job: JobRef | None) -> GpuWindow:
+        """The GpuWindow of the intervals held now."""
+        return self.agg.window(index, uuid, self.intervals[-1] if self.intervals else None, job)
+
+
 @dataclass(slots=True)
 class _GpuState:
     index: int
+    node: _Running
+    job: _Running
+    diag: _Running
     last_ts: float | None = None
     last_work: float | None = None
     last_pids: frozenset[int] = frozenset()
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.STATES, 0.0))
-    intervals: deque[_Interval] = field(default_factory=deque)
+
+    @property
+    def intervals(self) -> deque[_Interval]:
+        """Every interval of the last ``window_seconds`` (the node window's)."""
+        return self.node.intervals
 
 
 def _mean(pairs: Iterable[tuple[float | None, float]]) -> float | None:
@@ -141,6 +284,63 @@ def _mean(pairs: Iterable[tuple[float | None, float]]) -> float | None:
             num += v * w
             den += w
     return num / den if den > 0 else None
+
+
+def span_of(intervals: Sequence[_Interval], seconds: float, same_holder: bool) -> list[_Interval]:
+    """Reference: the trailing intervals within ``seconds`` (and with the latest holder and PIDs if
+    ``same_holder``), recomputed from scratch. The analyzer keeps the same windows running (``_Running``)."""
+    if not intervals:
+        return []
+    last = intervals[-1]
+    horizon = last.end - seconds
+    out: list[_Interval] = []
+    for iv in reversed(intervals):
+        if iv.end - iv.seconds < horizon - 1e-9:
+            break
+        if same_holder and (iv.holder != last.holder or iv.pids != last.pids):
+            break
+        out.append(iv)
+    out.reverse()
+    return out
+
+
+def window_of(index: int, uuid: str, ivs: list[_Interval], job: JobRef | None) -> GpuWindow:
+    """Reference: the GpuWindow of ``ivs`` recomputed from scratch (what ``_Agg.window`` keeps running)."""
+    states = dict.fromkeys(st.STATES, 0.0)
+    for iv in ivs:
+        for k, v in iv.states.items():
+            states[k] += v
+    seconds = sum(states.values())
+    util_secs = sum(iv.util_seconds for iv in ivs)
+    last = ivs[-1] if ivs else None
+    throttled = [iv for iv in ivs if iv.throttle]
+    total = sum(iv.seconds for iv in ivs)
+    return GpuWindow(
+        index=index,
+        uuid=uuid,
+        seconds=seconds,
+        states=states,
+        held=last is not None and last.holder != "none",
+        util=states["busy"] / util_secs if util_secs > 0 else None,
+        sm=_mean((iv.sm, iv.seconds) for iv in ivs),
+        tensor=_mean((iv.tensor, iv.seconds) for iv in ivs),
+        pcie_rx=_mean((iv.pcie_rx, iv.seconds) for iv in ivs),
+        nvlink_rx=_mean((iv.nvlink_rx, iv.seconds) for iv in ivs),
+        job_cpu_cores=_mean((iv.job_cpu, iv.seconds) for iv in ivs),
+        max_process_cpu_cores=_mean((iv.max_proc_cpu, iv.seconds) for iv in ivs),
+        host_cpu_busy_ratio=_mean((iv.host_busy, iv.seconds) for iv in ivs),
+        memory_used_bytes=last.mem_used if last else None,
+        memory_total_bytes=last.mem_total if last else None,
+        sm_clock_ratio=_mean((iv.clock_ratio, iv.seconds) for iv in throttled),
+        throttle_fraction=sum(iv.seconds for iv in throttled) / total if total > 0 else 0.0,
+        severe_throttle_fraction=sum(iv.seconds for iv in ivs if iv.severe) / total if total > 0 else 0.0,
+        throttle_reasons=tuple(sorted(frozenset().union(*(iv.reasons for iv in throttled)))) if throttled else (),
+        power_watts=_mean((iv.power, iv.seconds) for iv in ivs),
+        power_limit_watts=last.power_limit if last else None,
+        job=job.job if job and last and last.holder == "job" else None,
+        job_kind=job.kind if job and last and last.holder == "job" else None,
+        processes=tuple(sorted(last.pids)) if last else (),
+    )
 
 
 class InsightAnalyzer:
@@ -253,7 +453,12 @@ class InsightAnalyzer:
     ) -> None:
         state = self._gpus.get(g.uuid)
         if state is None:
-            state = self._gpus[g.uuid] = _GpuState(index=g.index)
+            state = self._gpus[g.uuid] = _GpuState(
+                index=g.index,
+                node=_Running(self.window_seconds, same_holder=False),
+                job=_Running(self.window_seconds, same_holder=True),
+                diag=_Running(self.diagnosis_seconds, same_holder=True),
+            )
         state.index = g.index
         procs = g.processes
         pids = frozenset(p.pid for p in procs or ())
@@ -275,88 +480,31 @@ class InsightAnalyzer:
         clock_max = s.clock_max_hertz.get("sm") if s is not None else None
         clock = g.clock_hertz.get("sm")
         nv = g.gpm.get("nvlink_rx_bytes_per_second")
-        state.intervals.append(
-            _Interval(
-                end=g.timestamp,
-                seconds=g.timestamp - start,
-                states=secs,
-                util_seconds=sum(x.seconds for x in segs if x.util is not None),
-                holder=holder,
-                pids=pids,
-                sm=g.gpm.get("sm_activity"),
-                tensor=g.gpm.get("tensor_activity"),
-                pcie_rx=g.gpm.get("pcie_rx_bytes_per_second"),
-                nvlink_rx=nv,
-                job_cpu=job_cpu,
-                max_proc_cpu=max(known) if known else None,
-                host_busy=host_busy,
-                clock_ratio=clock / clock_max if clock is not None and clock_max else None,
-                throttle=bool(bits & (_POWER_BITS | _SEVERE_BITS)),
-                severe=bool(bits & _SEVERE_BITS),
-                reasons=frozenset(n for b, n in CLOCK_EVENT_REASONS.items() if bits & b and n != "gpu_idle"),
-                power=g.power_usage_watts,
-                power_limit=g.power_limit_watts,
-                mem_used=g.memory_used_bytes,
-                mem_total=g.memory_total_bytes or (s.memory_total_bytes if s is not None else None),
-            )
+        iv = _Interval(
+            end=g.timestamp,
+            seconds=g.timestamp - start,
+            states=secs,
+            util_seconds=sum(x.seconds for x in segs if x.util is not None),
+            holder=holder,
+            pids=pids,
+            sm=g.gpm.get("sm_activity"),
+            tensor=g.gpm.get("tensor_activity"),
+            pcie_rx=g.gpm.get("pcie_rx_bytes_per_second"),
+            nvlink_rx=nv,
+            job_cpu=job_cpu,
+            max_proc_cpu=max(known) if known else None,
+            host_busy=host_busy,
+            clock_ratio=clock / clock_max if clock is not None and clock_max else None,
+            throttle=bool(bits & (_POWER_BITS | _SEVERE_BITS)),
+            severe=bool(bits & _SEVERE_BITS),
+            reasons=frozenset(n for b, n in CLOCK_EVENT_REASONS.items() if bits & b and n != "gpu_idle"),
+            power=g.power_usage_watts,
+            power_limit=g.power_limit_watts,
+            mem_used=g.memory_used_bytes,
+            mem_total=g.memory_total_bytes or (s.memory_total_bytes if s is not None else None),
         )
-        horizon = g.timestamp - self.window_seconds
-        while state.intervals and state.intervals[0].end - state.intervals[0].seconds < horizon - 1e-9:
-            state.intervals.popleft()
-
-    def _span(self, state: _GpuState, seconds: float, same_holder: bool) -> list[_Interval]:
-        """The trailing intervals within ``seconds`` (and with the latest holder and PIDs if ``same_holder``)."""
-        if not state.intervals:
-            return []
-        last = state.intervals[-1]
-        horizon = last.end - seconds
-        out: list[_Interval] = []
-        for iv in reversed(state.intervals):
-            if iv.end - iv.seconds < horizon - 1e-9:
-                break
-            if same_holder and (iv.holder != last.holder or iv.pids != last.pids):
-                break
-            out.append(iv)
-        out.reverse()
-        return out
-
-    @staticmethod
-    def _window(index: int, uuid: str, ivs: list[_Interval], job: JobRef | None) -> GpuWindow:
-        states = dict.fromkeys(st.STATES, 0.0)
-        for iv in ivs:
-            for k, v in iv.states.items():
-                states[k] += v
-        seconds = sum(states.values())
-        util_secs = sum(iv.util_seconds for iv in ivs)
-        last = ivs[-1] if ivs else None
-        throttled = [iv for iv in ivs if iv.throttle]
-        total = sum(iv.seconds for iv in ivs)
-        return GpuWindow(
-            index=index,
-            uuid=uuid,
-            seconds=seconds,
-            states=states,
-            held=last is not None and last.holder != "none",
-            util=states["busy"] / util_secs if util_secs > 0 else None,
-            sm=_mean((iv.sm, iv.seconds) for iv in ivs),
-            tensor=_mean((iv.tensor, iv.seconds) for iv in ivs),
-            pcie_rx=_mean((iv.pcie_rx, iv.seconds) for iv in ivs),
-            nvlink_rx=_mean((iv.nvlink_rx, iv.seconds) for iv in ivs),
-            job_cpu_cores=_mean((iv.job_cpu, iv.seconds) for iv in ivs),
-            max_process_cpu_cores=_mean((iv.max_proc_cpu, iv.seconds) for iv in ivs),
-            host_cpu_busy_ratio=_mean((iv.host_busy, iv.seconds) for iv in ivs),
-            memory_used_bytes=last.mem_used if last else None,
-            memory_total_bytes=last.mem_total if last else None,
-            sm_clock_ratio=_mean((iv.clock_ratio, iv.seconds) for iv in throttled),
-            throttle_fraction=sum(iv.seconds for iv in throttled) / total if total > 0 else 0.0,
-            severe_throttle_fraction=sum(iv.seconds for iv in ivs if iv.severe) / total if total > 0 else 0.0,
-            throttle_reasons=tuple(sorted(frozenset().union(*(iv.reasons for iv in throttled)))) if throttled else (),
-            power_watts=_mean((iv.power, iv.seconds) for iv in ivs),
-            power_limit_watts=last.power_limit if last else None,
-            job=job.job if job and last and last.holder == "job" else None,
-            job_kind=job.kind if job and last and last.holder == "job" else None,
-            processes=tuple(sorted(last.pids)) if last else (),
-        )
+        for running in (state.node, state.job, state.diag):
+            running.push(iv)
 
     @staticmethod
     def _activity(windows: list[GpuWindow]) -> tuple[list[float], str] | None:
@@ -376,10 +524,10 @@ class InsightAnalyzer:
         node_w: dict[str, GpuWindow] = {}
         for uuid, state in self._gpus.items():
             job = primary.get(uuid)
-            node_w[uuid] = self._window(state.index, uuid, self._span(state, self.window_seconds, False), job)
+            node_w[uuid] = state.node.window(state.index, uuid, job)
             if uuid in up_uuids:
-                diag_w[uuid] = self._window(state.index, uuid, self._span(state, self.diagnosis_seconds, True), job)
-                job_w[uuid] = self._window(state.index, uuid, self._span(state, self.window_seconds, True), job)
+                diag_w[uuid] = state.diag.window(state.index, uuid, job)
+                job_w[uuid] = state.job.window(state.index, uuid, job)
         # jobs: the GPUs where each job holds the most memory
         by_job: dict[tuple[str, str], list[str]] = {}
         for uuid, ref in primary.items():
