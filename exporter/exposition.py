@@ -96,7 +96,8 @@ class Exposition:
     interval shorter than ``min_age`` seconds a render less than ``min_age`` old is served (see module doc),
     unless the source went up or down since (stale readings are withdrawn, and come back, at once).
     ``cached()`` (called by the server for each scrape, whose time it notes) returns the text when ``render()``
-    would not need to render, else None. ``prerender(poll_interval)`` is the poll thread's hook.
+    would not need to render, or the previous text while another thread renders the next one, else None.
+    ``prerender(poll_interval)`` is the poll thread's hook.
     """
 
     def __init__(
@@ -127,26 +128,37 @@ class Exposition:
             self.collector.options = options
             self._cache = None
 
-    def _valid(self, snap: NodeSnapshot) -> bytes | None:
+    def _valid(self, snap: NodeSnapshot, age_limit: float) -> bytes | None:
         cached = self._cache
         if cached is None:
             return None
         seq, up, at, body = cached
         if seq == snap.seq:
             return body
-        if up == snap.source_up and snap.interval_seconds < self.min_age and self._clock() - at < self.min_age:
+        if up == snap.source_up and snap.interval_seconds < self.min_age and self._clock() - at < age_limit:
             return body
         return None
 
     def cached(self) -> bytes | None:
         """Note a scrape; return what ``render()`` would return if it needs no render (b"" before the first
-        snapshot), else None."""
+        snapshot; at fast polls up to 2 x ``min_age`` old), else None."""
         now = self._clock()
         if self._last_scrape is not None:
             self._scrape_gap = now - self._last_scrape
         self._last_scrape = now
         snap = self._get()
-        return b"" if snap is None else self._valid(snap)
+        if snap is None:
+            return b""
+        # at fast polls the poll thread re-renders once the text is min_age old; a scrape in between is served the
+        # text up to 2 x min_age old rather than render itself
+        body = self._valid(snap, 2 * self.min_age)
+        if body is None and self._lock.locked():
+            # the poll thread is rendering this very snapshot: serve the previous poll's text rather than queue
+            # behind a render that takes tens of ms at 64 GPUs (unless the source went up or down since)
+            cached = self._cache
+            if cached is not None and cached[1] == snap.source_up:
+                return cached[3]
+        return body
 
     def prerender(self, poll_interval: float) -> bool:
         """Render now if a scrape is expected before the next poll; return True when it rendered.
@@ -166,11 +178,11 @@ class Exposition:
         snap = self._get()
         if snap is None:
             return b""
-        body = self._valid(snap)
+        body = self._valid(snap, self.min_age)
         if body is not None:
             return body
         with self._lock:
-            body = self._valid(snap)
+            body = self._valid(snap, self.min_age)
             if body is not None:
                 return body
             self._pinned = snap

@@ -45,10 +45,14 @@ def test_fast_polls_are_rendered_at_most_once_per_min_age() -> None:
     text = exp.render()
     assert _polls_in(text) == 1, "polls within min_age of the last render reuse it"
     time.sleep(0.25)
-    assert exp.cached() is None  # older than min_age and behind the snapshot: a scrape would render
-    p.poll_once()  # the poll thread renders again
+    assert _polls_in(exp.cached()) == 1  # older than min_age: a scrape still gets it (up to 2 x min_age)...
+    p.poll_once()  # ... while the next poll renders again
     text = exp.cached()
     assert text is not None and _polls_in(text) == 5
+    p.on_publish = None
+    time.sleep(0.45)
+    p.poll_once()
+    assert exp.cached() is None  # a newer snapshot and the text past 2 x min_age: a scrape renders itself
 
 
 def test_a_new_snapshot_with_a_slow_poll_is_never_served_stale() -> None:
@@ -85,3 +89,15 @@ def test_with_periodic_scrapes_only_the_poll_before_a_scrape_renders_ahead() -> 
     now[0] = 46.0
     p.poll_once()
     assert exp.prerender(1.0)
+
+
+def test_a_scrape_during_a_render_gets_the_previous_text_at_once() -> None:
+    p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
+    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions())
+    p.start(thread=False)
+    first = exp.render()
+    p.poll_once()
+    with exp._lock:  # as while the poll thread renders the new snapshot
+        assert exp.cached() is first
+    assert exp.cached() is None  # no render under way: the new snapshot must be rendered
+    assert _polls_in(exp.render()) == 2
