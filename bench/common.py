@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.client
 import os
 import platform
-import re
 import signal
 import socket
 import statistics
@@ -25,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 MIB = 1048576.0
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 #: Label names that carry the GPU index in the exporters measured (gpuwarden: gpu; nvitop-exporter: index).
 GPU_LABEL_KEYS = ("gpu", "index")
 
@@ -63,35 +62,23 @@ class ExpositionStats:
 
 
 def parse_exposition(body: bytes) -> ExpositionStats:
-    """Count families (``# TYPE`` lines), series, and series per GPU (samples labelled with a GPU index)."""
+    """Count families, series, and series per GPU (samples labelled with a GPU index), with prometheus_client's
+    parser of the text format."""
     st = ExpositionStats(bytes=len(body))
     per_gpu: dict[str, int] = {}
-    for line in body.decode("utf-8", "replace").splitlines():
-        if not line:
-            continue
-        if line.startswith("#"):
-            if line.startswith("# TYPE "):
-                st.families += 1
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        st.series += 1
-        name, labels, value = m.group(1), m.group(2) or "", m.group(3)
-        gpu = None
-        for key in GPU_LABEL_KEYS:
-            lm = re.search(rf'(?:^|[{{,]){key}="([^"]*)"', labels)
-            if lm is not None:
-                gpu = lm.group(1)
-                break
-        if gpu is None:
-            st.node_series += 1
-        else:
-            per_gpu[gpu] = per_gpu.get(gpu, 0) + 1
-        if name == "gpuwarden_poll_duration_seconds":
-            st.poll_duration_seconds = float(value)
-        elif name == "gpuwarden_polls_total":
-            st.polls_total = float(value)
+    for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
+        st.families += 1
+        for sample in family.samples:
+            st.series += 1
+            gpu = next((sample.labels[k] for k in GPU_LABEL_KEYS if k in sample.labels), None)
+            if gpu is None:
+                st.node_series += 1
+            else:
+                per_gpu[gpu] = per_gpu.get(gpu, 0) + 1
+            if sample.name == "gpuwarden_poll_duration_seconds":
+                st.poll_duration_seconds = float(sample.value)
+            elif sample.name == "gpuwarden_polls_total":
+                st.polls_total = float(sample.value)
     st.gpus = len(per_gpu)
     if per_gpu:
         st.series_per_gpu_mean = sum(per_gpu.values()) / len(per_gpu)
