@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -105,14 +105,16 @@ def create_app(
         description="NVIDIA GPU monitoring daemon: Prometheus metrics and JSON readings.",
     )
 
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        # The poll thread renders after each poll, so the text is usually ready: send it from the event loop.
-        # Otherwise render in a worker thread, never blocking the loop.
+    async def metrics(request: Request) -> Response:
+        # A plain Starlette route (no FastAPI dependency solving or response validation: ~0.1 ms a scrape). The
+        # poll thread renders ahead, so the text is usually ready: send it from the event loop. Otherwise
+        # render in a worker thread, never blocking the loop.
         body = exposition.cached()
         if body is None:
             body = await run_in_threadpool(exposition.render)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
 
     @app.get("/healthz", summary="Liveness: the process answers")
     def healthz() -> dict[str, str]:
