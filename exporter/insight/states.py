@@ -1,9 +1,10 @@
 """Time accounting: how each second of a GPU's wall time splits between states (docs/scores.md).
 
 Within a poll interval (previous poll, this poll], the NVML utilization sample buffer (one sample
-every ~1/6-1/5 s on an H100, ``GpuReading.utilization_samples``) splits the interval into segments. A
-segment of ``dt`` seconds with util.gpu ``u`` (the fraction of the sample period in which a kernel ran,
-NVML's definition) contributes ``u * dt`` to ``busy``; its idle rest ``(1 - u) * dt`` goes to:
+every ~1/6-1/5 s on an H100, ``GpuReading.utilization_samples``, when the poll read it: see
+exporter.nvml.device) splits the interval into segments. A segment of ``dt`` seconds with util.gpu ``u``
+(the fraction of the sample period in which a kernel ran, NVML's definition) contributes ``u * dt`` to
+``busy``; its idle rest ``(1 - u) * dt`` goes to:
 
 - ``free``      no process holds the GPU (and its used memory is below FREE_MEMORY_BYTES);
 - ``starved``   a process holds it and its job is working: the GPU's processes use at least
