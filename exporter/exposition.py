@@ -143,15 +143,16 @@ class Exposition:
         """Note a scrape; return what ``render()`` would return if it needs no render (b"" before the first
         snapshot; at fast polls up to 2 x ``min_age`` old), else None."""
         now = self._clock()
+        ahead = self._scrape_gap is not None  # the poll thread has been rendering ahead of scrapes
         if self._last_scrape is not None:
             self._scrape_gap = now - self._last_scrape
         self._last_scrape = now
         snap = self._get()
         if snap is None:
             return b""
-        # at fast polls the poll thread re-renders once the text is min_age old; a scrape in between is served the
-        # text up to 2 x min_age old rather than render itself
-        body = self._valid(snap, 2 * self.min_age)
+        # at fast polls the poll thread re-renders once the text is min_age old (when it renders ahead, i.e. once the
+        # scrape period is known); a scrape in between is served the text up to 2 x min_age old rather than render
+        body = self._valid(snap, 2 * self.min_age if ahead else self.min_age)
         if body is None and self._lock.locked():
             # the poll thread is rendering this very snapshot: serve the previous poll's text rather than queue
             # behind a render that takes tens of ms at 64 GPUs (unless the source went up or down since)
@@ -163,12 +164,19 @@ class Exposition:
     def prerender(self, poll_interval: float) -> bool:
         """Render now if a scrape is expected before the next poll; return True when it rendered.
 
-        Expected: nobody has scraped twice yet (no gap known), or the last scrape plus the last gap between
-        scrapes comes before the next poll (``poll_interval`` from now), or is already past.
+        Expected: the last scrape plus the last gap between two scrapes comes before the next poll
+        (``poll_interval`` from now) or has just passed (less than one gap, or one poll, ago: a late scrape).
+        Until two scrapes have shown the period, only the first render is made ahead (the first two scrapes
+        render for themselves). Once scrapes stop (more than a gap overdue) nothing is rendered ahead until the next
+        scrape, which renders for itself.
         """
-        if self._last_scrape is not None and self._scrape_gap is not None:
-            due = self._last_scrape + self._scrape_gap
-            if self._clock() + poll_interval < due:
+        last, gap = self._last_scrape, self._scrape_gap
+        if last is None or gap is None:
+            if self._cache is not None:
+                return False
+        else:
+            now, due = self._clock(), last + gap
+            if now + poll_interval < due or now > due + max(gap, poll_interval):
                 return False
         self.render()
         return True

@@ -134,6 +134,7 @@ def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult]]:
                     duration = obj.pop("duration_seconds", 0.0)
                     host = HostReading.model_validate(obj) if "cpu_count" in obj else None
                     current = {
+                        "line": n,
                         "seq": seq,
                         "timestamp": obj.get("timestamp"),
                         "duration": duration,
@@ -153,7 +154,10 @@ def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult]]:
     except TraceError as exc:
         raise TraceError(f"{path}: {exc}") from exc
     if current is not None:
-        polls.append(_finish(current))
+        try:
+            polls.append(_finish(current))
+        except TraceError as exc:
+            raise TraceError(f"{path}: {exc}") from exc
     if header is None:
         raise TraceError(f"{path}: empty trace (no header)")
     if not polls:
@@ -165,4 +169,9 @@ def _finish(cur: dict[str, Any]) -> PollResult:
     ts = cur["timestamp"]
     if ts is None:
         ts = cur["gpus"][0].timestamp if cur["gpus"] else 0.0
-    return PollResult(timestamp=ts, duration_seconds=cur["duration"], gpus=cur["gpus"], host=cur["host"])
+    try:
+        return PollResult(timestamp=ts, duration_seconds=cur["duration"], gpus=cur["gpus"], host=cur["host"])
+    except ValidationError as exc:  # the host record's timestamp or duration_seconds
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise TraceError(f"line {cur['line']}: {where}: {err['msg']}") from exc

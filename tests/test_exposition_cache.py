@@ -3,8 +3,6 @@ and in the poll thread (Poller.on_publish) so that scrapes find the text ready."
 
 from __future__ import annotations
 
-import time
-
 from conftest import trace
 
 from exporter.collectors import CollectOptions
@@ -20,39 +18,52 @@ def _polls_in(text: bytes) -> float:
     return float(line.split()[1])
 
 
-def _setup(interval: float, min_age: float = 1.0) -> tuple[Poller, Exposition]:
-    p = Poller(ReplaySource(H100, timing="recorded"), interval)
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), min_age=min_age)
-    p.on_publish = lambda: exp.prerender(interval)
+def test_scraped_every_poll_each_poll_is_rendered_in_the_poll_thread() -> None:
+    now = [0.0]
+    p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
+    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    p.on_publish = lambda: exp.prerender(1.0)
     p.start(thread=False)
-    return p, exp
-
-
-def test_each_poll_is_rendered_in_the_poll_thread_at_a_one_second_poll() -> None:
-    p, exp = _setup(1.0)
-    first = exp.cached()
+    first = exp.cached()  # a scrape at 0 s
     assert first is not None and _polls_in(first) == 1  # rendered by the hook, before any scrape
+    now[0] = 0.9
     p.poll_once()
-    second = exp.cached()
-    assert second is not None and _polls_in(second) == 2
-    assert exp.render() is second  # a scrape reuses the poll thread's render
+    now[0] = 1.0
+    assert exp.cached() is None  # the second scrape renders for itself...
+    exp.render()
+    for polls in (3, 4, 5):
+        now[0] += 0.9
+        p.poll_once()  # ... from then on the scrape period is known: each poll renders ahead of the next scrape
+        now[0] += 0.1
+        body = exp.cached()
+        assert body is not None and _polls_in(body) == polls
+        assert exp.render() is body  # a scrape reuses the poll thread's render
 
 
 def test_fast_polls_are_rendered_at_most_once_per_min_age() -> None:
-    p, exp = _setup(0.1, min_age=0.2)
-    for _ in range(3):
+    now = [0.0]
+    p = Poller(ReplaySource(H100, timing="recorded"), 0.1)
+    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    p.on_publish = lambda: exp.prerender(0.1)
+    p.start(thread=False)  # t = 0: the first render
+    seen = []
+    for k in range(1, 11):  # polls every 0.1 s, a scrape 0.05 s after each
+        now[0] = round(k * 0.1, 2)
         p.poll_once()
-    text = exp.render()
-    assert _polls_in(text) == 1, "polls within min_age of the last render reuse it"
-    time.sleep(0.25)
-    assert _polls_in(exp.cached()) == 1  # older than min_age: a scrape still gets it (up to 2 x min_age)...
-    p.poll_once()  # ... while the next poll renders again
-    text = exp.cached()
-    assert text is not None and _polls_in(text) == 5
+        now[0] += 0.05
+        body = exp.cached()
+        assert body is not None
+        seen.append(_polls_in(body))
+    assert seen == [1] * 9 + [11]  # the text made at 0 s serves every scrape until it is 1 s old
+    # without the poll thread, a scrape takes text up to 2 x min_age old, then renders for itself
     p.on_publish = None
-    time.sleep(0.45)
+    now[0] = 1.5
     p.poll_once()
-    assert exp.cached() is None  # a newer snapshot and the text past 2 x min_age: a scrape renders itself
+    now[0] = 1.9
+    body = exp.cached()
+    assert body is not None and _polls_in(body) == 11
+    now[0] = 3.1
+    assert exp.cached() is None
 
 
 def test_a_new_snapshot_with_a_slow_poll_is_never_served_stale() -> None:
@@ -70,12 +81,18 @@ def test_with_periodic_scrapes_only_the_poll_before_a_scrape_renders_ahead() -> 
     p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
     exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
     p.start(thread=False)
-    assert exp.prerender(1.0)  # nobody scraped yet: render ahead
-    for t in (0.0, 15.0):  # Prometheus scrapes every 15 s
-        now[0] = t
+    assert exp.prerender(1.0)  # the first render
+    p.poll_once()
+    assert not exp.prerender(1.0)  # nobody has scraped: nothing rendered ahead
+    assert exp.cached() is None  # the first scrape (at 0 s) renders for itself
+    exp.render()
+    for t in range(1, 15):
+        now[0] = float(t)
         p.poll_once()
-        exp.prerender(1.0)
-        assert exp.cached() is not None
+        assert not exp.prerender(1.0)  # one scrape does not tell when the next comes
+    now[0] = 15.0  # Prometheus scrapes every 15 s
+    assert exp.cached() is None  # the period is not known yet: this scrape renders too
+    exp.render()
     rendered = []
     for t in range(16, 30):  # polls every second until the next scrape, due at 30 s
         now[0] = float(t)
@@ -85,10 +102,13 @@ def test_with_periodic_scrapes_only_the_poll_before_a_scrape_renders_ahead() -> 
     now[0] = 30.0
     body = exp.cached()
     assert body is not None and _polls_in(body) == p.snapshot.polls_total
-    # a late scrape: every poll past the due time renders ahead until it comes
+    # a late scrape: polls past the due time render ahead until it comes, for one scrape period at most
     now[0] = 46.0
     p.poll_once()
     assert exp.prerender(1.0)
+    now[0] = 61.0  # scrapes stopped (Prometheus is down): no more rendering ahead
+    p.poll_once()
+    assert not exp.prerender(1.0)
 
 
 def test_a_scrape_during_a_render_gets_the_previous_text_at_once() -> None:

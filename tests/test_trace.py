@@ -98,3 +98,17 @@ def test_gzip_and_plain_are_equivalent(tmp_path: Path) -> None:
     plain = tmp_path / "idle.jsonl"
     plain.write_bytes(gzip.decompress(trace("h100-idle").read_bytes()))
     assert read_trace(plain)[1] == read_trace(trace("h100-idle"))[1]
+
+
+@pytest.mark.parametrize("field, value", [("duration_seconds", None), ("timestamp", "soon")])
+def test_a_bad_last_host_record_is_a_trace_error_naming_its_line(tmp_path: Path, field: str, value: object) -> None:
+    # found by hypothesis (tests/test_hostile_input.py): the last poll was validated outside the per-line checks
+    lines = gzip.open(trace("h100-idle"), "rt").read().splitlines()
+    n = max(i for i, line in enumerate(lines) if json.loads(line).get("type") == "host")
+    obj = json.loads(lines[n])
+    obj[field] = value
+    lines[n] = json.dumps(obj)
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=rf"line {n + 1}: .*{field}"):
+        read_trace(path)
