@@ -145,7 +145,20 @@ def read_yaml(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    _check_keys(path, data)
     return data
+
+
+def _check_keys(path: Path, data: Any) -> None:
+    """Raise ConfigError when a mapping in ``data`` has a key that is not text (YAML allows ``1:`` or ``null:``)."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"{path}: every key must be text, found {key!r}")
+            _check_keys(path, value)
+    elif isinstance(data, list):
+        for item in data:
+            _check_keys(path, item)
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:

@@ -160,7 +160,7 @@ class Daemon:
         collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable)
         options = CollectOptions(max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0)
         self.exposition = Exposition(lambda: self.poller.snapshot, collectors, options)
-        self.poller.on_publish = lambda: self.exposition.prerender(self.poller.interval)
+        self.poller.on_publish = lambda snap: self.exposition.prerender(self.poller.interval, snap)
         self.app = create_app(
             lambda: self.poller.snapshot,
             self.exposition,

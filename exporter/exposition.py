@@ -89,6 +89,11 @@ class SnapshotCollector(Collector):
         yield duration
 
 
+#: After a first scrape, render ahead at every poll for at most this long while waiting for the second one to
+#: show the scrape period (Prometheus's scrape intervals are seconds to a minute).
+FIRST_GAP_MAX = 120.0
+
+
 class Exposition:
     """Renders the latest snapshot to the Prometheus text format, cached per snapshot.
 
@@ -143,7 +148,7 @@ class Exposition:
         """Note a scrape; return what ``render()`` would return if it needs no render (b"" before the first
         snapshot; at fast polls up to 2 x ``min_age`` old), else None."""
         now = self._clock()
-        ahead = self._scrape_gap is not None  # the poll thread has been rendering ahead of scrapes
+        ahead = self._rendering_ahead(now)  # the poll thread has been rendering ahead of scrapes
         if self._last_scrape is not None:
             self._scrape_gap = now - self._last_scrape
         self._last_scrape = now
@@ -161,29 +166,38 @@ class Exposition:
                 return cached[3]
         return body
 
-    def prerender(self, poll_interval: float) -> bool:
-        """Render now if a scrape is expected before the next poll; return True when it rendered.
+    def _rendering_ahead(self, now: float) -> bool:
+        last = self._last_scrape
+        return last is not None and (self._scrape_gap is not None or now - last <= FIRST_GAP_MAX)
+
+    def prerender(self, poll_interval: float, snap: NodeSnapshot | None = None) -> bool:
+        """Render ``snap`` (default the latest snapshot) now if a scrape is expected before the next poll;
+        return True when it rendered.
 
         Expected: the last scrape plus the last gap between two scrapes comes before the next poll
         (``poll_interval`` from now) or has just passed (less than one gap, or one poll, ago: a late scrape).
-        Until two scrapes have shown the period, only the first render is made ahead (the first two scrapes
-        render for themselves). Once scrapes stop (more than a gap overdue) nothing is rendered ahead until the next
-        scrape, which renders for itself.
+        After the first scrape, until a second one shows the period, every poll renders for up to
+        FIRST_GAP_MAX seconds; before any scrape, only the first render is made. Once scrapes stop (more than
+        a gap overdue, e.g. Prometheus is down) nothing is rendered ahead until the next scrape, which renders
+        for itself.
         """
-        last, gap = self._last_scrape, self._scrape_gap
-        if last is None or gap is None:
+        last, gap, now = self._last_scrape, self._scrape_gap, self._clock()
+        if last is None:
             if self._cache is not None:
                 return False
+        elif gap is None:
+            if self._cache is not None and now - last > FIRST_GAP_MAX:
+                return False
         else:
-            now, due = self._clock(), last + gap
+            due = last + gap
             if now + poll_interval < due or now > due + max(gap, poll_interval):
                 return False
-        self.render()
+        self.render(snap)
         return True
 
-    def render(self) -> bytes:
-        """Return the exposition of the latest snapshot (b"" before the first snapshot)."""
-        snap = self._get()
+    def render(self, snap: NodeSnapshot | None = None) -> bytes:
+        """Return the exposition of ``snap``, default the latest snapshot (b"" before the first snapshot)."""
+        snap = snap if snap is not None else self._get()
         if snap is None:
             return b""
         body = self._valid(snap, self.min_age)

@@ -81,8 +81,9 @@ class Poller:
     static facts when it changes, e.g. when a waited-for driver appears). ``deadline`` (seconds, default
     max(3 intervals, 5 s)) is how long a poll may run before the watchdog marks the data stale.
     ``notifier`` sends systemd notifications (default: from the environment, a no-op outside systemd).
-    ``on_publish`` is called in the poll thread after each successful poll is published (the daemon
-    renders the exposition ahead there, so scrapes only send bytes).
+    ``on_publish(snapshot)`` is called in the poll thread with the snapshot of each successful poll just
+    before it is published (the daemon renders the exposition ahead there, so a scrape never sees a new
+    snapshot whose text is still being made).
     """
 
     def __init__(
@@ -93,7 +94,7 @@ class Poller:
         extra_info: dict[str, str] | None = None,
         deadline: float | None = None,
         notifier: Notifier | None = None,
-        on_publish: Callable[[], None] | None = None,
+        on_publish: Callable[[NodeSnapshot], None] | None = None,
     ) -> None:
         self.source = source
         self.on_publish = on_publish
@@ -218,12 +219,14 @@ class Poller:
             except Exception:  # noqa: BLE001 - one analyzer's bug must not stop polling
                 log.exception("analyzer %s failed", name)
         self._last_poll = poll
-        self._publish(poll)
+        snap = self._snapshot(poll, True)
         if self.on_publish is not None:
             try:
-                self.on_publish()
+                self.on_publish(snap)
             except Exception:  # noqa: BLE001 - e.g. a render failure must not stop polling
-                log.exception("after-poll hook failed")
+                log.exception("before-publish hook failed")
+        with self._lock:
+            self.snapshot = snap
 
     def _finished(self, started: float) -> None:
         self.poll_started = None
@@ -237,9 +240,12 @@ class Poller:
             self._publish_locked(poll, source_up)
 
     def _publish_locked(self, poll: PollResult | None, source_up: bool) -> None:
+        self.snapshot = self._snapshot(poll, source_up)
+
+    def _snapshot(self, poll: PollResult | None, source_up: bool) -> NodeSnapshot:
         assert self._static is not None
         seq = self.snapshot.seq + 1 if self.snapshot else 0
-        self.snapshot = NodeSnapshot(
+        return NodeSnapshot(
             seq=seq,
             source=self.source.kind,
             static=self._static,

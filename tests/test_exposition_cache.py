@@ -22,18 +22,13 @@ def test_scraped_every_poll_each_poll_is_rendered_in_the_poll_thread() -> None:
     now = [0.0]
     p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
     exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
-    p.on_publish = lambda: exp.prerender(1.0)
+    p.on_publish = lambda snap: exp.prerender(1.0, snap)
     p.start(thread=False)
     first = exp.cached()  # a scrape at 0 s
     assert first is not None and _polls_in(first) == 1  # rendered by the hook, before any scrape
-    now[0] = 0.9
-    p.poll_once()
-    now[0] = 1.0
-    assert exp.cached() is None  # the second scrape renders for itself...
-    exp.render()
-    for polls in (3, 4, 5):
+    for polls in (2, 3, 4, 5):
         now[0] += 0.9
-        p.poll_once()  # ... from then on the scrape period is known: each poll renders ahead of the next scrape
+        p.poll_once()  # each poll renders ahead of the next scrape (before the period is known, too)
         now[0] += 0.1
         body = exp.cached()
         assert body is not None and _polls_in(body) == polls
@@ -44,7 +39,7 @@ def test_fast_polls_are_rendered_at_most_once_per_min_age() -> None:
     now = [0.0]
     p = Poller(ReplaySource(H100, timing="recorded"), 0.1)
     exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
-    p.on_publish = lambda: exp.prerender(0.1)
+    p.on_publish = lambda snap: exp.prerender(0.1, snap)
     p.start(thread=False)  # t = 0: the first render
     seen = []
     for k in range(1, 11):  # polls every 0.1 s, a scrape 0.05 s after each
@@ -89,10 +84,9 @@ def test_with_periodic_scrapes_only_the_poll_before_a_scrape_renders_ahead() -> 
     for t in range(1, 15):
         now[0] = float(t)
         p.poll_once()
-        assert not exp.prerender(1.0)  # one scrape does not tell when the next comes
+        assert exp.prerender(1.0)  # one scrape does not tell when the next comes: every poll renders
     now[0] = 15.0  # Prometheus scrapes every 15 s
-    assert exp.cached() is None  # the period is not known yet: this scrape renders too
-    exp.render()
+    assert exp.cached() is not None
     rendered = []
     for t in range(16, 30):  # polls every second until the next scrape, due at 30 s
         now[0] = float(t)
@@ -109,6 +103,39 @@ def test_with_periodic_scrapes_only_the_poll_before_a_scrape_renders_ahead() -> 
     now[0] = 61.0  # scrapes stopped (Prometheus is down): no more rendering ahead
     p.poll_once()
     assert not exp.prerender(1.0)
+
+
+def test_a_daemon_nobody_scrapes_twice_stops_rendering_ahead() -> None:
+    now = [0.0]
+    p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
+    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    p.start(thread=False)
+    exp.render()
+    exp.cached()  # one scrape at 0 s, then none
+    now[0] = 100.0
+    p.poll_once()
+    assert exp.prerender(1.0)
+    now[0] = 121.0
+    p.poll_once()
+    assert not exp.prerender(1.0)
+
+
+def test_the_poll_thread_renders_a_snapshot_before_it_is_published() -> None:
+    p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
+    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions())
+    seen: list[bool] = []
+
+    def hook(snap) -> None:  # noqa: ANN001
+        seen.append(p.snapshot is None or p.snapshot.seq < snap.seq)  # not yet published
+        exp.prerender(1.0, snap)
+
+    p.on_publish = hook
+    p.start(thread=False)
+    assert exp.cached() is not None  # a first scrape
+    p.poll_once()
+    assert seen and all(seen)
+    body = exp.cached()  # published and already rendered
+    assert body is not None and _polls_in(body) == 2
 
 
 def test_a_scrape_during_a_render_gets_the_previous_text_at_once() -> None:

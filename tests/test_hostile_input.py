@@ -206,3 +206,12 @@ def test_damaged_gzip_gives_trace_error(pos: int, byte: int) -> None:
     raw = bytearray(COMPRESSED)
     raw[pos] ^= byte or 1
     _read(bytes(raw), suffix=".jsonl.gz")
+
+
+@pytest.mark.parametrize("text", ["1: x\n", "null: 3\n", "processes:\n  2: true\n", "gpus:\n  - {1: 2}\n"])
+def test_yaml_keys_that_are_not_text_are_a_config_error(tmp_path: Path, text: str) -> None:
+    # found by hypothesis: a non-text key reached pydantic-settings as a keyword argument (TypeError)
+    path = tmp_path / "c.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="every key must be text"):
+        load_config(path)
