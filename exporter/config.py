@@ -150,15 +150,24 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _check_keys(path: Path, data: Any) -> None:
-    """Raise ConfigError when a mapping in ``data`` has a key that is not text (YAML allows ``1:`` or ``null:``)."""
-    if isinstance(data, dict):
-        for key, value in data.items():
-            if not isinstance(key, str):
-                raise ConfigError(f"{path}: every key must be text, found {key!r}")
-            _check_keys(path, value)
-    elif isinstance(data, list):
-        for item in data:
-            _check_keys(path, item)
+    """Raise ConfigError when a mapping in ``data`` has a key that is not text (YAML allows ``1:`` or ``null:``).
+
+    Walks iteratively and visits each container once: YAML anchors can make ``data`` refer to itself.
+    """
+    seen: set[int] = set()
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, dict | list) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if not isinstance(key, str):
+                    raise ConfigError(f"{path}: every key must be text, found {key!r}")
+                stack.append(value)
+        else:
+            stack.extend(item)
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:

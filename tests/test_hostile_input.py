@@ -215,3 +215,11 @@ def test_yaml_keys_that_are_not_text_are_a_config_error(tmp_path: Path, text: st
     path.write_text(text)
     with pytest.raises(ConfigError, match="every key must be text"):
         load_config(path)
+
+
+def test_self_referencing_yaml_is_a_config_error(tmp_path: Path) -> None:
+    # found by hypothesis: a YAML alias inside its own anchor makes a structure that contains itself
+    path = tmp_path / "c.yml"
+    path.write_text("gpus: &a [*a]\n")
+    with pytest.raises(ConfigError):
+        load_config(path)
