@@ -6,15 +6,87 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Sequence
 
 import pytest
 from conftest import H100_SCENARIOS, trace
 
 from exporter.insight import analyzer as an
-from exporter.insight.analyzer import InsightAnalyzer, span_of, window_of
+from exporter.insight import states as st
+from exporter.insight.analyzer import InsightAnalyzer, _Interval
+from exporter.insight.attribution import JobRef
+from exporter.insight.diagnosis import GpuWindow
 from exporter.insight.scores import starved_ratio
 from exporter.model import PollResult
 from exporter.trace import read_trace
+
+
+def _mean(pairs: Iterable[tuple[float | None, float]]) -> float | None:
+    """Time-weighted mean of (value, seconds) pairs, skipping None values; None when none is known."""
+    num = den = 0.0
+    for v, w in pairs:
+        if v is not None and w > 0:
+            num += v * w
+            den += w
+    return num / den if den > 0 else None
+
+
+def span_of(intervals: Sequence[_Interval], seconds: float, same_holder: bool) -> list[_Interval]:
+    """The trailing intervals within ``seconds`` (and with the latest holder and PIDs if ``same_holder``),
+    recomputed from scratch: what the analyzer's running windows must hold."""
+    if not intervals:
+        return []
+    last = intervals[-1]
+    horizon = last.end - seconds
+    out: list[_Interval] = []
+    for iv in reversed(intervals):
+        if iv.end - iv.seconds < horizon - 1e-9:
+            break
+        if same_holder and (iv.holder != last.holder or iv.pids != last.pids):
+            break
+        out.append(iv)
+    out.reverse()
+    return out
+
+
+def window_of(index: int, uuid: str, ivs: list[_Interval], job: JobRef | None) -> GpuWindow:
+    """The GpuWindow of ``ivs`` recomputed from scratch: what the running sums must give (the analyzer's
+    original computation)."""
+    states = dict.fromkeys(st.STATES, 0.0)
+    for iv in ivs:
+        for k, v in iv.states.items():
+            states[k] += v
+    seconds = sum(states.values())
+    util_secs = sum(iv.util_seconds for iv in ivs)
+    last = ivs[-1] if ivs else None
+    throttled = [iv for iv in ivs if iv.throttle]
+    total = sum(iv.seconds for iv in ivs)
+    return GpuWindow(
+        index=index,
+        uuid=uuid,
+        seconds=seconds,
+        states=states,
+        held=last is not None and last.holder != "none",
+        util=states["busy"] / util_secs if util_secs > 0 else None,
+        sm=_mean((iv.sm, iv.seconds) for iv in ivs),
+        tensor=_mean((iv.tensor, iv.seconds) for iv in ivs),
+        pcie_rx=_mean((iv.pcie_rx, iv.seconds) for iv in ivs),
+        nvlink_rx=_mean((iv.nvlink_rx, iv.seconds) for iv in ivs),
+        job_cpu_cores=_mean((iv.job_cpu, iv.seconds) for iv in ivs),
+        max_process_cpu_cores=_mean((iv.max_proc_cpu, iv.seconds) for iv in ivs),
+        host_cpu_busy_ratio=_mean((iv.host_busy, iv.seconds) for iv in ivs),
+        memory_used_bytes=last.mem_used if last else None,
+        memory_total_bytes=last.mem_total if last else None,
+        sm_clock_ratio=_mean((iv.clock_ratio, iv.seconds) for iv in throttled),
+        throttle_fraction=sum(iv.seconds for iv in throttled) / total if total > 0 else 0.0,
+        severe_throttle_fraction=sum(iv.seconds for iv in ivs if iv.severe) / total if total > 0 else 0.0,
+        throttle_reasons=tuple(sorted(frozenset().union(*(iv.reasons for iv in throttled)))) if throttled else (),
+        power_watts=_mean((iv.power, iv.seconds) for iv in ivs),
+        power_limit_watts=last.power_limit if last else None,
+        job=job.job if job and last and last.holder == "job" else None,
+        job_kind=job.kind if job and last and last.holder == "job" else None,
+        processes=tuple(sorted(last.pids)) if last else (),
+    )
 
 
 def _polls(names: list[str]) -> tuple[object, list[PollResult]]:

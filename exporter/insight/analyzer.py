@@ -9,7 +9,6 @@ threads while the analyzer prepares the next one. Definitions are in docs/scores
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -134,7 +133,7 @@ REBUILD_EVERY = 1000
 
 
 class _Agg:
-    """Additive sums over a set of intervals: everything ``window_of`` needs, so adding an interval and removing
+    """Additive sums over a set of intervals: everything a GpuWindow needs, so adding an interval and removing
     one cost O(1) (reasons are counted, so their union survives removals)."""
 
     __slots__ = (
@@ -180,7 +179,8 @@ class _Agg:
             self.severe += sign * w
 
     def window(self, index: int, uuid: str, last: _Interval | None, job: JobRef | None) -> GpuWindow:
-        """The GpuWindow of the intervals summed here (``last``: the latest of them); equals ``window_of``."""
+        """The GpuWindow of the intervals summed here (``last``: the latest of them); equals the from-scratch
+        computation (tests/test_insight_running.py)."""
 
         def z(x: float) -> float:
             return x if abs(x) > _EPS else 0.0
@@ -269,78 +269,6 @@ class _GpuState:
     last_work: float | None = None
     last_pids: frozenset[int] = frozenset()
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.STATES, 0.0))
-
-    @property
-    def intervals(self) -> deque[_Interval]:
-        """Every interval of the last ``window_seconds`` (the node window's)."""
-        return self.node.intervals
-
-
-def _mean(pairs: Iterable[tuple[float | None, float]]) -> float | None:
-    """Time-weighted mean of (value, seconds) pairs, skipping None values; None when none is known."""
-    num = den = 0.0
-    for v, w in pairs:
-        if v is not None and w > 0:
-            num += v * w
-            den += w
-    return num / den if den > 0 else None
-
-
-def span_of(intervals: Sequence[_Interval], seconds: float, same_holder: bool) -> list[_Interval]:
-    """Reference: the trailing intervals within ``seconds`` (and with the latest holder and PIDs if
-    ``same_holder``), recomputed from scratch. The analyzer keeps the same windows running (``_Running``)."""
-    if not intervals:
-        return []
-    last = intervals[-1]
-    horizon = last.end - seconds
-    out: list[_Interval] = []
-    for iv in reversed(intervals):
-        if iv.end - iv.seconds < horizon - 1e-9:
-            break
-        if same_holder and (iv.holder != last.holder or iv.pids != last.pids):
-            break
-        out.append(iv)
-    out.reverse()
-    return out
-
-
-def window_of(index: int, uuid: str, ivs: list[_Interval], job: JobRef | None) -> GpuWindow:
-    """Reference: the GpuWindow of ``ivs`` recomputed from scratch (what ``_Agg.window`` keeps running)."""
-    states = dict.fromkeys(st.STATES, 0.0)
-    for iv in ivs:
-        for k, v in iv.states.items():
-            states[k] += v
-    seconds = sum(states.values())
-    util_secs = sum(iv.util_seconds for iv in ivs)
-    last = ivs[-1] if ivs else None
-    throttled = [iv for iv in ivs if iv.throttle]
-    total = sum(iv.seconds for iv in ivs)
-    return GpuWindow(
-        index=index,
-        uuid=uuid,
-        seconds=seconds,
-        states=states,
-        held=last is not None and last.holder != "none",
-        util=states["busy"] / util_secs if util_secs > 0 else None,
-        sm=_mean((iv.sm, iv.seconds) for iv in ivs),
-        tensor=_mean((iv.tensor, iv.seconds) for iv in ivs),
-        pcie_rx=_mean((iv.pcie_rx, iv.seconds) for iv in ivs),
-        nvlink_rx=_mean((iv.nvlink_rx, iv.seconds) for iv in ivs),
-        job_cpu_cores=_mean((iv.job_cpu, iv.seconds) for iv in ivs),
-        max_process_cpu_cores=_mean((iv.max_proc_cpu, iv.seconds) for iv in ivs),
-        host_cpu_busy_ratio=_mean((iv.host_busy, iv.seconds) for iv in ivs),
-        memory_used_bytes=last.mem_used if last else None,
-        memory_total_bytes=last.mem_total if last else None,
-        sm_clock_ratio=_mean((iv.clock_ratio, iv.seconds) for iv in throttled),
-        throttle_fraction=sum(iv.seconds for iv in throttled) / total if total > 0 else 0.0,
-        severe_throttle_fraction=sum(iv.seconds for iv in ivs if iv.severe) / total if total > 0 else 0.0,
-        throttle_reasons=tuple(sorted(frozenset().union(*(iv.reasons for iv in throttled)))) if throttled else (),
-        power_watts=_mean((iv.power, iv.seconds) for iv in ivs),
-        power_limit_watts=last.power_limit if last else None,
-        job=job.job if job and last and last.holder == "job" else None,
-        job_kind=job.kind if job and last and last.holder == "job" else None,
-        processes=tuple(sorted(last.pids)) if last else (),
-    )
 
 
 class InsightAnalyzer:
