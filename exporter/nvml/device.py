@@ -154,8 +154,7 @@ class GpuPoller:
         self._last_read: float | None = None
         self._gpm_interval = gpm_interval
         self._samples_min_gap = samples_min_gap
-        self._gpm_at: float | None = None
-        self._gpm_last: dict[str, float] = {}
+        self._gpm_last: dict[int | None, tuple[float, dict[str, float]]] = {}  # key -> (read at, values)
         self._gpm: GpmSampler | None = None
         if static.gpm_supported:
             try:
@@ -231,7 +230,7 @@ class GpuPoller:
         r["pcie_width"] = c("nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
         events: dict[str, float] = {}
         self._fields = self._read_fields(self._fields, r, events)
-        r["gpm"] = self._read_gpm(now)
+        r["gpm"] = self._read_gpm(now, self._gpm)
         if now >= self._next_slow:
             self._read_slow()
             self._next_slow = now + self._slow_interval
@@ -240,7 +239,7 @@ class GpuPoller:
         r["clock_event_seconds_total"] = events
         r["processes"] = self._processes()
         if self.static.mig_enabled:
-            r["mig"] = self._mig()
+            r["mig"] = self._mig(now)
         return construct_reading(r)
 
     def _samples(self) -> list[tuple[float, float]]:
@@ -265,15 +264,17 @@ class GpuPoller:
         self._last_sample_us = last
         return out
 
-    def _read_gpm(self, now: float) -> dict[str, float]:
-        """GPM metrics over the time since the last GPM read, read at most once per ``gpm_interval``."""
-        if self._gpm is None:
+    def _read_gpm(self, now: float, sampler: GpmSampler | None, key: int | None = None) -> dict[str, float]:
+        """GPM metrics of ``sampler`` (the GPU's, or MIG GPU instance ``key``'s) over the time since its last
+        read, read at most once per ``gpm_interval`` and carried in between."""
+        if sampler is None:
             return {}
-        if self._gpm_at is not None and now - self._gpm_at < self._gpm_interval * _CADENCE_SLACK:
-            return self._gpm_last
-        self._gpm_at = now
-        self._gpm_last = self._gpm.read()
-        return self._gpm_last
+        last = self._gpm_last.get(key)
+        if last is not None and now - last[0] < self._gpm_interval * _CADENCE_SLACK:
+            return last[1]
+        values = sampler.read()
+        self._gpm_last[key] = (now, values)
+        return values
 
     def _read_fields(self, fields: list[int], r: dict[str, Any], events: dict[str, float]) -> list[int]:
         """Read ``fields`` into ``r`` (clock event durations into ``events``); return the fields still supported."""
@@ -349,7 +350,7 @@ class GpuPoller:
             out.append(self._inspector.describe(pid, int(used) if used is not None else None))
         return out
 
-    def _mig(self) -> list[MigReading]:
+    def _mig(self, now: float) -> list[MigReading]:
         c, h = self._caller.call, self._handle
         count = c("nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
         out = []
@@ -374,7 +375,7 @@ class GpuPoller:
                 sampler = self._mig_gpm.get(gi)
                 if sampler is None:
                     sampler = self._mig_gpm[gi] = GpmSampler(h, self._caller, gpu_instance_id=gi)
-                gpm = sampler.read()
+                gpm = self._read_gpm(now, sampler, gi)
             out.append(
                 MigReading.model_construct(
                     uuid=decode(uuid),
