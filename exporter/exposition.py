@@ -138,7 +138,7 @@ class Exposition:
         if cached is None:
             return None
         seq, up, at, body = cached
-        if seq == snap.seq:
+        if seq >= snap.seq:  # greater: the poll thread rendered the next snapshot just before publishing it
             return body
         if up == snap.source_up and snap.interval_seconds < self.min_age and self._clock() - at < age_limit:
             return body

@@ -125,15 +125,21 @@ def test_the_poll_thread_renders_a_snapshot_before_it_is_published() -> None:
     exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions())
     seen: list[bool] = []
 
+    early: list[bytes | None] = []
+
     def hook(snap) -> None:  # noqa: ANN001
         seen.append(p.snapshot is None or p.snapshot.seq < snap.seq)  # not yet published
         exp.prerender(1.0, snap)
+        if p.snapshot is not None:
+            early.append(exp.cached())  # a scrape between the render and the publication
 
     p.on_publish = hook
     p.start(thread=False)
     assert exp.cached() is not None  # a first scrape
     p.poll_once()
     assert seen and all(seen)
+    # that scrape got the text just made (one poll newer than what is published), not a render of its own
+    assert early and early[-1] is not None and _polls_in(early[-1]) == 2
     body = exp.cached()  # published and already rendered
     assert body is not None and _polls_in(body) == 2
 
