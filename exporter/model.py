@@ -59,7 +59,8 @@ REMAPPED_ROWS = ("corrected", "uncorrected", "pending", "failure")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # a trace line holding NaN or an infinity (JSON accepts NaN and Infinity tokens) is refused, not replayed
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class GpuStatic(_Model):

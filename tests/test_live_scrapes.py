@@ -48,8 +48,9 @@ def test_live_scrape_has_every_family(path: Path) -> None:
 
 @pytest.mark.parametrize("path", SCRAPES, ids=[p.stem for p in SCRAPES])
 def test_live_scrape_passes_promtool(path: Path, promtool: str) -> None:
-    res = subprocess.run([promtool, "check", "metrics"], input=path.read_text(), capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [promtool, "check", "metrics"], input=path.read_text(), capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
 
 

@@ -108,3 +108,35 @@ def test_slow_polls_read_the_sample_buffer_every_poll(fake: FakeNvml, monkeypatc
         gpu.read(t0 + i * 5.0)
     assert fake.calls["nvmlDeviceGetSamples"] == 4
     source.close()
+
+
+def test_a_gpm_value_that_is_nan_or_infinite_is_absent_and_counted(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML computes GPM metrics as doubles: NaN or an infinity is left out of the reading (never exported, never
+    averaged by the insight windows) and counted as an error of that metric."""
+    import pynvml
+
+    from exporter.nvml.gpm import GPM_IDS
+
+    source, gpu, _ = _poller(fake, monkeypatch, gpm_interval=1.0)
+    real = fake.nvmlGpmMetricsGet
+    ids = {GPM_IDS["sm_activity"][0]: float("nan"), GPM_IDS["pcie_rx_bytes_per_second"][0]: float("inf")}
+
+    def poisoned(req):  # noqa: ANN001, ANN202
+        real(req)
+        for i in range(req.numMetrics):
+            if req.metrics[i].metricId in ids:
+                req.metrics[i].value = ids[req.metrics[i].metricId]
+        return req
+
+    monkeypatch.setattr(pynvml, "nvmlGpmMetricsGet", poisoned)
+    t0 = 1_800_000_000.0
+    readings = [gpu.read(t0 + i) for i in range(4)]
+    gpm = readings[-1].gpm
+    assert gpm and "sm_activity" not in gpm and "pcie_rx_bytes_per_second" not in gpm
+    assert "sm_occupancy" in gpm  # the other metrics of the same computation are kept
+    errors = source.errors()
+    assert errors[("nvmlGpmMetricsGet(sm_activity)", "not_finite")] == 3
+    assert errors[("nvmlGpmMetricsGet(pcie_rx_bytes_per_second)", "not_finite")] == 3
+    source.close()

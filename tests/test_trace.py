@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -111,4 +112,18 @@ def test_a_bad_last_host_record_is_a_trace_error_naming_its_line(tmp_path: Path,
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(TraceError, match=rf"line {n + 1}: .*{field}"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_a_trace_reading_that_is_nan_or_infinite_is_a_trace_error(tmp_path: Path, token: str) -> None:
+    """JSON parsers accept NaN and Infinity; a trace holding one is refused with the line named, never replayed
+    (it would be exported as a reading)."""
+    lines = gzip.decompress(trace("h100-idle").read_bytes()).decode().splitlines()
+    i = next(i for i, line in enumerate(lines) if '"power_usage_watts"' in line)
+    lines[i] = re.sub(r'"power_usage_watts": ?[0-9.eE+-]+', f'"power_usage_watts": {token}', lines[i], count=1)
+    assert token in lines[i]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=f"line {i + 1}"):
         read_trace(path)

@@ -8,6 +8,7 @@ threads while the analyzer prepares the next one. Definitions are in docs/scores
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -125,81 +126,107 @@ class _Interval:
 #: _Interval fields averaged over a window, weighted by the interval's seconds (None values skipped).
 _MEAN_FIELDS = ("sm", "tensor", "pcie_rx", "nvlink_rx", "job_cpu", "max_proc_cpu", "host_busy", "power")
 
-#: Sums below this are float residue of adding and removing the same intervals: read as 0.
-_EPS = 1e-9
+# Slots of a window's sums: seconds per state, then the other sums, then a (value x seconds, seconds) pair per
+# mean field.
+_STATE_SLOT = {name: i for i, name in enumerate(st.STATES)}
+_UTIL_SECONDS, _SECONDS, _THROTTLED, _SEVERE, _CLOCK_NUM, _CLOCK_DEN = range(len(st.STATES), len(st.STATES) + 6)
+_MEAN_SLOT = {name: _CLOCK_DEN + 1 + 2 * i for i, name in enumerate(_MEAN_FIELDS)}
+_SLOTS = _CLOCK_DEN + 1 + 2 * len(_MEAN_FIELDS)
 
-#: A running window is recomputed from its intervals after this many removals, so float drift stays bounded.
-REBUILD_EVERY = 1000
+#: Every finite double is an integer multiple of 2**-1074, so a sum held as an integer count of 2**-1074 is
+#: exact: adding an interval and later removing it restores the sum bit for bit (no drift, no rebuild, and a
+#: window holding only zeros reads exactly 0).
+_SHIFT = 1074
 
 
-class _Agg:
-    """Additive sums over a set of intervals: everything a GpuWindow needs, so adding an interval and removing
-    one cost O(1) (reasons are counted, so their union survives removals)."""
+def _exact(x: float) -> int:
+    """Return ``x`` (a finite float) as an integer count of 2**-1074, exactly."""
+    num, den = x.as_integer_ratio()  # den is a power of two, at most 2**1074
+    return num << (_SHIFT + 1 - den.bit_length())
 
-    __slots__ = (
-        "states",
-        "util_seconds",
-        "seconds",
-        "num",
-        "den",
-        "clock_num",
-        "clock_den",
-        "throttled",
-        "severe",
-        "reasons",
-    )
 
-    def __init__(self) -> None:
-        self.states = dict.fromkeys(st.STATES, 0.0)
-        self.util_seconds = self.seconds = self.clock_num = self.clock_den = self.throttled = self.severe = 0.0
-        self.num = dict.fromkeys(_MEAN_FIELDS, 0.0)
-        self.den = dict.fromkeys(_MEAN_FIELDS, 0.0)
-        self.reasons: Counter[str] = Counter()
+def _finite(x: float | None) -> float | None:
+    """Return ``x``, or None when it is NaN or infinite: such a reading is unknown, not a value to average."""
+    return x if x is None or math.isfinite(x) else None
 
-    def add(self, iv: _Interval, sign: float = 1.0) -> None:
-        """Add ``iv`` to the sums (``sign`` -1: remove it)."""
-        for k, v in iv.states.items():
-            self.states[k] += sign * v
-        self.util_seconds += sign * iv.util_seconds
-        w = iv.seconds
-        self.seconds += sign * w
+
+def _terms(iv: _Interval) -> list[tuple[int, int]]:
+    """Return the (slot, exact integer) terms ``iv`` adds to a window's sums, zeros left out.
+
+    Computed when the interval enters the windows (once for all three) and again when it leaves one: keeping
+    them would cost about 4 KiB an interval held.
+    """
+    out = [(_STATE_SLOT[k], _exact(v)) for k, v in iv.states.items() if v]
+    w = iv.seconds
+    if iv.util_seconds:
+        out.append((_UTIL_SECONDS, _exact(iv.util_seconds)))
+    if w:
+        ew = _exact(w)
+        out.append((_SECONDS, ew))
         if w > 0:
             for name in _MEAN_FIELDS:
                 v = getattr(iv, name)
                 if v is not None:
-                    self.num[name] += sign * v * w
-                    self.den[name] += sign * w
+                    slot = _MEAN_SLOT[name]
+                    out.append((slot, _exact(v * w)))
+                    out.append((slot + 1, ew))
+            if iv.throttle and iv.clock_ratio is not None:
+                out.append((_CLOCK_NUM, _exact(iv.clock_ratio * w)))
+                out.append((_CLOCK_DEN, ew))
         if iv.throttle:
-            self.throttled += sign * w
-            if iv.clock_ratio is not None and w > 0:
-                self.clock_num += sign * iv.clock_ratio * w
-                self.clock_den += sign * w
-            self.reasons.update(dict.fromkeys(iv.reasons, int(sign)))
+            out.append((_THROTTLED, ew))
         if iv.severe:
-            self.severe += sign * w
+            out.append((_SEVERE, ew))
+    return out
+
+
+class _Agg:
+    """Exact sums over a set of intervals: everything a GpuWindow needs, so adding an interval and removing one
+    cost O(1) (reasons are counted, so their union survives removals)."""
+
+    __slots__ = ("sums", "reasons")
+
+    def __init__(self) -> None:
+        self.sums = [0] * _SLOTS
+        self.reasons: Counter[str] = Counter()
+
+    def add(self, iv: _Interval, terms: list[tuple[int, int]]) -> None:
+        """Add ``iv``, whose terms are ``terms`` (``_terms(iv)``), to the sums."""
+        sums = self.sums
+        for slot, v in terms:
+            sums[slot] += v
+        if iv.throttle and iv.reasons:
+            self.reasons.update(iv.reasons)
+
+    def remove(self, iv: _Interval) -> None:
+        """Remove ``iv``, added before, from the sums."""
+        sums = self.sums
+        for slot, v in _terms(iv):
+            sums[slot] -= v
+        if iv.throttle and iv.reasons:
+            self.reasons.subtract(iv.reasons)
 
     def window(self, index: int, uuid: str, last: _Interval | None, job: JobRef | None) -> GpuWindow:
         """The GpuWindow of the intervals summed here (``last``: the latest of them); equals the from-scratch
-        computation (tests/test_insight_running.py)."""
-
-        def z(x: float) -> float:
-            return x if abs(x) > _EPS else 0.0
+        computation to float rounding (tests/test_insight_running.py)."""
+        sums = self.sums
 
         def mean(name: str) -> float | None:
-            den = self.den[name]
-            return self.num[name] / den if den > _EPS else None
+            slot = _MEAN_SLOT[name]
+            return sums[slot] / sums[slot + 1] if sums[slot + 1] > 0 else None
 
-        states = {k: z(v) for k, v in self.states.items()}
-        total = z(self.seconds)
-        util_secs = z(self.util_seconds)
+        one = 1 << _SHIFT
+        states = {k: sums[i] / one for k, i in _STATE_SLOT.items()}
+        total = sums[_SECONDS]
+        util_secs = sums[_UTIL_SECONDS]
         held_job = job is not None and last is not None and last.holder == "job"
         return GpuWindow(
             index=index,
             uuid=uuid,
-            seconds=sum(states.values()),
+            seconds=sum(sums[i] for i in _STATE_SLOT.values()) / one,
             states=states,
             held=last is not None and last.holder != "none",
-            util=states["busy"] / util_secs if util_secs > 0 else None,
+            util=sums[_STATE_SLOT["busy"]] / util_secs if util_secs > 0 else None,
             sm=mean("sm"),
             tensor=mean("tensor"),
             pcie_rx=mean("pcie_rx"),
@@ -209,9 +236,9 @@ class _Agg:
             host_cpu_busy_ratio=mean("host_busy"),
             memory_used_bytes=last.mem_used if last else None,
             memory_total_bytes=last.mem_total if last else None,
-            sm_clock_ratio=self.clock_num / self.clock_den if self.clock_den > _EPS else None,
-            throttle_fraction=z(self.throttled) / total if total > 0 else 0.0,
-            severe_throttle_fraction=z(self.severe) / total if total > 0 else 0.0,
+            sm_clock_ratio=sums[_CLOCK_NUM] / sums[_CLOCK_DEN] if sums[_CLOCK_DEN] > 0 else None,
+            throttle_fraction=sums[_THROTTLED] / total if total > 0 else 0.0,
+            severe_throttle_fraction=sums[_SEVERE] / total if total > 0 else 0.0,
             throttle_reasons=tuple(sorted(r for r, n in self.reasons.items() if n > 0)),
             power_watts=mean("power"),
             power_limit_watts=last.power_limit if last else None,
@@ -222,37 +249,30 @@ class _Agg:
 
 
 class _Running:
-    """The trailing ``seconds`` of a GPU's intervals with their running sums (``same_holder``: only the trailing
-    run with the latest interval's holder and PIDs). Each push costs O(1) amortised, whatever the window holds."""
+    """The trailing ``seconds`` of a GPU's intervals with their exact running sums (``same_holder``: only the
+    trailing run with the latest interval's holder and PIDs). A push costs the terms of the interval that enters
+    (computed once by the caller) and of those that leave, whatever the window holds."""
 
-    __slots__ = ("seconds", "same_holder", "intervals", "agg", "_removals")
+    __slots__ = ("seconds", "same_holder", "intervals", "agg")
 
     def __init__(self, seconds: float, same_holder: bool) -> None:
         self.seconds = seconds
         self.same_holder = same_holder
         self.intervals: deque[_Interval] = deque()
         self.agg = _Agg()
-        self._removals = 0
 
-    def push(self, iv: _Interval) -> None:
-        """Add the newest interval, then drop those that left the window (or the run, when ``same_holder``)."""
+    def push(self, iv: _Interval, terms: list[tuple[int, int]]) -> None:
+        """Add the newest interval (``terms``: ``_terms(iv)``), then drop those that left the window (or the run,
+        when ``same_holder``)."""
         ivs = self.intervals
         if self.same_holder and ivs and (ivs[-1].holder != iv.holder or ivs[-1].pids != iv.pids):
             ivs.clear()
             self.agg = _Agg()
         ivs.append(iv)
-        self.agg.add(iv)
+        self.agg.add(iv, terms)
         horizon = iv.end - self.seconds
-        while ivs and ivs[0].end - ivs[0].seconds < horizon - 1e-9:
-            self.agg.add(ivs.popleft(), -1.0)
-            self._removals += 1
-        if not ivs:
-            self.agg = _Agg()
-        elif self._removals >= REBUILD_EVERY:
-            self._removals = 0
-            self.agg = _Agg()
-            for x in ivs:
-                self.agg.add(x)
+        while ivs[0].end - ivs[0].seconds < horizon - 1e-9:
+            self.agg.remove(ivs.popleft())
 
     def window(self, index: int, uuid: str, job: JobRef | None) -> GpuWindow:
         """The GpuWindow of the intervals held now."""
@@ -407,7 +427,7 @@ class InsightAnalyzer:
         bits = g.clock_event_reasons or 0
         clock_max = s.clock_max_hertz.get("sm") if s is not None else None
         clock = g.clock_hertz.get("sm")
-        nv = g.gpm.get("nvlink_rx_bytes_per_second")
+        gpm = g.gpm
         iv = _Interval(
             end=g.timestamp,
             seconds=g.timestamp - start,
@@ -415,24 +435,25 @@ class InsightAnalyzer:
             util_seconds=sum(x.seconds for x in segs if x.util is not None),
             holder=holder,
             pids=pids,
-            sm=g.gpm.get("sm_activity"),
-            tensor=g.gpm.get("tensor_activity"),
-            pcie_rx=g.gpm.get("pcie_rx_bytes_per_second"),
-            nvlink_rx=nv,
+            sm=_finite(gpm.get("sm_activity")),
+            tensor=_finite(gpm.get("tensor_activity")),
+            pcie_rx=_finite(gpm.get("pcie_rx_bytes_per_second")),
+            nvlink_rx=_finite(gpm.get("nvlink_rx_bytes_per_second")),
             job_cpu=job_cpu,
             max_proc_cpu=max(known) if known else None,
             host_busy=host_busy,
-            clock_ratio=clock / clock_max if clock is not None and clock_max else None,
+            clock_ratio=_finite(clock / clock_max) if clock is not None and clock_max else None,
             throttle=bool(bits & (_POWER_BITS | _SEVERE_BITS)),
             severe=bool(bits & _SEVERE_BITS),
             reasons=frozenset(n for b, n in CLOCK_EVENT_REASONS.items() if bits & b and n != "gpu_idle"),
-            power=g.power_usage_watts,
+            power=_finite(g.power_usage_watts),
             power_limit=g.power_limit_watts,
             mem_used=g.memory_used_bytes,
             mem_total=g.memory_total_bytes or (s.memory_total_bytes if s is not None else None),
         )
+        terms = _terms(iv)
         for running in (state.node, state.job, state.diag):
-            running.push(iv)
+            running.push(iv, terms)
 
     @staticmethod
     def _activity(windows: list[GpuWindow]) -> tuple[list[float], str] | None:

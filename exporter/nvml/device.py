@@ -24,6 +24,7 @@ the cadence:
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -99,10 +100,12 @@ def construct_reading(values: dict[str, Any]) -> GpuReading:
 
 
 def field_value(fv: Any) -> float | int | None:
-    """Return the number held by one nvmlFieldValue_t according to its valueType, None if unknown."""
+    """Return the number held by one nvmlFieldValue_t according to its valueType, None if unknown (or a double
+    that is NaN or infinite)."""
     vt, v = fv.valueType, fv.value
     if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        return float(v.dVal)
+        d = float(v.dVal)
+        return d if math.isfinite(d) else None
     if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
         return int(v.uiVal)
     if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:

@@ -7,6 +7,7 @@ Sources: nvmlGpmSampleAlloc, nvmlGpmSampleGet / nvmlGpmMigSampleGet, nvmlGpmMetr
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pynvml
@@ -39,7 +40,8 @@ class GpmSampler:
 
     The nvmlGpmMetricsGet_t request is built once and reused: building it costs more than the call.
     Metrics whose per-metric return code is not success are left out of the result (and dropped
-    from later requests once they answer NOT_SUPPORTED).
+    from later requests once they answer NOT_SUPPORTED); so is a value that is NaN or infinite, counted
+    in the shared error counts as ("nvmlGpmMetricsGet(<key>)", "not_finite").
     """
 
     def __init__(self, handle: Any, caller: Caller, gpu_instance_id: int | None = None) -> None:
@@ -88,7 +90,11 @@ class GpmSampler:
         for i, key in enumerate(self._keys):
             metric = req.metrics[i]
             if metric.nvmlReturn == pynvml.NVML_SUCCESS:
-                out[key] = float(metric.value) * GPM_IDS[key][1]
+                value = float(metric.value)
+                if math.isfinite(value):
+                    out[key] = value * GPM_IDS[key][1]
+                else:
+                    self._caller.errors[(f"nvmlGpmMetricsGet({key})", "not_finite")] += 1
             elif metric.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED:
                 dropped.append(key)
         if dropped:
