@@ -40,7 +40,11 @@ def cmd_record(args: argparse.Namespace) -> int:
         return _die(str(exc), EXIT_USAGE)
     # a trace is for analysis and replay: GPM and the util.gpu sample buffer at every poll, whatever they cost
     source = NvmlSource(
-        slow_interval=args.slow_interval, gpm_interval=0.0, samples_min_gap=0.0, processes=not args.no_processes
+        slow_interval=args.slow_interval,
+        gpm_interval=0.0,
+        samples_min_gap=0.0,
+        host_min_gap=0.0,
+        processes=not args.no_processes,
     )
     try:
         n = record(source, Path(args.out), args.duration, args.interval, meta)
@@ -173,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="exporter-toolkit web config: TLS and basic auth",
     )
     s.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (default 1)")
-    s.add_argument("--slow-interval", type=float, metavar="S", help="seconds between energy/ECC reads (default 10)")
+    s.add_argument("--slow-interval", type=float, metavar="S", help="seconds between energy/ECC reads (default 30)")
     s.add_argument("--gpm-interval", type=float, metavar="S", help="seconds GPM metrics average over (default 5)")
     s.add_argument("--gpus", metavar="I,J", help="NVML indices to watch (default all)")
     s.add_argument("--no-processes", action="store_true", help="do not read GPU processes")
@@ -209,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--duration", type=float, required=True, help="seconds to record")
     r.add_argument("--out", required=True, help="trace file to write (.jsonl, or .jsonl.gz)")
     r.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
-    r.add_argument("--slow-interval", type=float, default=10.0, help="seconds between energy/ECC reads (default 10)")
+    r.add_argument("--slow-interval", type=float, default=10.0, help="seconds between energy/ECC reads (default 30)")
     r.add_argument("--no-processes", action="store_true", help="do not record GPU processes")
     r.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata for the header")
     r.set_defaults(func=cmd_record)

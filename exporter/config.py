@@ -67,7 +67,9 @@ class Config(BaseSettings):
     listen_address: str = Field(default=f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT to serve on")
     web_config_file: Path | None = Field(default=None, description="exporter-toolkit web config (TLS, basic auth)")
     poll_interval_seconds: float = Field(default=1.0, ge=0.05, le=300)
-    slow_interval_seconds: float = Field(default=10.0, ge=1, le=3600, description="energy, ECC and row remap reads")
+    slow_interval_seconds: float = Field(
+        default=30.0, ge=1, le=3600, description="energy, ECC, row remap, PCIe width and replay reads"
+    )
     gpm_interval_seconds: float = Field(
         default=5.0, ge=0.1, le=300, description="GPM metrics are averages over this many seconds (at least a poll)"
     )

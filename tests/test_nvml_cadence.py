@@ -6,6 +6,8 @@ Driven through the fake pynvml (tests/fake_nvml.py) fed by the real 2xH200 recor
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from conftest import trace
 from fake_nvml import FakeNvml
@@ -139,4 +141,40 @@ def test_a_gpm_value_that_is_nan_or_infinite_is_absent_and_counted(
     errors = source.errors()
     assert errors[("nvmlGpmMetricsGet(sm_activity)", "not_finite")] == 3
     assert errors[("nvmlGpmMetricsGet(pcie_rx_bytes_per_second)", "not_finite")] == 3
+    source.close()
+
+
+def test_the_pcie_link_width_is_read_at_the_slow_cadence_and_carried(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvmlDeviceGetCurrPcieLinkWidth costs ~26 µs against ~1 µs for the generation: read with the slow readings."""
+    source, gpu, _ = _poller(fake, monkeypatch, slow_interval=10.0)
+    t0 = 1_800_000_000.0
+    readings = [gpu.read(t0 + i) for i in range(25)]  # 25 s at a 1 s poll: slow reads at 0, 10, 20 s
+    assert fake.calls["nvmlDeviceGetCurrPcieLinkWidth"] == 3
+    assert fake.calls["nvmlDeviceGetCurrPcieLinkGeneration"] == 25
+    assert all(r.pcie_width is not None and r.pcie_width == readings[0].pcie_width for r in readings)
+    source.close()
+
+
+def test_the_host_cpu_times_are_read_once_per_host_gap(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """psutil.cpu_times (/proc/stat) at most every host_min_gap seconds; the polls in between carry no host."""
+    import types
+
+    import exporter.nvml.source as source_module
+
+    clock = [1_800_000_000.0]
+    fake_time = types.SimpleNamespace(time=lambda: clock[0], perf_counter=time.perf_counter, monotonic=time.monotonic)
+    monkeypatch.setattr(source_module, "time", fake_time)
+    source = NvmlSource(xid_events=False, processes=False, host_min_gap=5.0)
+    source.open()
+    hosts = []
+    for _ in range(12):  # 12 polls, 1 s apart: host read at 0, 5 and 10 s
+        hosts.append(source.poll().host)
+        clock[0] += 1.0
+    assert [h is not None for h in hosts] == [i % 5 == 0 for i in range(12)]
+    every = NvmlSource(xid_events=False, processes=False, host_min_gap=0.0)  # what `gpuwarden record` uses
+    every.open()
+    assert all(every.poll().host is not None for _ in range(3))
+    every.close()
     source.close()

@@ -308,19 +308,24 @@ class InsightAnalyzer:
         self._gpus: dict[str, _GpuState] = {}
         self._proc_cpu: dict[int, tuple[float | None, float, float]] = {}
         self._host: HostReading | None = None
+        self._busy: float | None = None
         self._jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
 
     # -- per-poll inputs -------------------------------------------------------------------------------
 
     def _host_busy(self, host: HostReading | None) -> float | None:
+        """The host's busy CPU share between its last two readings. A poll without a host reading (the live
+        source reads /proc/stat at most every 5 s, exporter.nvml.source.HOST_MIN_GAP) carries the last share."""
+        if host is None:
+            return self._busy
         prev, self._host = self._host, host
-        if host is None or prev is None:
-            return None
-        total = sum(host.cpu_seconds_total.values()) - sum(prev.cpu_seconds_total.values())
-        idle = sum(host.cpu_seconds_total.get(m, 0.0) - prev.cpu_seconds_total.get(m, 0.0) for m in _IDLE_CPU_MODES)
-        if total <= 0:
-            return None
-        return min(1.0, max(0.0, (total - idle) / total))
+        self._busy = None
+        if prev is not None:
+            total = sum(host.cpu_seconds_total.values()) - sum(prev.cpu_seconds_total.values())
+            idle = sum(host.cpu_seconds_total.get(m, 0.0) - prev.cpu_seconds_total.get(m, 0.0) for m in _IDLE_CPU_MODES)
+            if total > 0:
+                self._busy = min(1.0, max(0.0, (total - idle) / total))
+        return self._busy
 
     def _process_rates(self, gpus: list[GpuReading]) -> dict[int, float]:
         """CPU cores used by each GPU process since the previous poll (first sight: see FIRST_SIGHT_MAX_AGE)."""

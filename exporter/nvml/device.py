@@ -4,7 +4,7 @@ Costs measured on an H100 (shared/reference/h100-nvml-facts.md, docs/bench/h100-
 the cadence:
 
 - every poll (a few µs each): utilization, memory, temperature, power, clocks, clock event reasons,
-  P-state, PCIe link, processes, and the cheap field values (FAST_FIELDS: memory temperature and the
+  P-state, PCIe link generation, processes, and the cheap field values (FAST_FIELDS: memory temperature and the
   software clock-event duration counters, ~3 µs);
 - once per ``gpm_interval`` (config ``gpm_interval_seconds``, default 5 s; never more often than polls): GPM
   metrics (nvmlGpmMetricsGet, ~1.3 ms of CPU per call on an H100 whether it computes 1 or 13 metrics), each the
@@ -15,9 +15,10 @@ the cadence:
   nvmlDeviceGetUtilizationRates, read every poll, is enough: at 0.1 s it resolves the sample period (1/6 s
   on an H100) by itself, and at 1 s the insight verdicts and starved ratios of every recorded scenario are
   the same without the buffer (within 0.01; tests/test_insight_without_samples.py);
-- every ``slow_interval`` seconds (default 10), carried between reads: the energy counter (~3 ms), ECC
-  totals, remapped rows, and the expensive field values (SLOW_FIELDS: PCIe replays ~150 µs, hardware
-  thermal / power-brake slowdown durations ~570 µs each);
+- every ``slow_interval`` seconds (default SLOW_INTERVAL, 30 s), carried between reads: the energy counter
+  (~3-5 ms), ECC totals, remapped rows, the PCIe link width (~26 µs, a hundred times the other link reads), and
+  the expensive field values (SLOW_FIELDS: PCIe replays ~150 µs, hardware thermal / power-brake slowdown
+  durations ~570 µs each);
 - once (exporter.nvml.static): max clocks, thresholds; never: nvmlDeviceGetPcieThroughput (a 20 ms block),
   PCIe rates come from GPM.
 """
@@ -61,11 +62,17 @@ _ALL_FIELDS = {**FAST_FIELDS, **SLOW_FIELDS}
 #: The util.gpu sample buffer is read only when polls are at least this many seconds apart (see module doc).
 SAMPLES_MIN_GAP = 2.0
 
+#: Seconds between reads of the slow readings by default (energy ~3-5 ms of CPU a read on an H100; ECC, remapped
+#: rows, PCIe link width and replays, hardware slowdown durations). These are counters and states that alerts read
+#: over minutes (dcgm-exporter reads everything every 30 s by default); the energy counter is cumulative in NVML,
+#: so reading it less often loses no energy, only time resolution (power draw itself is read every poll).
+SLOW_INTERVAL = 30.0
+
 #: GPM metrics are computed at most once per this many seconds by default (nvmlGpmMetricsGet ~1.3 ms).
 GPM_INTERVAL = 5.0
 
 #: Slack on the GPM cadence, so a 1 s poll that wakes a few ms early still reads GPM every poll.
-_CADENCE_SLACK = 0.9
+CADENCE_SLACK = 0.9
 
 _ECC = {
     "corrected_volatile": (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
@@ -230,7 +237,6 @@ class GpuPoller:
         )
         r["performance_state"] = c("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState, h)
         r["pcie_generation"] = c("nvmlDeviceGetCurrPcieLinkGeneration", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
-        r["pcie_width"] = c("nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
         events: dict[str, float] = {}
         self._fields = self._read_fields(self._fields, r, events)
         r["gpm"] = self._read_gpm(now, self._gpm)
@@ -273,7 +279,7 @@ class GpuPoller:
         if sampler is None:
             return {}
         last = self._gpm_last.get(key)
-        if last is not None and now - last[0] < self._gpm_interval * _CADENCE_SLACK:
+        if last is not None and now - last[0] < self._gpm_interval * CADENCE_SLACK:
             return last[1]
         values = sampler.read()
         self._gpm_last[key] = (now, values)
@@ -311,6 +317,9 @@ class GpuPoller:
         self._slow_fields = self._read_fields(self._slow_fields, slow, events)
         if events:
             slow["clock_event_seconds_total"] = events
+        width = c("nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)  # ~26 µs
+        if width is not None:
+            slow["pcie_width"] = width
         energy = c("nvmlDeviceGetTotalEnergyConsumption", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
         if energy is not None:
             slow["energy_joules_total"] = energy / 1000.0

@@ -24,7 +24,7 @@ import pynvml
 
 from exporter.model import GpuReading, GpuStatic, NodeStatic, PollResult
 from exporter.nvml.calls import Caller, decode, error_name
-from exporter.nvml.device import GPM_INTERVAL, SAMPLES_MIN_GAP, GpuPoller
+from exporter.nvml.device import CADENCE_SLACK, GPM_INTERVAL, SAMPLES_MIN_GAP, SLOW_INTERVAL, GpuPoller
 from exporter.nvml.events import XidWatcher
 from exporter.nvml.static import read_gpu_static, read_node_static
 from exporter.procinfo import ProcessInspector, read_host
@@ -75,6 +75,12 @@ def _empty(g: GpuReading) -> bool:
     )
 
 
+#: The host's CPU times are read at most once per this many seconds (0.17 ms of CPU a read in a live daemon on
+#: the H100 machine, more on larger hosts: the kernel builds all of /proc/stat). They only feed the insight
+#: analyzer's host-CPU evidence, a mean over a 60 s or longer window.
+HOST_MIN_GAP = 5.0
+
+
 class NvmlSource:
     """Reads every GPU of this node through NVML, and re-opens NVML when the driver goes away.
 
@@ -84,7 +90,9 @@ class NvmlSource:
     NVML is down, every GPU has ``up=False`` and ``error`` says why). ``up`` is False while NVML is down;
     ``static`` is the node's static facts, which change once when a waited-for driver appears.
     ``close()`` stops the watcher and calls nvmlShutdown. ``slow_interval``, ``gpm_interval`` and
-    ``samples_min_gap`` set each GPU's read cadence (exporter.nvml.device.GpuPoller).
+    ``samples_min_gap`` set each GPU's read cadence (exporter.nvml.device.GpuPoller). The host's CPU times
+    (psutil.cpu_times, /proc/stat) are read at most once per ``host_min_gap`` seconds (default HOST_MIN_GAP):
+    ``PollResult.host`` is None in between (the insight analyzer carries the host's busy ratio over the gap).
     """
 
     kind = "nvml"
@@ -92,9 +100,10 @@ class NvmlSource:
     def __init__(
         self,
         *,
-        slow_interval: float = 10.0,
+        slow_interval: float = SLOW_INTERVAL,
         gpm_interval: float = GPM_INTERVAL,
         samples_min_gap: float = SAMPLES_MIN_GAP,
+        host_min_gap: float = HOST_MIN_GAP,
         processes: bool = True,
         xid_events: bool = True,
         gpu_indices: list[int] | None = None,
@@ -103,6 +112,8 @@ class NvmlSource:
         self._slow_interval = slow_interval
         self._gpm_interval = gpm_interval
         self._samples_min_gap = samples_min_gap
+        self._host_min_gap = host_min_gap
+        self._host_at = -float("inf")
         self._processes = processes
         self._xid_events = xid_events
         self._gpu_indices = gpu_indices
@@ -239,8 +250,11 @@ class NvmlSource:
         return self._result(now, start, gpus)
 
     def _result(self, now: float, start: float, gpus: list[GpuReading]) -> PollResult:
+        host = None
+        if now - self._host_at >= self._host_min_gap * CADENCE_SLACK:
+            host, self._host_at = read_host(), now
         return PollResult.model_construct(
-            timestamp=now, duration_seconds=time.perf_counter() - start, gpus=gpus, host=read_host()
+            timestamp=now, duration_seconds=time.perf_counter() - start, gpus=gpus, host=host
         )
 
     def _gone_errors(self) -> dict[tuple[str, str], int]:
