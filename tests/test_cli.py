@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 import httpx
@@ -159,6 +160,9 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
         time.sleep(1.5)
         r = httpx.get(f"{base}/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        # the Date header (written by server.DateHeaderMiddleware, not by uvicorn's once-a-second loop) is current
+        assert abs(parsedate_to_datetime(r.headers["date"]).timestamp() - time.time()) < 5
+        assert "date" in httpx.get(f"{base}/no-such-page").headers
         names = {f.name for f in text_string_to_metric_families(r.text)}
         assert {"gpu_utilization_ratio", "gpu_sm_activity_ratio", "gpuwarden_build_info"} <= names
         ready = httpx.get(f"{base}/readyz")
@@ -182,9 +186,11 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
         ]
         assert later[0] > polls[0]
     finally:
+        stopping = time.monotonic()
         proc.terminate()
         proc.wait(timeout=10)
     assert proc.returncode == 0
+    assert time.monotonic() - stopping < 3  # the sleeping housekeeping loop is woken by the signal
 
 
 def test_shipped_example_config_is_valid() -> None:
@@ -215,7 +221,8 @@ def test_served_with_basic_auth_from_the_web_config_flag(tmp_path: Path) -> None
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, base)
-        assert httpx.get(f"{base}/metrics").status_code == 401
+        denied = httpx.get(f"{base}/metrics")
+        assert denied.status_code == 401 and "date" in denied.headers
         assert httpx.get(f"{base}/metrics", auth=("prometheus", "wrong")).status_code == 401
         assert httpx.get(f"{base}/metrics", auth=("prometheus", "s3cret")).status_code == 200
     finally:
