@@ -3,14 +3,22 @@ and in the poll thread (Poller.on_publish) so that scrapes find the text ready."
 
 from __future__ import annotations
 
+import pytest
 from conftest import trace
+from prometheus_client import generate_latest
 
 from exporter.collectors import CollectOptions
+from exporter.config import Config
+from exporter.daemon import build_analyzers
 from exporter.exposition import Exposition, select_collectors
 from exporter.poller import Poller
 from exporter.replay import ReplaySource
 
 H100 = trace("h100-compute_bound")
+
+
+def _without_durations(body: bytes) -> list[bytes]:
+    return [x for x in body.splitlines() if not x.startswith(b"gpuwarden_scrape_collector_duration_seconds{")]
 
 
 def _polls_in(text: bytes) -> float:
@@ -154,3 +162,40 @@ def test_a_scrape_during_a_render_gets_the_previous_text_at_once() -> None:
         assert exp.cached() is first
     assert exp.cached() is None  # no render under way: the new snapshot must be rendered
     assert _polls_in(exp.render()) == 2
+
+
+@pytest.mark.parametrize("name", ["h200x2-ddp_straggler", "h100-compute_bound", "derived-8gpu"])
+def test_reused_family_texts_equal_a_full_generate_latest_at_every_poll(name: str) -> None:
+    """The exposition renders only the families that changed (FamilyTexts) and reuses the others' text; at every
+    poll of real recordings it is byte for byte what prometheus_client's generate_latest gives over all families
+    (but for the collector durations, which differ between two renders), and most families are reused."""
+    p = Poller(ReplaySource(trace(name), timing="recorded"), 1.0, analyzers=build_analyzers(Config()))
+    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions())
+    p.start(thread=False)
+    rendered = families = 0
+    for _ in range(40):
+        p.poll_once()
+        ours = exp.render()
+        families += ours.count(b"# TYPE ")
+        rendered += exp._texts.rendered
+        assert _without_durations(ours) == _without_durations(generate_latest(exp.registry))
+    assert rendered < families / 2
+
+
+def test_a_family_that_changes_back_and_forth_is_rendered_each_time() -> None:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from exporter.exposition import FamilyTexts
+
+    texts = FamilyTexts()
+
+    def fam(v: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily("x_ratio", "X.", labels=["gpu"])
+        g.add_metric(["0"], v)
+        return g
+
+    assert texts.render([fam(0.5)]) == b'# HELP x_ratio X.\n# TYPE x_ratio gauge\nx_ratio{gpu="0"} 0.5\n'
+    assert texts.render([fam(0.5)]).endswith(b" 0.5\n") and texts.rendered == 0
+    assert texts.render([fam(0.25)]).endswith(b" 0.25\n") and texts.rendered == 1
+    assert texts.render([fam(0.5)]).endswith(b" 0.5\n") and texts.rendered == 1
+    assert texts.render([]) == b""
