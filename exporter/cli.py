@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (default 1)")
     s.add_argument("--slow-interval", type=float, metavar="S", help="seconds between energy/ECC reads (default 30)")
-    s.add_argument("--gpm-interval", type=float, metavar="S", help="seconds GPM metrics average over (default 5)")
+    s.add_argument("--gpm-interval", type=float, metavar="S", help="seconds GPM metrics average over (default 10)")
     s.add_argument("--gpus", metavar="I,J", help="NVML indices to watch (default all)")
     s.add_argument("--no-processes", action="store_true", help="do not read GPU processes")
     s.add_argument("--replay", metavar="FILE", help="serve a recorded trace (looping) instead of live NVML")

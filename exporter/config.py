@@ -71,7 +71,7 @@ class Config(BaseSettings):
         default=30.0, ge=1, le=3600, description="energy, ECC, row remap, PCIe width and replay reads"
     )
     gpm_interval_seconds: float = Field(
-        default=5.0, ge=0.1, le=300, description="GPM metrics are averages over this many seconds (at least a poll)"
+        default=10.0, ge=0.1, le=300, description="GPM metrics are averages over this many seconds (at least a poll)"
     )
     stale_after_seconds: float | None = Field(
         default=None, gt=0, description="readiness fails when the last poll is older (default 3 polls, at least 5 s)"

@@ -1,6 +1,6 @@
 """GPM activity (Hopper and newer): SM activity and occupancy, tensor, DRAM, FP pipes, NVLink.
 
-Averages over the last GPM interval (``gpm_interval_seconds``, default 5 s) from nvmlGpmMetricsGet; names
+Averages over the last GPM interval (``gpm_interval_seconds``, default 10 s) from nvmlGpmMetricsGet; names
 follow DCGM's profiling fields (SM activity = DCGM_FI_PROF_SM_ACTIVE, SM occupancy = DCGM_FI_PROF_SM_OCCUPANCY,
 ...). Absent on GPUs without GPM; NVLink series only on GPUs that have NVLink links.
 """

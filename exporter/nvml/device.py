@@ -6,7 +6,7 @@ the cadence:
 - every poll (a few µs each): utilization, memory, temperature, power, clocks, clock event reasons,
   P-state, PCIe link generation, processes, and the cheap field values (FAST_FIELDS: memory temperature and the
   software clock-event duration counters, ~3 µs);
-- once per ``gpm_interval`` (config ``gpm_interval_seconds``, default 5 s; never more often than polls): GPM
+- once per ``gpm_interval`` (config ``gpm_interval_seconds``, default 10 s; never more often than polls): GPM
   metrics (nvmlGpmMetricsGet, ~1.3 ms of CPU per call on an H100 whether it computes 1 or 13 metrics), each the
   average since the previous computation, carried between them. The insight verdicts of every recorded
   scenario are the same with GPM held for 10 s as for 1 s (they use 60-300 s windows);
@@ -69,7 +69,7 @@ SAMPLES_MIN_GAP = 2.0
 SLOW_INTERVAL = 30.0
 
 #: GPM metrics are computed at most once per this many seconds by default (nvmlGpmMetricsGet ~1.3 ms).
-GPM_INTERVAL = 5.0
+GPM_INTERVAL = 10.0
 
 #: Slack on the GPM cadence, so a 1 s poll that wakes a few ms early still reads GPM every poll.
 CADENCE_SLACK = 0.9
