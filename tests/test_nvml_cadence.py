@@ -96,10 +96,10 @@ def test_gpm_is_computed_once_per_default_interval_at_one_second_polls(
 ) -> None:
     source, gpu, _ = _poller(fake, monkeypatch)
     t0 = 1_800_000_000.0
-    readings = [gpu.read(t0 + i * 1.0) for i in range(11)]
-    assert fake.calls["nvmlGpmSampleGet"] == 3  # at 0, 5 and 10 s (default gpm_interval 5 s)
+    readings = [gpu.read(t0 + i * 1.0) for i in range(21)]
+    assert fake.calls["nvmlGpmSampleGet"] == 3  # at 0, 10 and 20 s (default gpm_interval 10 s)
     assert fake.calls["nvmlGpmMetricsGet"] == 2
-    assert readings[5].gpm and all(r.gpm is readings[5].gpm for r in readings[5:10])
+    assert readings[10].gpm and all(r.gpm is readings[10].gpm for r in readings[10:20])
     source.close()
 
 
