@@ -71,8 +71,9 @@ SLOW_INTERVAL = 30.0
 #: GPM metrics are computed at most once per this many seconds by default (nvmlGpmMetricsGet ~1.3 ms).
 GPM_INTERVAL = 10.0
 
-#: Slack on the GPM cadence, so a 1 s poll that wakes a few ms early still reads GPM every poll.
-CADENCE_SLACK = 0.9
+#: Seconds of slack on the GPM and host cadences, so a poll that comes a few ms early still reads on time (a multiple
+#: of the interval would not do: 0.9 x 10 s read GPM every 9 polls of 1 s).
+CADENCE_SLACK = 0.05
 
 _ECC = {
     "corrected_volatile": (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
@@ -279,7 +280,7 @@ class GpuPoller:
         if sampler is None:
             return {}
         last = self._gpm_last.get(key)
-        if last is not None and now - last[0] < self._gpm_interval * CADENCE_SLACK:
+        if last is not None and now - last[0] < self._gpm_interval - CADENCE_SLACK:
             return last[1]
         values = sampler.read()
         self._gpm_last[key] = (now, values)

@@ -251,7 +251,7 @@ class NvmlSource:
 
     def _result(self, now: float, start: float, gpus: list[GpuReading]) -> PollResult:
         host = None
-        if now - self._host_at >= self._host_min_gap * CADENCE_SLACK:
+        if now - self._host_at >= self._host_min_gap - CADENCE_SLACK:
             host, self._host_at = read_host(), now
         return PollResult.model_construct(
             timestamp=now, duration_seconds=time.perf_counter() - start, gpus=gpus, host=host
