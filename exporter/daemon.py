@@ -58,7 +58,8 @@ def build_analyzers(cfg: Config) -> dict[str, Analyzer]:
         from exporter.insight.analyzer import InsightAnalyzer
     except ImportError:  # the insight package is optional at this stage
         return {}
-    return {"insight": InsightAnalyzer(window_seconds=cfg.insight.window_seconds)}
+    # prepare: the result of a poll is computed when a scrape or an API call first reads it (DeferredInsight)
+    return {"insight": InsightAnalyzer(window_seconds=cfg.insight.window_seconds).prepare}
 
 
 def bind(cfg: Config) -> socket.socket:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from exporter.insight.analyzer import InsightAnalyzer, InsightResult, JobInsight, ProcessJob
+from exporter.insight.analyzer import InsightAnalyzer, InsightResult, JobInsight, ProcessJob, insight_result
 from exporter.insight.diagnosis import Diagnosis
 from exporter.model import NodeStatic, PollResult
 from exporter.poller import NodeSnapshot
@@ -86,8 +86,8 @@ def diagnosis_document(snapshot: NodeSnapshot) -> DiagnosisDocument:
     """
     node = snapshot.static
     base: dict[str, Any] = {"hostname": node.hostname, "source": snapshot.source}
-    res = snapshot.analyses.get("insight")
-    if not isinstance(res, InsightResult):
+    res = insight_result(snapshot.analyses.get("insight"))
+    if res is None:
         return DiagnosisDocument(**base, available=False, reason="the insight analyzer has not run")
     if snapshot.poll is None:
         return DiagnosisDocument(**base, available=False, reason="no current poll (starting, failing or stale)")

@@ -24,17 +24,16 @@ from collections.abc import Iterable
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 
 from exporter.collectors.base import GPU_LABELS, CollectOptions, collector, counter, gauge
-from exporter.insight.analyzer import InsightResult
+from exporter.insight.analyzer import InsightResult, insight_result
 from exporter.insight.diagnosis import REASONS
 from exporter.insight.states import STATES
 from exporter.poller import NodeSnapshot
 
 
 def _result(snap: NodeSnapshot) -> InsightResult | None:
-    res = snap.analyses.get("insight")
-    if snap.poll is None or not isinstance(res, InsightResult):
+    if snap.poll is None:
         return None
-    return res
+    return insight_result(snap.analyses.get("insight"))
 
 
 @collector("insight", help="GPU state seconds, starved ratio, imbalance, job attribution and diagnosis")

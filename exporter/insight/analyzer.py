@@ -1,15 +1,21 @@
 """The insight analyzer: keeps a rolling window per GPU and derives states, scores, jobs and verdicts.
 
-``InsightAnalyzer(window_seconds=300)`` is an ``exporter.poller.Analyzer``: the poller calls it with every
-poll (in the poll thread) and stores its ``InsightResult`` in ``NodeSnapshot.analyses["insight"]``. The
-result is a frozen pydantic model built anew each poll, so scrapes and API calls can read it from other
-threads while the analyzer prepares the next one. Definitions are in docs/scores.md.
+``InsightAnalyzer(window_seconds=300).prepare`` is the daemon's ``exporter.poller.Analyzer``: the poller calls it
+with every poll (in the poll thread), which accounts the poll in the running windows and captures them, and
+stores the returned ``DeferredInsight`` in ``NodeSnapshot.analyses["insight"]``; the ``InsightResult`` (scores,
+jobs, diagnosis) is built from that capture when a scrape or an API call first reads it (``insight_result``),
+so a daemon polled every second and scraped every 15 s builds one in 15. The result is a frozen pydantic model,
+so scrapes and API calls can read it from other threads while the analyzer accounts the next poll. Calling the
+analyzer itself returns the result at once. Definitions are in docs/scores.md.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -206,10 +212,20 @@ class _Agg:
         if iv.throttle and iv.reasons:
             self.reasons.subtract(iv.reasons)
 
-    def window(self, index: int, uuid: str, last: _Interval | None, job: JobRef | None) -> GpuWindow:
-        """The GpuWindow of the intervals summed here (``last``: the latest of them); equals the from-scratch
-        computation to float rounding (tests/test_insight_running.py)."""
-        sums = self.sums
+
+@dataclass(frozen=True, slots=True)
+class _Captured:
+    """A running window as it stood after one poll: copies of its sums and reason counts, and its latest interval
+    (intervals are not changed once made). What an InsightResult is computed from, at any later time."""
+
+    sums: list[int]
+    reasons: dict[str, int]
+    last: _Interval | None
+
+    def window(self, index: int, uuid: str, job: JobRef | None) -> GpuWindow:
+        """The GpuWindow of the intervals summed; equals the from-scratch computation to float rounding
+        (tests/test_insight_running.py)."""
+        sums, last = self.sums, self.last
 
         def mean(name: str) -> float | None:
             slot = _MEAN_SLOT[name]
@@ -274,9 +290,55 @@ class _Running:
         while ivs[0].end - ivs[0].seconds < horizon - 1e-9:
             self.agg.remove(ivs.popleft())
 
+    def capture(self) -> _Captured:
+        """The window as it stands now (copies: later pushes leave the capture as it is)."""
+        return _Captured(list(self.agg.sums), dict(self.agg.reasons), self.intervals[-1] if self.intervals else None)
+
     def window(self, index: int, uuid: str, job: JobRef | None) -> GpuWindow:
         """The GpuWindow of the intervals held now."""
-        return self.agg.window(index, uuid, self.intervals[-1] if self.intervals else None, job)
+        return self.capture().window(index, uuid, job)
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuCapture:
+    """One GPU's windows and state totals as they stood after a poll (``job``, ``diag``: None when it was down)."""
+
+    index: int
+    uuid: str
+    node: _Captured
+    job: _Captured | None
+    diag: _Captured | None
+    totals: dict[str, float]
+
+
+class DeferredInsight:
+    """The InsightResult of one poll, computed on the first call and kept (thread-safe): what the daemon's poller
+    stores in ``NodeSnapshot.analyses["insight"]``. A result costs more to build than the poll's accounting (windows,
+    scores, the diagnosis and its models); read once per scrape, most polls never build theirs.
+    """
+
+    __slots__ = ("_compute", "_result", "_lock")
+
+    def __init__(self, compute: Callable[[], InsightResult]) -> None:
+        self._compute: Callable[[], InsightResult] | None = compute
+        self._result: InsightResult | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> InsightResult:
+        """Return the result, computing it the first time."""
+        with self._lock:
+            if self._result is None:
+                assert self._compute is not None
+                self._result, self._compute = self._compute(), None
+            return self._result
+
+
+def insight_result(value: object) -> InsightResult | None:
+    """Return the InsightResult held in ``NodeSnapshot.analyses["insight"]`` (an InsightResult or a DeferredInsight),
+    None for anything else (no analysis yet)."""
+    if isinstance(value, DeferredInsight):
+        return value()
+    return value if isinstance(value, InsightResult) else None
 
 
 @dataclass(slots=True)
@@ -361,7 +423,12 @@ class InsightAnalyzer:
     # -- the analyzer ----------------------------------------------------------------------------------
 
     def __call__(self, poll: PollResult, static: NodeStatic) -> InsightResult:
-        """Account the poll, update the windows and return the new InsightResult."""
+        """Account the poll, update the windows and return the new InsightResult (``prepare(...)()``)."""
+        return self.prepare(poll, static)()
+
+    def prepare(self, poll: PollResult, static: NodeStatic) -> DeferredInsight:
+        """Account the poll and update the windows; return the InsightResult of this poll, computed when first
+        asked for (the daemon's analyzer: a result is read once per scrape, and polls come more often)."""
         statics = {s.index: s for s in static.gpus}
         host_busy = self._host_busy(poll.host)
         up = [g for g in poll.gpus if g.up]
@@ -394,7 +461,30 @@ class InsightAnalyzer:
         self._jobs = live_jobs
         for g in up:
             self._account(g, statics.get(g.index), rates, host_busy, primary.get(g.uuid))
-        return self._result(poll, up, processes, primary)
+        up_uuids = {g.uuid for g in up}
+        gpus = [
+            _GpuCapture(
+                index=state.index,
+                uuid=uuid,
+                node=state.node.capture(),
+                job=state.job.capture() if uuid in up_uuids else None,
+                diag=state.diag.capture() if uuid in up_uuids else None,
+                totals=dict(state.totals),
+            )
+            for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index)
+        ]
+        return DeferredInsight(
+            functools.partial(
+                _result,
+                poll.timestamp,
+                self.window_seconds,
+                self.diagnosis_seconds,
+                gpus,
+                [g.uuid for g in up],
+                processes,
+                primary,
+            )
+        )
 
     def _account(
         self,
@@ -460,85 +550,93 @@ class InsightAnalyzer:
         for running in (state.node, state.job, state.diag):
             running.push(iv, terms)
 
-    @staticmethod
-    def _activity(windows: list[GpuWindow]) -> tuple[list[float], str] | None:
-        """Per-GPU activity: SM activity when every GPU has it, else util.gpu when every GPU has it."""
-        if windows and all(w.sm is not None for w in windows):
-            return [w.sm for w in windows], "sm_activity"  # type: ignore[misc]
-        if windows and all(w.util is not None for w in windows):
-            return [w.util for w in windows], "utilization_gpu"  # type: ignore[misc]
-        return None
 
-    def _result(
-        self, poll: PollResult, up: list[GpuReading], processes: list[ProcessJob], primary: dict[str, JobRef]
-    ) -> InsightResult:
-        up_uuids = {g.uuid for g in up}
-        diag_w: dict[str, GpuWindow] = {}
-        job_w: dict[str, GpuWindow] = {}
-        node_w: dict[str, GpuWindow] = {}
-        for uuid, state in self._gpus.items():
-            job = primary.get(uuid)
-            node_w[uuid] = state.node.window(state.index, uuid, job)
-            if uuid in up_uuids:
-                diag_w[uuid] = state.diag.window(state.index, uuid, job)
-                job_w[uuid] = state.job.window(state.index, uuid, job)
-        # jobs: the GPUs where each job holds the most memory
-        by_job: dict[tuple[str, str], list[str]] = {}
-        for uuid, ref in primary.items():
-            by_job.setdefault((ref.kind, ref.job), []).append(uuid)
-        mem: dict[tuple[str, str], int] = {}
-        pids: dict[tuple[str, str], set[int]] = {}
-        for p in processes:
-            key = (p.job_kind, p.job)
-            mem[key] = mem.get(key, 0) + (p.gpu_memory_bytes or 0)
-            pids.setdefault(key, set()).add(p.pid)
-        jobs: list[JobInsight] = []
-        for key in sorted(mem, key=lambda k: (-mem[k], k))[:MAX_JOBS]:
-            uuids = sorted(by_job.get(key, []), key=lambda u: self._gpus[u].index)
-            act = self._activity([job_w[u] for u in uuids if u in job_w])
-            jobs.append(
-                JobInsight(
-                    job=key[1],
-                    job_kind=key[0],
-                    gpus=[self._gpus[u].index for u in uuids],
-                    pids=sorted(pids[key]),
-                    imbalance_ratio=imbalance(act[0]) if act else None,
-                    activity_source=act[1] if act else None,
-                )
+def _activity(windows: list[GpuWindow]) -> tuple[list[float], str] | None:
+    """Per-GPU activity: SM activity when every GPU has it, else util.gpu when every GPU has it."""
+    if windows and all(w.sm is not None for w in windows):
+        return [w.sm for w in windows], "sm_activity"  # type: ignore[misc]
+    if windows and all(w.util is not None for w in windows):
+        return [w.util for w in windows], "utilization_gpu"  # type: ignore[misc]
+    return None
+
+
+def _result(
+    timestamp: float,
+    window_seconds: float,
+    diagnosis_seconds: float,
+    captures: list[_GpuCapture],
+    up: list[str],
+    processes: list[ProcessJob],
+    primary: dict[str, JobRef],
+) -> InsightResult:
+    """The InsightResult of one poll from what the analyzer captured after it (``up``: UUIDs of the GPUs up, in the
+    poll's order; ``primary``: each GPU's job, the one holding most of its memory)."""
+    diag_w: dict[str, GpuWindow] = {}
+    job_w: dict[str, GpuWindow] = {}
+    node_w: dict[str, GpuWindow] = {}
+    index = {c.uuid: c.index for c in captures}
+    for c in captures:
+        job = primary.get(c.uuid)
+        node_w[c.uuid] = c.node.window(c.index, c.uuid, job)
+        if c.diag is not None and c.job is not None:
+            diag_w[c.uuid] = c.diag.window(c.index, c.uuid, job)
+            job_w[c.uuid] = c.job.window(c.index, c.uuid, job)
+    # jobs: the GPUs where each job holds the most memory
+    by_job: dict[tuple[str, str], list[str]] = {}
+    for uuid, ref in primary.items():
+        by_job.setdefault((ref.kind, ref.job), []).append(uuid)
+    mem: dict[tuple[str, str], int] = {}
+    pids: dict[tuple[str, str], set[int]] = {}
+    for p in processes:
+        key = (p.job_kind, p.job)
+        mem[key] = mem.get(key, 0) + (p.gpu_memory_bytes or 0)
+        pids.setdefault(key, set()).add(p.pid)
+    jobs: list[JobInsight] = []
+    for key in sorted(mem, key=lambda k: (-mem[k], k))[:MAX_JOBS]:
+        uuids = sorted(by_job.get(key, []), key=lambda u: index[u])
+        act = _activity([job_w[u] for u in uuids if u in job_w])
+        jobs.append(
+            JobInsight(
+                job=key[1],
+                job_kind=key[0],
+                gpus=[index[u] for u in uuids],
+                pids=sorted(pids[key]),
+                imbalance_ratio=imbalance(act[0]) if act else None,
+                activity_source=act[1] if act else None,
             )
-        gpus: list[GpuInsight] = []
-        for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index):
-            w = node_w[uuid]
-            diagnosis = None
-            if uuid in diag_w:
-                job = primary.get(uuid)
-                peers = [
-                    diag_w[u]
-                    for u, ref in primary.items()
-                    if u != uuid and job is not None and ref == job and u in diag_w
-                ]
-                diagnosis = diagnose(diag_w[uuid], peers)
-            act = w.sm if w.sm is not None else w.util
-            gpus.append(
-                GpuInsight(
-                    gpu=state.index,
-                    uuid=uuid,
-                    state_seconds_total=dict(state.totals),
-                    window_state_seconds=dict(w.states),
-                    starved_ratio=starved_ratio(w.states),
-                    activity_ratio=act,
-                    activity_source=None if act is None else ("sm_activity" if w.sm is not None else "utilization_gpu"),
-                    diagnosis=diagnosis,
-                )
-            )
-        node_act = self._activity([node_w[g.uuid] for g in up if g.uuid in node_w])
-        return InsightResult(
-            timestamp=poll.timestamp,
-            window_seconds=self.window_seconds,
-            diagnosis_window_seconds=self.diagnosis_seconds,
-            gpus=gpus,
-            processes=processes,
-            jobs=jobs,
-            node_imbalance_ratio=imbalance(node_act[0]) if node_act else None,
-            node_activity_source=node_act[1] if node_act and len(node_act[0]) >= 2 else None,
         )
+    gpus: list[GpuInsight] = []
+    for c in captures:  # in GPU index order
+        uuid = c.uuid
+        w = node_w[uuid]
+        diagnosis = None
+        if uuid in diag_w:
+            job = primary.get(uuid)
+            peers = [
+                diag_w[u] for u, ref in primary.items() if u != uuid and job is not None and ref == job and u in diag_w
+            ]
+            diagnosis = diagnose(diag_w[uuid], peers)
+        act = w.sm if w.sm is not None else w.util
+        gpus.append(
+            GpuInsight(
+                gpu=c.index,
+                uuid=uuid,
+                state_seconds_total=c.totals,
+                window_state_seconds=dict(w.states),
+                starved_ratio=starved_ratio(w.states),
+                activity_ratio=act,
+                activity_source=None if act is None else ("sm_activity" if w.sm is not None else "utilization_gpu"),
+                diagnosis=diagnosis,
+            )
+        )
+    node_act = _activity([node_w[u] for u in up if u in node_w])
+    return InsightResult(
+        timestamp=timestamp,
+        window_seconds=window_seconds,
+        diagnosis_window_seconds=diagnosis_seconds,
+        gpus=gpus,
+        processes=processes,
+        jobs=jobs,
+        node_imbalance_ratio=imbalance(node_act[0]) if node_act else None,
+        node_activity_source=node_act[1] if node_act and len(node_act[0]) >= 2 else None,
+    )
