@@ -138,8 +138,9 @@ class FamilyTexts:
         return b"".join(parts)
 
 
-#: After a first scrape, render ahead at every poll for at most this long while waiting for the second one to
-#: show the scrape period (Prometheus's scrape intervals are seconds to a minute).
+#: After a scrape, render ahead at every poll for at most this long while the next one is not known to be due
+#: later (the period is not known yet, or the scrape is overdue); Prometheus's scrape intervals are seconds to a
+#: minute.
 FIRST_GAP_MAX = 120.0
 
 
@@ -226,23 +227,20 @@ class Exposition:
         return True when it rendered.
 
         Expected: the last scrape plus the last gap between two scrapes comes before the next poll
-        (``poll_interval`` from now) or has just passed (less than one gap, or one poll, ago: a late scrape).
-        After the first scrape, until a second one shows the period, every poll renders for up to
-        FIRST_GAP_MAX seconds; before any scrape, only the first render is made. Once scrapes stop (more than
-        a gap overdue, e.g. Prometheus is down) nothing is rendered ahead until the next scrape, which renders
-        for itself.
+        (``poll_interval`` from now) or has passed (a late scrape, or a gap that did not tell the period: a probe
+        or a person's request between two of Prometheus's scrapes). After the first scrape, until a second one
+        shows the period, every poll renders. Before any scrape, only the first render is made. Once no scrape
+        has come for FIRST_GAP_MAX seconds, or two gaps if longer (scrapes stopped: Prometheus is down), nothing
+        is rendered ahead until the next scrape, which renders for itself.
         """
         last, gap, now = self._last_scrape, self._scrape_gap, self._clock()
         if last is None:
             if self._cache is not None:
                 return False
-        elif gap is None:
-            if self._cache is not None and now - last > FIRST_GAP_MAX:
-                return False
-        else:
-            due = last + gap
-            if now + poll_interval < due or now > due + max(gap, poll_interval):
-                return False
+        elif self._cache is not None and now - last > max(FIRST_GAP_MAX, 2 * (gap or 0.0)):
+            return False
+        elif gap is not None and now + poll_interval < last + gap:
+            return False
         self.render(snap)
         return True
 

@@ -104,13 +104,36 @@ def test_with_periodic_scrapes_only_the_poll_before_a_scrape_renders_ahead() -> 
     now[0] = 30.0
     body = exp.cached()
     assert body is not None and _polls_in(body) == p.snapshot.polls_total
-    # a late scrape: polls past the due time render ahead until it comes, for one scrape period at most
+    # a late scrape: polls past the due time render ahead until it comes, for FIRST_GAP_MAX (120 s) at most
     now[0] = 46.0
     p.poll_once()
     assert exp.prerender(1.0)
-    now[0] = 61.0  # scrapes stopped (Prometheus is down): no more rendering ahead
+    now[0] = 149.0
+    p.poll_once()
+    assert exp.prerender(1.0)
+    now[0] = 151.0  # scrapes stopped (Prometheus is down): no more rendering ahead
     p.poll_once()
     assert not exp.prerender(1.0)
+
+
+def test_an_irregular_scrape_does_not_leave_the_next_periodic_scrape_to_render_for_itself() -> None:
+    """A request 0.2 s after a scrape (a readiness probe, a person's curl) makes the last gap 0.2 s: the polls after
+    it keep rendering ahead, so Prometheus's next scrape, 15 s later, still finds its text ready."""
+    now = [0.0]
+    p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
+    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    p.start(thread=False)
+    exp.render()
+    for t in (0.0, 15.0, 30.0, 30.2):  # Prometheus every 15 s, then a stray request
+        now[0] = t
+        exp.cached()
+    for t in range(31, 45):
+        now[0] = float(t)
+        p.poll_once()
+        assert exp.prerender(1.0)
+    now[0] = 45.0
+    body = exp.cached()
+    assert body is not None and _polls_in(body) == p.snapshot.polls_total
 
 
 def test_a_daemon_nobody_scrapes_twice_stops_rendering_ahead() -> None:
