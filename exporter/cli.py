@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--duration", type=float, required=True, help="seconds to record")
     r.add_argument("--out", required=True, help="trace file to write (.jsonl, or .jsonl.gz)")
     r.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
-    r.add_argument("--slow-interval", type=float, default=10.0, help="seconds between energy/ECC reads (default 30)")
+    r.add_argument("--slow-interval", type=float, default=10.0, help="seconds between energy/ECC reads (default 10)")
     r.add_argument("--no-processes", action="store_true", help="do not record GPU processes")
     r.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata for the header")
     r.set_defaults(func=cmd_record)

@@ -7,7 +7,7 @@ answered at once even while a poll hangs.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any
 
@@ -16,6 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from exporter import __version__
 from exporter.exposition import Exposition
@@ -83,13 +84,6 @@ def readiness(snap: NodeSnapshot | None, stale_after: float, now: float | None =
     return Readiness(ready=True, reason="ok", last_poll_age_seconds=age)
 
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
 class DateHeaderMiddleware:
     """ASGI middleware that adds the ``Date`` header (RFC 9110, 6.6.1) to every HTTP response of ``app``.
 
@@ -98,7 +92,7 @@ class DateHeaderMiddleware:
     header off and this middleware writes the header instead, formatted at most once a second.
     """
 
-    def __init__(self, app: AsgiApp) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self._second = -1
         self._date = b""

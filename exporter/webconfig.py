@@ -47,22 +47,18 @@ import secrets
 import ssl
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 import bcrypt
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exporter.config import ConfigError, read_yaml
 
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 REALM = "gpuwarden"
 
