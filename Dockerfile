@@ -7,7 +7,7 @@ FROM python:3.12-slim AS build
 WORKDIR /src
 # Only what the wheel needs (pyproject names README.md as the long description).
 COPY pyproject.toml README.md ./
-COPY exporter ./exporter
+COPY gpuwarden ./gpuwarden
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.12-slim

@@ -58,7 +58,7 @@ PACKAGES = (
 
 def commands(port: int, interval: float, replay: Path | None) -> dict[str, list[str] | None]:
     """Return each exporter's command line on ``port`` (None when it is not installed here)."""
-    gw = [sys.executable, "-m", "exporter", "serve", "--poll-interval", f"{interval:g}"]
+    gw = [sys.executable, "-m", "gpuwarden", "serve", "--poll-interval", f"{interval:g}"]
     gw += ["--web.listen-address", f"127.0.0.1:{port}", "--log-level", "warning"]
     if replay is not None:
         gw += ["--replay", str(replay)]

@@ -36,19 +36,19 @@ from bench.common import Scraper, free_port, gpu_facts, machine, versions
 
 #: (module, class or None, attribute, label): the steps timed. Inclusive: a step's time includes its callees.
 STEPS: list[tuple[str, str | None, str, str]] = [
-    ("exporter.poller", "Poller", "poll_once", "poll: everything (source, analyzers, render ahead)"),
-    ("exporter.nvml.source", "NvmlSource", "poll", "poll: NVML source (GPUs, host, processes)"),
-    ("exporter.nvml.device", "GpuPoller", "_read", "poll: one GPU's readings (all below)"),
-    ("exporter.nvml.gpm", "GpmSampler", "read", "poll: GPM sample (+ metrics when due)"),
-    ("exporter.nvml.device", "GpuPoller", "_read_slow", "poll: slow readings (energy, ECC, remap, fields)"),
-    ("exporter.nvml.device", "GpuPoller", "_processes", "poll: GPU processes (+ /proc facts)"),
-    ("exporter.nvml.source", None, "read_host", "poll: host CPU times (/proc/stat)"),
-    ("exporter.replay.source", "ReplaySource", "poll", "poll: replay source"),
-    ("exporter.insight.analyzer", "InsightAnalyzer", "prepare", "poll: insight accounting (every poll)"),
-    ("exporter.insight.analyzer", None, "_result", "insight: result built (when first read)"),
-    ("exporter.exposition", "Exposition", "render", "render: the exposition (collectors + text)"),
-    ("exporter.exposition", None, "generate_latest", "render: generate_latest of the families that changed"),
-    ("exporter.exposition", "Exposition", "cached", "scrape: look-up of the ready text"),
+    ("gpuwarden.poller", "Poller", "poll_once", "poll: everything (source, analyzers, render ahead)"),
+    ("gpuwarden.nvml.source", "NvmlSource", "poll", "poll: NVML source (GPUs, host, processes)"),
+    ("gpuwarden.nvml.device", "GpuPoller", "_read", "poll: one GPU's readings (all below)"),
+    ("gpuwarden.nvml.gpm", "GpmSampler", "read", "poll: GPM sample (+ metrics when due)"),
+    ("gpuwarden.nvml.device", "GpuPoller", "_read_slow", "poll: slow readings (energy, ECC, remap, fields)"),
+    ("gpuwarden.nvml.device", "GpuPoller", "_processes", "poll: GPU processes (+ /proc facts)"),
+    ("gpuwarden.nvml.source", None, "read_host", "poll: host CPU times (/proc/stat)"),
+    ("gpuwarden.replay.source", "ReplaySource", "poll", "poll: replay source"),
+    ("gpuwarden.insight.analyzer", "InsightAnalyzer", "prepare", "poll: insight accounting (every poll)"),
+    ("gpuwarden.insight.analyzer", None, "_result", "insight: result built (when first read)"),
+    ("gpuwarden.exposition", "Exposition", "render", "render: the exposition (collectors + text)"),
+    ("gpuwarden.exposition", None, "generate_latest", "render: generate_latest of the families that changed"),
+    ("gpuwarden.exposition", "Exposition", "cached", "scrape: look-up of the ready text"),
 ]
 
 
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     steps = instrument()
-    from exporter.config import load_config
-    from exporter.daemon import Daemon, bind
+    from gpuwarden.config import load_config
+    from gpuwarden.daemon import Daemon, bind
 
     port = free_port()
     overrides: dict[str, Any] = {

@@ -4,7 +4,7 @@
 
 Three parts, all on live NVML (needs a GPU):
 
-1. *isolated*: each call ``exporter.nvml.device.GpuPoller`` makes (and the slow-cadence ones, and each fast field
+1. *isolated*: each call ``gpuwarden.nvml.device.GpuPoller`` makes (and the slow-cadence ones, and each fast field
    value alone), ``--calls`` times back to back: median and p99 in microseconds, as in
    shared/reference/h100-nvml-facts.md. ``nvmlDeviceGetSamples`` is timed both for the whole buffer (timestamp 0)
    and as the poller asks (only samples newer than the last one seen, ``--interval`` apart).
@@ -32,11 +32,12 @@ if __package__ in (None, ""):  # run as a script: python3 bench/nvml_costs.py
 
 import pynvml  # noqa: E402
 
-from exporter.nvml.calls import Caller, error_name  # noqa: E402
-from exporter.nvml.device import FAST_FIELDS, SLOW_FIELDS, GpuPoller  # noqa: E402
-from exporter.nvml.gpm import GPM_IDS, GpmSampler  # noqa: E402
-from exporter.nvml.static import CLOCK_TYPES, read_gpu_static  # noqa: E402
-from exporter.procinfo import ProcessInspector, read_host  # noqa: E402
+from gpuwarden.nvml.calls import Caller, error_name  # noqa: E402
+from gpuwarden.nvml.device import GpuPoller  # noqa: E402
+from gpuwarden.nvml.gpm import GPM_IDS, GpmSampler  # noqa: E402
+from gpuwarden.nvml.readings import FIELDS, POLL_CALLS, POLL_FIELDS, SLOW_CALLS, SLOW_FIELDS  # noqa: E402
+from gpuwarden.nvml.static import read_gpu_static  # noqa: E402
+from gpuwarden.procinfo import ProcessInspector, read_host  # noqa: E402
 
 _ECC = {
     "corrected_volatile": (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
@@ -75,53 +76,33 @@ def isolated(h: Any, n: int, interval: float, gpm: bool) -> dict[str, dict[str, 
     """Time each call of one poll of GPU handle ``h`` in isolation (see the module doc)."""
     out: dict[str, dict[str, Any]] = {}
     calls: list[tuple[str, Callable[[], Any]]] = [
-        ("nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(h)),
+        # the catalogue's declared readings, one NVML call each as the poller makes them
+        *[
+            (("slow: " if c in SLOW_CALLS else "") + c.name, lambda c=c: c.resolve()(h, *c.args))
+            for c in (*POLL_CALLS, *SLOW_CALLS)
+        ],
         (
             "nvmlDeviceGetMemoryInfo_v2",
             lambda: pynvml.nvmlDeviceGetMemoryInfo(h, pynvml.nvmlMemory_v2),
         ),
         ("nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(h)),
         (
-            "nvmlDeviceGetTemperature(GPU)",
-            lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-        ),
-        ("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h)),
-        ("nvmlDeviceGetEnforcedPowerLimit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h)),
-        ("nvmlDeviceGetFanSpeed", lambda: pynvml.nvmlDeviceGetFanSpeed(h)),
-        *[
-            (f"nvmlDeviceGetClockInfo({d})", lambda t=t: pynvml.nvmlDeviceGetClockInfo(h, t))
-            for d, t in CLOCK_TYPES.items()
-        ],
-        ("nvmlDeviceGetCurrentClocksEventReasons", lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)),
-        ("nvmlDeviceGetPerformanceState", lambda: pynvml.nvmlDeviceGetPerformanceState(h)),
-        ("nvmlDeviceGetCurrPcieLinkGeneration", lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-        ("nvmlDeviceGetCurrPcieLinkWidth", lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
-        (
-            f"nvmlDeviceGetFieldValues({len(FAST_FIELDS)} fast fields)",
-            lambda: pynvml.nvmlDeviceGetFieldValues(h, list(FAST_FIELDS)),
+            f"nvmlDeviceGetFieldValues({len(POLL_FIELDS)} fast fields)",
+            lambda: pynvml.nvmlDeviceGetFieldValues(h, POLL_FIELDS),
         ),
         *[
-            (f"nvmlDeviceGetFieldValues({key})", lambda f=f: pynvml.nvmlDeviceGetFieldValues(h, [f]))
-            for f, (key, _) in FAST_FIELDS.items()
+            (f"nvmlDeviceGetFieldValues({FIELDS[f].call})", lambda f=f: pynvml.nvmlDeviceGetFieldValues(h, [f]))
+            for f in (*POLL_FIELDS, *SLOW_FIELDS)
         ],
         (
             f"slow: nvmlDeviceGetFieldValues({len(SLOW_FIELDS)} slow fields)",
-            lambda: pynvml.nvmlDeviceGetFieldValues(h, list(SLOW_FIELDS)),
+            lambda: pynvml.nvmlDeviceGetFieldValues(h, SLOW_FIELDS),
         ),
         ("nvmlDeviceGetComputeRunningProcesses", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(h)),
         (
             "nvmlDeviceGetSamples(GPU_UTILIZATION, 0) whole buffer",
             lambda: pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0),
         ),
-        # slow cadence (every slow_interval) and static: for the record
-        ("slow: nvmlDeviceGetTotalEnergyConsumption", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h)),
-        *[
-            (
-                f"slow: nvmlDeviceGetTotalEccErrors({k})",
-                lambda e=e, c=c: pynvml.nvmlDeviceGetTotalEccErrors(h, e, c),
-            )
-            for k, (e, c) in _ECC.items()
-        ],
         ("slow: nvmlDeviceGetRemappedRows", lambda: pynvml.nvmlDeviceGetRemappedRows(h)),
         ("host: psutil.cpu_times (read_host)", read_host),
     ]
@@ -278,7 +259,7 @@ def in_poll(handles: dict[int, Any], polls: int, interval: float) -> dict[str, A
 
 def source_poll(polls: int, interval: float) -> dict[str, Any]:
     """Time NvmlSource.poll() (every GPU, processes, host), ``polls`` times ``interval`` apart."""
-    from exporter.nvml.source import NvmlSource
+    from gpuwarden.nvml.source import NvmlSource
 
     src = NvmlSource(xid_events=False)
     src.open()

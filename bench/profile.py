@@ -21,15 +21,29 @@ import time
 from pathlib import Path
 
 from prometheus_client import generate_latest
+from prometheus_client.registry import Collector
 
 from bench.traces import trace_for
-from exporter.collectors import CollectOptions
-from exporter.config import Config
-from exporter.daemon import build_analyzers
-from exporter.exposition import Exposition, select_collectors
-from exporter.poller import Poller
-from exporter.replay import ReplaySource
-from exporter.sdnotify import Notifier
+from gpuwarden.catalog import select_collectors
+from gpuwarden.collectors import CollectOptions
+from gpuwarden.config import Config
+from gpuwarden.daemon import build_analyzers
+from gpuwarden.exposition import Exposition
+from gpuwarden.poller import Poller
+from gpuwarden.replay import ReplaySource
+from gpuwarden.sdnotify import Notifier
+
+
+class _All(Collector):
+    """Every family of one render of the poller's latest snapshot, for one generate_latest over them all."""
+
+    def __init__(self, expo: Exposition, poller: Poller) -> None:
+        assert poller.snapshot is not None
+        self._families = list(expo.families(poller.snapshot))
+
+    def collect(self) -> list:  # type: ignore[type-arg]
+        """Return the families."""
+        return self._families
 
 
 def quantiles(values: list[float]) -> tuple[float, float]:
@@ -47,7 +61,7 @@ def build(trace: Path) -> tuple[Poller, Exposition]:
     cfg = Config()
     poller = Poller(ReplaySource(trace), 1.0, analyzers=build_analyzers(cfg), notifier=Notifier({}))
     poller.start(thread=False)
-    expo = Exposition(lambda: poller.snapshot, select_collectors(), CollectOptions())
+    expo = Exposition(poller, select_collectors(), CollectOptions())
     return poller, expo
 
 
@@ -73,7 +87,7 @@ def analyzer_steady(trace: Path, interval: float, window: float = 300.0, rounds:
     The trace's polls are re-stamped ``interval`` apart (timestamps, utilization samples, host time), so the
     analyzer holds what a daemon polling every ``interval`` holds after ``window`` seconds.
     """
-    from exporter.insight.analyzer import InsightAnalyzer
+    from gpuwarden.insight.analyzer import InsightAnalyzer
 
     src = ReplaySource(trace, timing="recorded")
     static = src.open()
@@ -137,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             poller.poll_once()
             # the collectors' own durations differ from one render to the next: compare everything else
-            same = _without_durations(expo.render()) == _without_durations(generate_latest(expo.registry))
+            same = _without_durations(expo.render()) == _without_durations(generate_latest(_All(expo, poller)))
             print(f"Exposition.render() == generate_latest: {same}")
             if not same:
                 return 1

@@ -57,7 +57,7 @@ def run_one(
     cmd = [
         sys.executable,
         "-m",
-        "exporter",
+        "gpuwarden",
         "serve",
         *serve_args,
         "--poll-interval",

@@ -13,8 +13,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from exporter.model import GpuReading, GpuStatic, PollResult
-from exporter.trace import TraceHeader, TraceWriter, read_trace
+from gpuwarden.model import GpuReading, GpuStatic, PollResult
+from gpuwarden.trace import TraceHeader, TraceWriter, read_trace
 
 REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO / "tests" / "data" / "traces"

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors import CollectOptions
-from exporter.exposition import Exposition, select_collectors
-from exporter.poller import NodeSnapshot, Poller
-from exporter.replay import ReplaySource, demo_trace_path
+from gpuwarden.catalog import select_collectors
+from gpuwarden.collectors import CollectOptions
+from gpuwarden.exposition import Exposition
+from gpuwarden.poller import Poller
+from gpuwarden.replay import ReplaySource, demo_trace_path
+from gpuwarden.snapshot import Held, NodeSnapshot
 
 DATA = Path(__file__).parent / "data"
 TRACES = DATA / "traces"
@@ -40,7 +42,7 @@ def snapshot(path: Path, polls: int = 5) -> NodeSnapshot:
 
 def render(snap: NodeSnapshot, enable: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> str:
     """The Prometheus text exposition of a snapshot."""
-    exp = Exposition(lambda: snap, select_collectors(enable, disable), CollectOptions())
+    exp = Exposition(Held(snap), select_collectors(enable, disable), CollectOptions())
     return exp.render().decode()
 
 

@@ -1,7 +1,7 @@
 """A fake NVML fed by a real recorded trace, with switches that inject the faults real GPUs have.
 
-``FakeNvml(path)`` reads a trace (``exporter.trace.read_trace``) and answers every pynvml function the NVML
-layer calls (``exporter/nvml/static.py``, ``device.py``, ``gpm.py``, ``events.py``, ``source.py``) with
+``FakeNvml(path)`` reads a trace (``gpuwarden.trace.read_trace``) and answers every pynvml function the NVML
+layer calls (``gpuwarden/nvml/static.py``, ``device.py``, ``gpm.py``, ``events.py``, ``source.py``) with
 values shaped as pynvml returns them - its own ctypes structs (``c_nvmlUtilization_t``,
 ``c_nvmlMemory_v2_t``, ``c_nvmlFieldValue_t`` arrays, ``c_nvmlSample_t`` lists, the GPM request filled in
 place, ``c_nvmlEventData_t``), ``nvmlFriendlyObject`` processes, tuples and ints - in NVML's own units
@@ -30,35 +30,29 @@ Fault switches (all thread-safe, all may be flipped while a daemon runs):
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 import pytest
 
-from exporter.model import GpuReading, GpuStatic
-from exporter.nvml.device import FAST_FIELDS, SLOW_FIELDS
-from exporter.nvml.gpm import GPM_IDS
-from exporter.nvml.static import CLOCK_TYPES
-from exporter.trace import read_trace
+from gpuwarden.catalog import CLOCK_DOMAINS, GPM_METRICS, TEMPERATURE_THRESHOLDS, Reading
+from gpuwarden.model import GpuReading, GpuStatic
+from gpuwarden.nvml.readings import FIELDS, POLL_CALLS, SLOW_CALLS
+from gpuwarden.trace import read_trace
 
-_CLOCK_DOMAIN = {v: k for k, v in CLOCK_TYPES.items()}
-_THRESHOLD_KEY = {
-    pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "shutdown",
-    pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: "slowdown",
-    pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: "memory_max",
-    pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "gpu_max",
-}
-_ECC_KEY = {
-    (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC): "corrected_volatile",
-    (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): "uncorrected_volatile",
-    (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC): "corrected_aggregate",
-    (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): "uncorrected_aggregate",
-}
-_GPM_KEY = {mid: (key, scale) for key, (mid, scale) in GPM_IDS.items()}
+_CLOCK_DOMAIN = {getattr(pynvml, v): k for k, v in CLOCK_DOMAINS.items()}
+_THRESHOLD_KEY = {getattr(pynvml, v): k for k, v in TEMPERATURE_THRESHOLDS.items()}
+_GPM_KEY = {getattr(pynvml, mid): (key, scale) for key, (mid, scale) in GPM_METRICS.items()}
+
+#: The calls of the catalogue's declared readings, by pynvml function name: answered generically (``_answer``).
+_PLANNED = (*POLL_CALLS, *SLOW_CALLS)
+DECLARED = {c.function: [d for d in _PLANNED if d.function == c.function] for c in _PLANNED}
 
 #: Every pynvml function the fake answers; ``install`` patches exactly these.
 FUNCTIONS = (
@@ -88,19 +82,7 @@ FUNCTIONS = (
     "nvmlDeviceGetMaxPcieLinkGeneration",
     "nvmlDeviceGetMaxPcieLinkWidth",
     "nvmlDeviceGetFieldValues",
-    "nvmlDeviceGetUtilizationRates",
     "nvmlDeviceGetSamples",
-    "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetFanSpeed",
-    "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceGetPerformanceState",
-    "nvmlDeviceGetCurrPcieLinkGeneration",
-    "nvmlDeviceGetCurrPcieLinkWidth",
-    "nvmlDeviceGetTotalEnergyConsumption",
-    "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetRemappedRows",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetMaxMigDeviceCount",
@@ -126,6 +108,16 @@ def _err(code: int) -> pynvml.NVMLError:
 
 def _address(ptr: Any) -> int:
     return int(ctypes.cast(ptr, ctypes.c_void_p).value or 0)
+
+
+def _nvml_number(r: GpuReading, reading: Reading) -> int | None:
+    """The recorded value of a declared reading in NVML's own unit (an int, as NVML answers), None if absent."""
+    value = getattr(r, reading.field)
+    if reading.key is not None:
+        value = (value or {}).get(reading.key)
+    if value is None:
+        return None
+    return int(value) if reading.integer else round(value / reading.scale)
 
 
 class _Device:
@@ -174,6 +166,8 @@ class FakeNvml:
         """Replace every function of ``FUNCTIONS`` in the pynvml module with this fake's; return self."""
         for name in FUNCTIONS:
             monkeypatch.setattr(pynvml, name, getattr(self, name))
+        for name in DECLARED:
+            monkeypatch.setattr(pynvml, name, functools.partial(self._answer, name))
         return self
 
     def lose(self, index: int, from_poll: int | None = None) -> None:
@@ -256,6 +250,24 @@ class FakeNvml:
         if value is None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return value
+
+    def _answer(self, function: str, handle: Any, *args: Any) -> Any:
+        """Answer a declared reading's call from the record, in NVML's units and shape: the number, a struct with
+        the picked attributes, or a list with the picked items (NOT_SUPPORTED where the record lacks a value)."""
+        r = self._dev(function, handle).current
+        call = next(c for c in DECLARED[function] if c.args == args)
+        values = [(reading, _nvml_number(r, reading)) for reading in call.readings]
+        if any(v is None for _, v in values):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        first = call.readings[0].pick
+        if first is None:
+            return values[0][1]
+        if isinstance(first, str):
+            return SimpleNamespace(**{str(reading.pick): v for reading, v in values})
+        out: list[Any] = [0] * (max(int(reading.pick or 0) for reading, _ in values) + 1)
+        for reading, v in values:
+            out[int(reading.pick or 0)] = v
+        return out
 
     # -- system ---------------------------------------------------------------------------------------
 
@@ -429,15 +441,8 @@ class FakeNvml:
             number: float | None = None
             if fid == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
                 number = dev.static.nvlink_link_count
-            elif fid in FAST_FIELDS or fid in SLOW_FIELDS:
-                key, scale = FAST_FIELDS.get(fid) or SLOW_FIELDS[fid]
-                if key == "temperature_memory":
-                    number = r.temperature_memory_celsius
-                elif key == "pcie_replay":
-                    number = r.pcie_replay_total
-                else:
-                    seconds = r.clock_event_seconds_total.get(key.removeprefix("event:"))
-                    number = None if seconds is None else seconds / scale
+            elif fid in FIELDS:
+                number = _nvml_number(r, FIELDS[fid])
             if number is None:
                 fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 continue
@@ -449,14 +454,6 @@ class FakeNvml:
                 fv.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                 fv.value.ullVal = round(number)
         return values
-
-    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
-        """Start this GPU's next poll; ``c_nvmlUtilization_t`` in percent."""
-        r = self._dev("nvmlDeviceGetUtilizationRates", handle).current
-        util = pynvml.c_nvmlUtilization_t()
-        util.gpu = round(self._need(r.utilization_gpu_ratio) * 100)
-        util.memory = round(self._need(r.utilization_memory_ratio) * 100)
-        return util
 
     def nvmlDeviceGetSamples(self, handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
         """(value type, [c_nvmlSample_t]) of the record's samples re-stamped to end now; NOT_FOUND when none."""
@@ -474,57 +471,6 @@ class FakeNvml:
         if not out:
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
         return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, out
-
-    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
-        """GPU temperature in degrees Celsius."""
-        r = self._dev("nvmlDeviceGetTemperature", handle).current
-        return round(self._need(r.temperature_gpu_celsius))
-
-    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        """Power draw in milliwatts."""
-        r = self._dev("nvmlDeviceGetPowerUsage", handle).current
-        return round(self._need(r.power_usage_watts) * 1000)
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
-        """Enforced power limit in milliwatts."""
-        r = self._dev("nvmlDeviceGetEnforcedPowerLimit", handle).current
-        return round(self._need(r.power_limit_watts) * 1000)
-
-    def nvmlDeviceGetFanSpeed(self, handle: Any) -> int:
-        """Fan speed in percent (NOT_SUPPORTED on the recorded passively cooled GPUs)."""
-        r = self._dev("nvmlDeviceGetFanSpeed", handle).current
-        return round(self._need(r.fan_speed_ratio) * 100)
-
-    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
-        """Current clock of a domain in MHz."""
-        r = self._dev("nvmlDeviceGetClockInfo", handle).current
-        return round(self._need(r.clock_hertz.get(_CLOCK_DOMAIN[clock_type])) / 1e6)
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
-        """The clock event reasons bitmask."""
-        return self._need(self._dev("nvmlDeviceGetCurrentClocksEventReasons", handle).current.clock_event_reasons)
-
-    def nvmlDeviceGetPerformanceState(self, handle: Any) -> int:
-        """The P-state."""
-        return self._need(self._dev("nvmlDeviceGetPerformanceState", handle).current.performance_state)
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
-        """Current PCIe generation."""
-        return self._need(self._dev("nvmlDeviceGetCurrPcieLinkGeneration", handle).current.pcie_generation)
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:
-        """Current PCIe width."""
-        return self._need(self._dev("nvmlDeviceGetCurrPcieLinkWidth", handle).current.pcie_width)
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
-        """Energy since the driver loaded, in millijoules."""
-        r = self._dev("nvmlDeviceGetTotalEnergyConsumption", handle).current
-        return round(self._need(r.energy_joules_total) * 1000)
-
-    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
-        """One ECC counter."""
-        r = self._dev("nvmlDeviceGetTotalEccErrors", handle).current
-        return self._need(r.ecc_errors_total.get(_ECC_KEY[(error_type, counter_type)]))
 
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
         """(corrected, uncorrected, pending, failure)."""

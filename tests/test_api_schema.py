@@ -17,8 +17,8 @@ from fake_nvml import FakeNvml
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from exporter.config import load_config
-from exporter.daemon import Daemon
+from gpuwarden.config import load_config
+from gpuwarden.daemon import Daemon
 
 H200X2 = trace("h200x2-ddp_straggler")
 

@@ -14,14 +14,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli import main
+from gpuwarden.cli import main
 
 REPO = Path(__file__).parent.parent
 
 
 def gw(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "exporter", *args],
+        [sys.executable, "-m", "gpuwarden", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -67,7 +67,7 @@ def test_check_config_prints_effective_config(tmp_path: Path) -> None:
 
 
 def test_flags_override_env_override_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter.config import load_config
+    from gpuwarden.config import load_config
 
     cfg = tmp_path / "c.yml"
     cfg.write_text("poll_interval_seconds: 3\nslow_interval_seconds: 20\nlisten_address: 127.0.0.1:1\n")
@@ -139,7 +139,7 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "serve",
             "--demo",
             "--poll-interval",
@@ -156,7 +156,7 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
     try:
         wait_healthy(proc, base)
         # GPM needs two samples (the first recorded poll has none), and at a poll under 1 s the exposition is
-        # re-rendered once a second (exporter.exposition): wait past one refresh
+        # re-rendered once a second (gpuwarden.exposition): wait past one refresh
         time.sleep(1.5)
         r = httpx.get(f"{base}/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -215,7 +215,7 @@ def test_served_with_basic_auth_from_the_web_config_flag(tmp_path: Path) -> None
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
     web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--demo", "--web.config.file", str(web),
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.config.file", str(web),
                              "--web.listen-address", f"127.0.0.1:{port}"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     base = f"http://127.0.0.1:{port}"

@@ -9,8 +9,11 @@ import pytest
 from conftest import H100_SCENARIOS, render, snapshot, trace
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors import REGISTRY
-from exporter.trace import read_trace
+from gpuwarden.catalog import COLLECTORS, select_collectors
+from gpuwarden.collectors import CollectOptions, registry
+from gpuwarden.exposition import Exposition
+from gpuwarden.snapshot import Held
+from gpuwarden.trace import read_trace
 
 
 def families(text: str) -> dict[str, list]:
@@ -84,11 +87,8 @@ def test_held_idle_shows_memory_held_and_the_process() -> None:
 
 
 def test_process_series_are_bounded() -> None:
-    from exporter.collectors import CollectOptions
-    from exporter.exposition import Exposition, select_collectors
-
     snap = snapshot(trace("h200x2-ddp_straggler"), polls=3)
-    text = Exposition(lambda: snap, select_collectors(), CollectOptions(max_processes_per_gpu=1)).render().decode()
+    text = Exposition(Held(snap), select_collectors(), CollectOptions(max_processes_per_gpu=1)).render().decode()
     per_gpu: dict[str, int] = {}
     for s in families(text)["gpu_process_memory_used_bytes"]:
         per_gpu[s.labels["gpu"]] = per_gpu.get(s.labels["gpu"], 0) + 1
@@ -116,18 +116,19 @@ def test_disabled_collector_is_gone_and_self_metrics_report_collectors() -> None
     assert "gpu_sm_activity_ratio" not in fams
     assert "gpu_compute_processes" not in fams
     collectors = {s.labels["collector"] for s in fams["gpuwarden_scrape_collector_success"]}
-    assert collectors == {n for n, spec in REGISTRY.items() if spec.enabled_by_default} - {"gpm", "processes"}
+    assert collectors == {n for n, c in COLLECTORS.items() if c.enabled_by_default} - {"gpm", "processes"}
     assert all(s.value == 1 for s in fams["gpuwarden_scrape_collector_success"])
 
 
 def test_failing_collector_is_reported_and_others_survive(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exporter.collectors.base import CollectorSpec
+    real = registry.declared
 
-    def broken(snap, opts):  # noqa: ANN001, ANN202
-        raise RuntimeError("boom")
-        yield
+    def broken(snap, fam):  # noqa: ANN001, ANN202
+        if fam.collector == "memory":
+            raise RuntimeError("boom")
+        return real(snap, fam)
 
-    monkeypatch.setitem(REGISTRY, "memory", CollectorSpec("memory", True, "broken", broken))
+    monkeypatch.setattr(registry, "declared", broken)
     fams = families(render(snapshot(trace("h100-idle"), polls=1)))
     assert value(fams, "gpuwarden_scrape_collector_success", collector="memory") == 0
     assert value(fams, "gpuwarden_scrape_collector_success", collector="thermal") == 1
@@ -153,9 +154,6 @@ def test_promtool_check_metrics_finds_nothing(name: str, promtool: str) -> None:
 
 
 def test_exposition_is_rendered_once_per_snapshot() -> None:
-    from exporter.collectors import CollectOptions
-    from exporter.exposition import Exposition, select_collectors
-
     snap = snapshot(trace("h100-idle"), polls=1)
-    exp = Exposition(lambda: snap, select_collectors(), CollectOptions())
+    exp = Exposition(Held(snap), select_collectors(), CollectOptions())
     assert exp.render() is exp.render()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.config import DEFAULT_PORT
+from gpuwarden.config import DEFAULT_PORT
+from gpuwarden.snapshot import Held
 
 ROOT = Path(__file__).parent.parent
 UNIT = ROOT / "deploy" / "systemd" / "gpuwarden.service"
@@ -122,7 +123,7 @@ def test_unit_settings() -> None:
 
 def test_env_file_keys_are_configuration_keys() -> None:
     """Every GPUWARDEN_* name in the EnvironmentFile (set or commented) is a real configuration key."""
-    from exporter.config import Config
+    from gpuwarden.config import Config
 
     names = re.findall(r"^#?\s*(GPUWARDEN_[A-Z0-9_]+)=", ENV_FILE.read_text(), re.M)
     assert "GPUWARDEN_ARGS" in names
@@ -250,7 +251,7 @@ def test_objects_fit_together() -> None:
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["config"]["configMap"]["name"] == one("ConfigMap")["metadata"]["name"]
     # The config file the container is told to read is in the ConfigMap, and it is a valid configuration.
-    from exporter.config import load_config
+    from gpuwarden.config import load_config
 
     mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
     arg = container["args"][container["args"].index("--config") + 1]
@@ -301,9 +302,9 @@ def test_daemonset_for_gpu_nodes() -> None:
 
 
 def test_probe_paths_exist_in_the_app() -> None:
-    from exporter.server import create_app
+    from gpuwarden.server import create_app
 
-    paths = {r.path for r in create_app(lambda: None, None, 5.0).routes}  # type: ignore[arg-type]
+    paths = {r.path for r in create_app(Held(None), None, 5.0).routes}  # type: ignore[arg-type]
     assert {"/metrics", "/healthz", "/readyz", "/api/v1/gpus"} <= paths
 
 
@@ -351,9 +352,9 @@ def test_dockerfile_copies_what_the_build_needs() -> None:
     for src in sources:
         assert (ROOT / src).exists(), src
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert {"pyproject.toml", project["readme"], "exporter"} <= sources
+    assert {"pyproject.toml", project["readme"], "gpuwarden"} <= sources
     script = project["scripts"]["gpuwarden"]
-    assert script.startswith("exporter.")
+    assert script.startswith("gpuwarden.")
 
 
 def test_hadolint() -> None:

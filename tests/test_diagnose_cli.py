@@ -11,9 +11,9 @@ from rich.console import Console
 from test_insight_diagnosis import EXPECTED
 from test_insight_helpers import DDP, h100, run_trace, snap_of
 
-from exporter import diagnose
-from exporter.poller import NodeSnapshot
-from exporter.replay import demo_trace_path
+from gpuwarden import diagnose
+from gpuwarden.replay import demo_trace_path
+from gpuwarden.snapshot import NodeSnapshot
 
 
 def cli(argv: list[str]) -> int:
@@ -81,7 +81,7 @@ def test_missing_trace_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]
 
 
 def test_live_without_nvml_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
-    from exporter.source import SourceError
+    from gpuwarden.source import SourceError
 
     def fail(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise SourceError("NVML not available: driver not loaded")

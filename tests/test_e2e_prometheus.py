@@ -77,7 +77,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     try:
         for name, trace in (("ddp", "h200x2-ddp_straggler"), ("hot", "derived-h100-hot-full")):
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "exporter", "serve", "--replay", str(TRACES / f"{trace}.jsonl.gz"),
+                [sys.executable, "-m", "gpuwarden", "serve", "--replay", str(TRACES / f"{trace}.jsonl.gz"),
                  "--web.listen-address", f"127.0.0.1:{ports[name]}", "--log-level", "warning"],
                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
         rules = yaml.safe_load((REPO / "alerts" / "gpuwarden.rules.yml").read_text())

@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 from conftest import trace
 from prometheus_client import generate_latest
+from prometheus_client.registry import Collector
 
-from exporter.collectors import CollectOptions
-from exporter.config import Config
-from exporter.daemon import build_analyzers
-from exporter.exposition import Exposition, select_collectors
-from exporter.poller import Poller
-from exporter.replay import ReplaySource
+from gpuwarden.catalog import select_collectors
+from gpuwarden.collectors import CollectOptions
+from gpuwarden.config import Config
+from gpuwarden.daemon import build_analyzers
+from gpuwarden.exposition import PLAIN, Exposition
+from gpuwarden.poller import Poller
+from gpuwarden.replay import ReplaySource
 
 H100 = trace("h100-compute_bound")
 
@@ -29,8 +31,8 @@ def _polls_in(text: bytes) -> float:
 def test_scraped_every_poll_each_poll_is_rendered_in_the_poll_thread() -> None:
     now = [0.0]
     p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
-    p.on_publish = lambda snap: exp.prerender(1.0, snap)
+    exp = Exposition(p, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    p.on_publish = lambda snap: exp.prerender(snap)
     p.start(thread=False)
     first = exp.cached()  # a scrape at 0 s
     assert first is not None and _polls_in(first) == 1  # rendered by the hook, before any scrape
@@ -46,8 +48,8 @@ def test_scraped_every_poll_each_poll_is_rendered_in_the_poll_thread() -> None:
 def test_fast_polls_are_rendered_at_most_once_per_min_age() -> None:
     now = [0.0]
     p = Poller(ReplaySource(H100, timing="recorded"), 0.1)
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
-    p.on_publish = lambda snap: exp.prerender(0.1, snap)
+    exp = Exposition(p, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    p.on_publish = lambda snap: exp.prerender(snap, 0.1)
     p.start(thread=False)  # t = 0: the first render
     seen = []
     for k in range(1, 11):  # polls every 0.1 s, a scrape 0.05 s after each
@@ -71,7 +73,7 @@ def test_fast_polls_are_rendered_at_most_once_per_min_age() -> None:
 
 def test_a_new_snapshot_with_a_slow_poll_is_never_served_stale() -> None:
     p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions())
+    exp = Exposition(p, select_collectors(), CollectOptions())
     p.start(thread=False)  # no hook: scrapes render on demand
     assert _polls_in(exp.render()) == 1
     p.poll_once()
@@ -82,24 +84,24 @@ def test_a_new_snapshot_with_a_slow_poll_is_never_served_stale() -> None:
 def test_with_periodic_scrapes_only_the_poll_before_a_scrape_renders_ahead() -> None:
     now = [0.0]
     p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    exp = Exposition(p, select_collectors(), CollectOptions(), clock=lambda: now[0])
     p.start(thread=False)
-    assert exp.prerender(1.0)  # the first render
+    assert exp.prerender()  # the first render
     p.poll_once()
-    assert not exp.prerender(1.0)  # nobody has scraped: nothing rendered ahead
+    assert not exp.prerender()  # nobody has scraped: nothing rendered ahead
     assert exp.cached() is None  # the first scrape (at 0 s) renders for itself
     exp.render()
     for t in range(1, 15):
         now[0] = float(t)
         p.poll_once()
-        assert exp.prerender(1.0)  # one scrape does not tell when the next comes: every poll renders
+        assert exp.prerender()  # one scrape does not tell when the next comes: every poll renders
     now[0] = 15.0  # Prometheus scrapes every 15 s
     assert exp.cached() is not None
     rendered = []
     for t in range(16, 30):  # polls every second until the next scrape, due at 30 s
         now[0] = float(t)
         p.poll_once()
-        rendered.append(exp.prerender(1.0))
+        rendered.append(exp.prerender())
     assert rendered == [False] * 13 + [True]  # only the poll at 29 s renders
     now[0] = 30.0
     body = exp.cached()
@@ -107,13 +109,13 @@ def test_with_periodic_scrapes_only_the_poll_before_a_scrape_renders_ahead() -> 
     # a late scrape: polls past the due time render ahead until it comes, for FIRST_GAP_MAX (120 s) at most
     now[0] = 46.0
     p.poll_once()
-    assert exp.prerender(1.0)
+    assert exp.prerender()
     now[0] = 149.0
     p.poll_once()
-    assert exp.prerender(1.0)
+    assert exp.prerender()
     now[0] = 151.0  # scrapes stopped (Prometheus is down): no more rendering ahead
     p.poll_once()
-    assert not exp.prerender(1.0)
+    assert not exp.prerender()
 
 
 def test_an_irregular_scrape_does_not_leave_the_next_periodic_scrape_to_render_for_itself() -> None:
@@ -121,7 +123,7 @@ def test_an_irregular_scrape_does_not_leave_the_next_periodic_scrape_to_render_f
     it keep rendering ahead, so Prometheus's next scrape, 15 s later, still finds its text ready."""
     now = [0.0]
     p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    exp = Exposition(p, select_collectors(), CollectOptions(), clock=lambda: now[0])
     p.start(thread=False)
     exp.render()
     for t in (0.0, 15.0, 30.0, 30.2):  # Prometheus every 15 s, then a stray request
@@ -130,7 +132,7 @@ def test_an_irregular_scrape_does_not_leave_the_next_periodic_scrape_to_render_f
     for t in range(31, 45):
         now[0] = float(t)
         p.poll_once()
-        assert exp.prerender(1.0)
+        assert exp.prerender()
     now[0] = 45.0
     body = exp.cached()
     assert body is not None and _polls_in(body) == p.snapshot.polls_total
@@ -139,28 +141,28 @@ def test_an_irregular_scrape_does_not_leave_the_next_periodic_scrape_to_render_f
 def test_a_daemon_nobody_scrapes_twice_stops_rendering_ahead() -> None:
     now = [0.0]
     p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    exp = Exposition(p, select_collectors(), CollectOptions(), clock=lambda: now[0])
     p.start(thread=False)
     exp.render()
     exp.cached()  # one scrape at 0 s, then none
     now[0] = 100.0
     p.poll_once()
-    assert exp.prerender(1.0)
+    assert exp.prerender()
     now[0] = 121.0
     p.poll_once()
-    assert not exp.prerender(1.0)
+    assert not exp.prerender()
 
 
 def test_the_poll_thread_renders_a_snapshot_before_it_is_published() -> None:
     p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions())
+    exp = Exposition(p, select_collectors(), CollectOptions())
     seen: list[bool] = []
 
     early: list[bytes | None] = []
 
     def hook(snap) -> None:  # noqa: ANN001
         seen.append(p.snapshot is None or p.snapshot.seq < snap.seq)  # not yet published
-        exp.prerender(1.0, snap)
+        exp.prerender(snap)
         if p.snapshot is not None:
             early.append(exp.cached())  # a scrape between the render and the publication
 
@@ -177,7 +179,7 @@ def test_the_poll_thread_renders_a_snapshot_before_it_is_published() -> None:
 
 def test_a_scrape_during_a_render_gets_the_previous_text_at_once() -> None:
     p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions())
+    exp = Exposition(p, select_collectors(), CollectOptions())
     p.start(thread=False)
     first = exp.render()
     p.poll_once()
@@ -187,28 +189,38 @@ def test_a_scrape_during_a_render_gets_the_previous_text_at_once() -> None:
     assert _polls_in(exp.render()) == 2
 
 
+class _All(Collector):
+    """Every family of one render, for a single generate_latest over them all."""
+
+    def __init__(self, exp: Exposition, snap) -> None:  # noqa: ANN001
+        self._families = list(exp.families(snap))
+
+    def collect(self):  # noqa: ANN201
+        return self._families
+
+
 @pytest.mark.parametrize("name", ["h200x2-ddp_straggler", "h100-compute_bound", "derived-8gpu"])
 def test_reused_family_texts_equal_a_full_generate_latest_at_every_poll(name: str) -> None:
     """The exposition renders only the families that changed (FamilyTexts) and reuses the others' text; at every
     poll of real recordings it is byte for byte what prometheus_client's generate_latest gives over all families
     (but for the collector durations, which differ between two renders), and most families are reused."""
     p = Poller(ReplaySource(trace(name), timing="recorded"), 1.0, analyzers=build_analyzers(Config()))
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions())
+    exp = Exposition(p, select_collectors(), CollectOptions())
     p.start(thread=False)
     rendered = families = 0
     for _ in range(40):
         p.poll_once()
         ours = exp.render()
         families += ours.count(b"# TYPE ")
-        rendered += exp._texts.rendered
-        assert _without_durations(ours) == _without_durations(generate_latest(exp.registry))
+        rendered += exp._texts[PLAIN.content_type].rendered
+        assert _without_durations(ours) == _without_durations(generate_latest(_All(exp, p.snapshot)))
     assert rendered < families / 2
 
 
 def test_a_family_that_changes_back_and_forth_is_rendered_each_time() -> None:
     from prometheus_client.core import GaugeMetricFamily
 
-    from exporter.exposition import FamilyTexts
+    from gpuwarden.exposition import FamilyTexts
 
     texts = FamilyTexts()
 

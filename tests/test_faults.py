@@ -1,7 +1,7 @@
 """Faults, injected in the NVML layer through the fake NVML (tests/fake_nvml.py) fed by real traces.
 
 A GPU lost mid-run, an NVML call that hangs, NVML or the driver missing at start, a driver reload, XID
-events, SIGHUP and SIGTERM. The real NVML layer (exporter/nvml) runs unchanged above the fake.
+events, SIGHUP and SIGTERM. The real NVML layer (gpuwarden/nvml) runs unchanged above the fake.
 """
 
 from __future__ import annotations
@@ -25,16 +25,17 @@ from fake_nvml import FakeNvml
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors import CollectOptions
-from exporter.config import load_config
-from exporter.daemon import Daemon, bind
-from exporter.exposition import Exposition, select_collectors
-from exporter.nvml import NvmlSource
-from exporter.nvml import source as nvml_source
-from exporter.poller import Poller
-from exporter.sdnotify import Notifier
-from exporter.server import create_app
-from exporter.source import SourceError
+from gpuwarden.catalog import select_collectors
+from gpuwarden.collectors import CollectOptions
+from gpuwarden.config import load_config
+from gpuwarden.daemon import Daemon, bind
+from gpuwarden.exposition import Exposition
+from gpuwarden.nvml import NvmlSource
+from gpuwarden.nvml import source as nvml_source
+from gpuwarden.poller import Poller
+from gpuwarden.sdnotify import Notifier
+from gpuwarden.server import create_app
+from gpuwarden.source import SourceError
 
 REPO = Path(__file__).parent.parent
 H200X2 = trace("h200x2-ddp_straggler")
@@ -127,7 +128,7 @@ def _poll_until(p: Poller, cond: object, timeout: float = 5.0) -> None:
     ["uninitialized", "lib_rm_version_mismatch", "unknown", "all_gpus_lost"],
 )
 def test_driver_reload_reinitialises_nvml(fake: FakeNvml, fault: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="exporter")
+    caplog.set_level(logging.INFO, logger="gpuwarden")
     p = nvml_poller()
     p.start(thread=False)
     p.poll_once()
@@ -196,8 +197,8 @@ def received(sock: socket.socket) -> list[str]:
 
 
 def app_for(p: Poller, stale_after: float) -> TestClient:
-    exp = Exposition(lambda: p.snapshot, select_collectors(), CollectOptions())
-    return TestClient(create_app(lambda: p.snapshot, exp, stale_after))
+    exp = Exposition(p, select_collectors(), CollectOptions())
+    return TestClient(create_app(p, exp, stale_after))
 
 
 def test_a_hanging_nvml_call_marks_data_stale_and_scrapes_still_answer(
@@ -360,7 +361,7 @@ def free_port() -> int:
 def start_serve(*args: str) -> tuple[subprocess.Popen[str], str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--web.listen-address", f"127.0.0.1:{port}", *args],
+        [sys.executable, "-m", "gpuwarden", "serve", "--web.listen-address", f"127.0.0.1:{port}", *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -20,15 +20,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import DATA, TRACES, render, replay_poller  # noqa: E402
 
-from exporter.insight.analyzer import InsightAnalyzer  # noqa: E402
-from exporter.replay import demo_trace_path  # noqa: E402
+from gpuwarden.insight.analyzer import InsightAnalyzer  # noqa: E402
+from gpuwarden.replay import demo_trace_path  # noqa: E402
 
 GOLDEN = DATA / "golden"
 POLLS = 40
-_VOLATILE = re.compile(
-    r"^((?:gpuwarden_last_poll_success_timestamp_seconds|gpuwarden_scrape_collector_duration_seconds)(?:\{[^}]*\})?) .*$",
-    re.M,
-)
+_MASKED = ("gpuwarden_last_poll_success_timestamp_seconds", "gpuwarden_scrape_collector_duration_seconds")
+_VOLATILE = re.compile(r"^((?:" + "|".join(_MASKED) + r")(?:\{[^}]*\})?) .*$", re.M)
 PATHS = [demo_trace_path(), *sorted(TRACES.glob("*.jsonl.gz"))]
 
 

@@ -6,7 +6,7 @@ truncated or damaged gzip). ``load_config`` must return a Config or raise Config
 return polls or raise TraceError - with one line, never a traceback of another exception.
 
 The tests named after a non-UTF-8 file, a control character and a damaged gzip pin defects these properties
-found (since fixed in exporter/config.py and exporter/trace.py).
+found (since fixed in gpuwarden/config.py and gpuwarden/trace.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from conftest import trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.config import Config, ConfigError, load_config
-from exporter.trace import TraceError, read_trace
+from gpuwarden.config import Config, ConfigError, load_config
+from gpuwarden.trace import TraceError, read_trace
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEYS = [*Config.model_fields, "pol_interval", ""]

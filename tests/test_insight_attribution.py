@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_insight_helpers import DDP, h100, run_trace
 
-from exporter.insight.attribution import JOB_KINDS, MAX_LABEL_CHARS, attribute_cgroup
+from gpuwarden.insight.attribution import JOB_KINDS, MAX_LABEL_CHARS, attribute_cgroup
 
 CID = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
 UID = "1b2c3d4e-aaaa-bbbb-cccc-0123456789ab"

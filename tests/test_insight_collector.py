@@ -8,17 +8,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_insight_helpers import DDP, h100, run_trace, snap_of
 
-from exporter.collectors import REGISTRY, CollectOptions
-from exporter.exposition import Exposition
-from exporter.insight.diagnosis import REASONS
-from exporter.insight.states import STATES
+from gpuwarden.collectors import CollectOptions
+from gpuwarden.exposition import Exposition
+from gpuwarden.insight.diagnosis import REASONS
+from gpuwarden.insight.states import STATES
+from gpuwarden.snapshot import Held
 
 
 def scrape(path, opts: CollectOptions | None = None, polls: int | None = None) -> dict[str, list]:  # noqa: ANN001
     static, trace_polls, results = run_trace(path)
     n = len(trace_polls) if polls is None else polls
     snap = snap_of(static, trace_polls[n - 1], results[n - 1])
-    text = Exposition(lambda: snap, [REGISTRY["insight"]], opts or CollectOptions()).render().decode()
+    text = Exposition(Held(snap), ["insight"], opts or CollectOptions()).render().decode()
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 

@@ -9,9 +9,9 @@ import threading
 import pytest
 from conftest import trace
 
-from exporter.insight import analyzer as an
-from exporter.insight.analyzer import DeferredInsight, InsightAnalyzer, InsightResult, insight_result
-from exporter.trace import read_trace
+from gpuwarden.insight import analyzer as an
+from gpuwarden.insight.analyzer import DeferredInsight, InsightAnalyzer, InsightResult, insight_result
+from gpuwarden.trace import read_trace
 
 
 @pytest.mark.parametrize("name", ["h200x2-ddp_straggler", "h100-starved_dataloader", "h100-compute_bound"])
@@ -45,8 +45,8 @@ def test_a_result_is_built_once_and_only_when_read(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_daemon_stores_a_deferred_result() -> None:
-    from exporter.config import Config
-    from exporter.daemon import build_analyzers
+    from gpuwarden.config import Config
+    from gpuwarden.daemon import build_analyzers
 
     header, polls = read_trace(trace("h100-idle"))
     value = build_analyzers(Config())["insight"](polls[0], header.node)

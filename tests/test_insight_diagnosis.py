@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from test_insight_helpers import DDP, h100, run, run_trace
 
-from exporter.insight.diagnosis import REASONS, REMEDIES, SEVERITY, GpuWindow, diagnose
-from exporter.trace import read_trace
+from gpuwarden.insight.diagnosis import REASONS, REMEDIES, SEVERITY, GpuWindow, diagnose
+from gpuwarden.trace import read_trace
 
 # ground truth: what each recorded workload (shared/gpu-workloads/workloads.py) does to the GPU
 EXPECTED = {

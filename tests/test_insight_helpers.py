@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.insight.analyzer import InsightAnalyzer, InsightResult
-from exporter.model import NodeStatic, PollResult
-from exporter.poller import NodeSnapshot
-from exporter.trace import read_trace
+from gpuwarden.insight.analyzer import InsightAnalyzer, InsightResult
+from gpuwarden.model import NodeStatic, PollResult
+from gpuwarden.snapshot import NodeSnapshot
+from gpuwarden.trace import read_trace
 
 TRACES = Path(__file__).parent / "data" / "traces"
 DDP = TRACES / "h200x2-ddp_straggler.jsonl.gz"

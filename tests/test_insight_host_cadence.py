@@ -1,4 +1,4 @@
-"""The live source reads the host's CPU times at most every 5 s (exporter.nvml.source.HOST_MIN_GAP); the insight
+"""The live source reads the host's CPU times at most every 5 s (gpuwarden.nvml.source.HOST_MIN_GAP); the insight
 analyzer carries the host's busy share over the polls without a host reading. On every recording (taken with a host
 reading at each 1 s poll), keeping one host reading in five leaves every verdict as it was and the host CPU
 evidence within 0.05 of the full reading."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from conftest import H100_SCENARIOS, trace
 
-from exporter.insight.analyzer import InsightAnalyzer
-from exporter.trace import read_trace
+from gpuwarden.insight.analyzer import InsightAnalyzer
+from gpuwarden.trace import read_trace
 
 TRACES = [f"h100-{s}" for s in H100_SCENARIOS] + ["h200x2-ddp_straggler"]
 

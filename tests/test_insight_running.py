@@ -1,4 +1,4 @@
-"""The insight analyzer's running windows (exporter.insight.analyzer._Running) equal the windows recomputed from
+"""The insight analyzer's running windows (gpuwarden.insight.analyzer._Running) equal the windows recomputed from
 scratch (``span_of`` + ``window_of``, the analyzer's original float computation, kept here as the oracle) at
 every poll: over real recordings with windows short enough that intervals leave them and jobs change, and over
 long synthetic streams (throttling, unknown values, values from 0 to 4e11, gaps). The running sums are exact
@@ -16,14 +16,14 @@ from collections.abc import Iterable, Sequence
 import pytest
 from conftest import H100_SCENARIOS, trace
 
-from exporter.insight import analyzer as an
-from exporter.insight import states as st
-from exporter.insight.analyzer import InsightAnalyzer, _Interval
-from exporter.insight.attribution import JobRef
-from exporter.insight.diagnosis import GpuWindow
-from exporter.insight.scores import starved_ratio
-from exporter.model import PollResult
-from exporter.trace import read_trace
+from gpuwarden.insight import analyzer as an
+from gpuwarden.insight import states as st
+from gpuwarden.insight.analyzer import InsightAnalyzer, _Interval
+from gpuwarden.insight.attribution import JobRef
+from gpuwarden.insight.diagnosis import GpuWindow
+from gpuwarden.insight.scores import starved_ratio
+from gpuwarden.model import PollResult
+from gpuwarden.trace import read_trace
 
 
 def _mean(pairs: Iterable[tuple[float | None, float]]) -> float | None:

@@ -7,7 +7,7 @@ import itertools
 import pytest
 from test_insight_helpers import DDP, h100, run_trace
 
-from exporter.insight.scores import imbalance, starved_ratio
+from gpuwarden.insight.scores import imbalance, starved_ratio
 
 
 def test_imbalance_bounds_and_extremes() -> None:

@@ -1,4 +1,4 @@
-"""Why the NVML layer skips the util.gpu sample buffer at polls under 2 s (exporter.nvml.device).
+"""Why the NVML layer skips the util.gpu sample buffer at polls under 2 s (gpuwarden.nvml.device).
 
 nvmlDeviceGetSamples costs ~2.8 ms of CPU per call on an H100 (docs/bench/h100-nvml-costs.json), the largest
 cost of a 1 s poll. The recorded traces were taken at a 1 s poll with the buffer (~5 samples a poll); run
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from conftest import H100_SCENARIOS, trace
 
-from exporter.insight.analyzer import InsightAnalyzer, InsightResult
-from exporter.trace import read_trace
+from gpuwarden.insight.analyzer import InsightAnalyzer, InsightResult
+from gpuwarden.trace import read_trace
 
 TRACES = [f"h100-{s}" for s in H100_SCENARIOS] + ["h200x2-ddp_straggler"]
 
@@ -64,7 +64,7 @@ def _held_gpm(polls: list, every: int) -> list:
 
 @pytest.mark.parametrize("name", TRACES)
 def test_verdicts_and_imbalance_hold_with_gpm_computed_every_10_s(name: str) -> None:
-    """The default GPM interval (exporter.nvml.device.GPM_INTERVAL, 10 s; nvmlGpmMetricsGet costs 1.3-2.4 ms of CPU
+    """The default GPM interval (gpuwarden.nvml.device.GPM_INTERVAL, 10 s; nvmlGpmMetricsGet costs 1.3-2.4 ms of CPU
     a call): every GPU keeps its verdict, and imbalance and SM activity move by at most 0.05."""
     header, polls = read_trace(trace(name))
     assert all(g.index == i for p in polls for i, g in enumerate(p.gpus))

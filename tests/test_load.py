@@ -45,7 +45,7 @@ def test_50_scrapers_for_10_seconds_against_8_replayed_gpus_have_no_error() -> N
 
 
 def test_the_derived_trace_is_what_its_script_makes() -> None:
-    from exporter.trace import read_trace
+    from gpuwarden.trace import read_trace
 
     spec = importlib.util.spec_from_file_location("make_8gpu_trace", REPO / "tools" / "make_8gpu_trace.py")
     assert spec is not None and spec.loader is not None

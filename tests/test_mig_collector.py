@@ -6,7 +6,7 @@ from __future__ import annotations
 from conftest import render, snapshot, trace
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.model import MigReading
+from gpuwarden.model import MigReading
 
 
 def test_mig_devices_get_memory_and_activity_series() -> None:

@@ -1,4 +1,4 @@
-"""Read cadence of the NVML layer (exporter.nvml.device): what is read every poll, what once per GPM interval,
+"""Read cadence of the NVML layer (gpuwarden.nvml.device): what is read every poll, what once per GPM interval,
 what at the slow cadence, and that readings carry the slower values in between.
 
 Driven through the fake pynvml (tests/fake_nvml.py) fed by the real 2xH200 recording, with explicit poll times.
@@ -12,8 +12,8 @@ import pytest
 from conftest import trace
 from fake_nvml import FakeNvml
 
-from exporter.nvml import NvmlSource
-from exporter.nvml.device import SLOW_FIELDS
+from gpuwarden.nvml import NvmlSource
+from gpuwarden.nvml.readings import SLOW_FIELDS
 
 H200X2 = trace("h200x2-ddp_straggler")
 
@@ -120,7 +120,7 @@ def test_a_gpm_value_that_is_nan_or_infinite_is_absent_and_counted(
     averaged by the insight windows) and counted as an error of that metric."""
     import pynvml
 
-    from exporter.nvml.gpm import GPM_IDS
+    from gpuwarden.nvml.gpm import GPM_IDS
 
     source, gpu, _ = _poller(fake, monkeypatch, gpm_interval=1.0)
     real = fake.nvmlGpmMetricsGet
@@ -162,7 +162,7 @@ def test_the_host_cpu_times_are_read_once_per_host_gap(fake: FakeNvml, monkeypat
     """psutil.cpu_times (/proc/stat) at most every host_min_gap seconds; the polls in between carry no host."""
     import types
 
-    import exporter.nvml.source as source_module
+    import gpuwarden.nvml.source as source_module
 
     clock = [1_800_000_000.0]
     fake_time = types.SimpleNamespace(time=lambda: clock[0], perf_counter=time.perf_counter, monotonic=time.monotonic)

@@ -7,8 +7,8 @@ import time
 import pytest
 from conftest import trace
 
-from exporter.replay import ReplaySource
-from exporter.trace import read_trace
+from gpuwarden.replay import ReplaySource
+from gpuwarden.trace import read_trace
 
 
 def test_replay_restamps_to_now_and_keeps_readings() -> None:

@@ -8,14 +8,15 @@ import time
 from conftest import replay_poller, trace
 from fastapi.testclient import TestClient
 
-from exporter.collectors import CollectOptions
-from exporter.exposition import Exposition, select_collectors
-from exporter.server import create_app, readiness
+from gpuwarden.catalog import select_collectors
+from gpuwarden.collectors import CollectOptions
+from gpuwarden.exposition import Exposition
+from gpuwarden.server import create_app, readiness
 
 
 def app_for(poller, stale_after: float = 5.0):  # noqa: ANN001, ANN201
-    exp = Exposition(lambda: poller.snapshot, select_collectors(), CollectOptions())
-    return TestClient(create_app(lambda: poller.snapshot, exp, stale_after))
+    exp = Exposition(poller, select_collectors(), CollectOptions())
+    return TestClient(create_app(poller, exp, stale_after))
 
 
 def test_readyz_fails_when_the_last_poll_is_stale() -> None:

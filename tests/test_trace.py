@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import H100_SCENARIOS, trace
 
-from exporter.trace import TraceError, TraceHeader, TraceWriter, read_trace
+from gpuwarden.trace import TraceError, TraceHeader, TraceWriter, read_trace
 
 
 @pytest.mark.parametrize("scenario", H100_SCENARIOS)

@@ -32,8 +32,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fastapi import FastAPI
 
-from exporter import webconfig
-from exporter.webconfig import (
+from gpuwarden import webconfig
+from gpuwarden.webconfig import (
     DEFAULT_OPEN_PATHS,
     BasicAuthMiddleware,
     WebConfig,
@@ -291,7 +291,7 @@ def test_bcrypt_runs_off_the_event_loop(hashed: str) -> None:
 
 
 def test_no_secret_in_logs(pki: PKI, hashed: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("DEBUG", logger="exporter.webconfig")
+    caplog.set_level("DEBUG", logger="gpuwarden.webconfig")
     mw = BasicAuthMiddleware(tiny_app(), {"prometheus": hashed.encode()}, DEFAULT_OPEN_PATHS)
     with serve(WebConfig(), app=mw) as url, httpx.Client(base_url=url, timeout=10) as c:
         c.get("/metrics", auth=("prometheus", "wrong-password-xyz"))
@@ -568,8 +568,8 @@ def test_same_verdict_as_promtool(example_dir: Path, promtool: str, hashed: str,
 
 
 def test_real_daemon_behind_web_config(pki: PKI, hashed: str, tmp_path: Path) -> None:
-    from exporter.config import load_config
-    from exporter.daemon import Daemon
+    from gpuwarden.config import load_config
+    from gpuwarden.daemon import Daemon
 
     path = write_config(
         tmp_path,

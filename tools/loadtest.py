@@ -180,7 +180,7 @@ def start_daemon(trace: Path, poll_interval: float = 1.0) -> tuple[subprocess.Po
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "serve",
             "--replay",
             str(trace),

@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.model import GpuReading, GpuStatic, PollResult  # noqa: E402
-from exporter.trace import TraceHeader, TraceWriter, read_trace  # noqa: E402
+from gpuwarden.model import GpuReading, GpuStatic, PollResult  # noqa: E402
+from gpuwarden.trace import TraceHeader, TraceWriter, read_trace  # noqa: E402
 
 SOURCE = REPO / "tests/data/traces/h200x2-ddp_straggler.jsonl.gz"
 OUT = REPO / "tests/data/traces/derived-8gpu.jsonl.gz"

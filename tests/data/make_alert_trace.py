@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.trace import TraceWriter, read_trace
+from gpuwarden.trace import TraceWriter, read_trace
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "traces" / "h100-compute_bound.jsonl.gz"

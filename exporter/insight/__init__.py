@@ -1,7 +1,0 @@
-"""Insight: time accounting, scores, job attribution and diagnosis, derived from polls.
-
-Pure functions over the plain models of ``exporter.model`` (no I/O), plus one stateful analyzer
-(``exporter.insight.analyzer.InsightAnalyzer``) that the poller calls after every poll and whose
-immutable result the ``insight`` collector, ``/api/v1/diagnosis`` and ``gpuwarden diagnose`` read.
-Every state, score and threshold is defined in ``docs/scores.md``.
-"""

@@ -1,5 +1,0 @@
-"""Replay: the Source interface fed by a recorded trace, for demos, tests and diagnosis offline."""
-
-from exporter.replay.source import ReplaySource, demo_trace_path
-
-__all__ = ["ReplaySource", "demo_trace_path"]

@@ -1,0 +1,654 @@
+"""The catalogue: every scalar NVML reading, every metric family and every collector, each declared once.
+
+What derives from it:
+
+- the NVML layer (``gpuwarden.nvml.device``) reads each declared ``Reading`` - calling each NVML function once
+  per poll even where several readings share it, batching the field values - and scales it to base units;
+- the collectors (``gpuwarden.collectors``) export each ``Family`` that names its reading without code of
+  their own, and build the hand-written families (``reading`` is None) from the same declaration, so a family's
+  name, type, help and labels exist in one place;
+- the configuration checks collector names against ``COLLECTORS`` without importing a collector;
+- ``docs/metrics.md`` and the field list of ``docs/trace-format.md`` are generated from it
+  (``python3 -m gpuwarden.docs``); the test fake of NVML answers every declared reading from a recorded trace.
+
+This module imports nothing from NVML: NVML's functions, constants and field ids are named as strings and
+resolved by the NVML layer, the only importer of ``pynvml``. Irregular readings stay hand-written in the NVML
+layer where a table would make them worse: memory (v2 with a v1 fallback), the util.gpu sample buffer, GPM,
+MIG, processes, remapped rows, static facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Cadence = Literal["poll", "slow"]
+FamilyType = Literal["gauge", "counter", "info"]
+
+#: Labels every per-GPU series carries: the NVML index and the UUID.
+GPU_LABELS = ("gpu", "uuid")
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One scalar reading of a GPU: where NVML has it and how it becomes a ``GpuReading`` field.
+
+    ``field``: the ``GpuReading`` attribute; ``key``: the key within it when the field is a dict (one reading
+    per clock domain, per ECC counter, ...). ``call``: the pynvml function called with the device handle and
+    then ``args`` (names of pynvml constants), or the name of an ``NVML_FI_*`` field id (read in one
+    nvmlDeviceGetFieldValues batch per cadence). ``pick``: the attribute (str) or item (int) of the result that
+    holds the value. ``scale``: factor to base units (mW -> W is 0.001). ``cadence``: every poll, or every
+    ``slow_interval_seconds`` (carried between reads). ``integer``: kept as int. ``only_if``: a ``GpuStatic``
+    attribute that must be true for the reading to be asked at all. ``source`` names the NVML definition.
+    """
+
+    field: str
+    call: str
+    key: str | None = None
+    args: tuple[str, ...] = ()
+    pick: str | int | None = None
+    scale: float = 1.0
+    cadence: Cadence = "poll"
+    integer: bool = False
+    only_if: str | None = None
+
+    @property
+    def is_field_value(self) -> bool:
+        """True when ``call`` names an NVML field id (nvmlDeviceGetFieldValues) rather than a function."""
+        return self.call.startswith("NVML_FI_")
+
+    @property
+    def call_name(self) -> str:
+        """The name under which failures are counted (``gpuwarden_nvml_errors_total{call}``)."""
+        return f"{self.call}({self.key})" if self.key is not None and not self.is_field_value else self.call
+
+
+_NS = 1e-9
+_PERCENT = 0.01
+_MILLI = 0.001
+
+#: Clock domains: key of GpuReading.clock_hertz / GpuStatic.clock_max_hertz -> NVML clock type.
+CLOCK_DOMAINS: dict[str, str] = {
+    "graphics": "NVML_CLOCK_GRAPHICS",
+    "sm": "NVML_CLOCK_SM",
+    "memory": "NVML_CLOCK_MEM",
+    "video": "NVML_CLOCK_VIDEO",
+}
+
+#: Temperature thresholds: key of GpuStatic.temperature_thresholds_celsius -> nvmlTemperatureThresholds_t.
+TEMPERATURE_THRESHOLDS: dict[str, str] = {
+    "shutdown": "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",
+    "slowdown": "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
+    "memory_max": "NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
+    "gpu_max": "NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
+}
+
+#: Clock event (throttle) reasons: bit of nvmlDeviceGetCurrentClocksEventReasons -> snake_case of NVML's
+#: nvmlClocksEventReason* name.
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x001: "gpu_idle",
+    0x002: "applications_clocks_setting",
+    0x004: "sw_power_cap",
+    0x008: "hw_slowdown",
+    0x010: "sync_boost",
+    0x020: "sw_thermal_slowdown",
+    0x040: "hw_thermal_slowdown",
+    0x080: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+#: ECC counters: key of GpuReading.ecc_errors_total ("<type>_<counter>") -> (error type, counter type).
+ECC_COUNTERS: dict[str, tuple[str, str]] = {
+    "corrected_volatile": ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
+    "uncorrected_volatile": ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+    "corrected_aggregate": ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"),
+    "uncorrected_aggregate": ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"),
+}
+
+#: Keys of GpuReading.remapped_rows (nvmlDeviceGetRemappedRows): row counts, then 0/1 flags.
+REMAPPED_ROWS = ("corrected", "uncorrected", "pending", "failure")
+
+_MIB = 1048576.0
+#: GPM metrics: key of GpuReading.gpm -> (nvmlGpmMetricId_t name, scale to base units). Activities become ratios
+#: in [0, 1] (NVML: percent); rates bytes per second (NVML: MiB/s).
+GPM_METRICS: dict[str, tuple[str, float]] = {
+    "graphics_activity": ("NVML_GPM_METRIC_GRAPHICS_UTIL", _PERCENT),
+    "sm_activity": ("NVML_GPM_METRIC_SM_UTIL", _PERCENT),  # DCGM: SM activity
+    "sm_occupancy": ("NVML_GPM_METRIC_SM_OCCUPANCY", _PERCENT),  # DCGM: SM occupancy
+    "tensor_activity": ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", _PERCENT),
+    "dram_activity": ("NVML_GPM_METRIC_DRAM_BW_UTIL", _PERCENT),
+    "fp64_activity": ("NVML_GPM_METRIC_FP64_UTIL", _PERCENT),
+    "fp32_activity": ("NVML_GPM_METRIC_FP32_UTIL", _PERCENT),
+    "fp16_activity": ("NVML_GPM_METRIC_FP16_UTIL", _PERCENT),
+    "integer_activity": ("NVML_GPM_METRIC_INTEGER_UTIL", _PERCENT),
+    "pcie_rx_bytes_per_second": ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", _MIB),
+    "pcie_tx_bytes_per_second": ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", _MIB),
+    "nvlink_rx_bytes_per_second": ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", _MIB),
+    "nvlink_tx_bytes_per_second": ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", _MIB),
+}
+
+#: Every scalar reading, in the order the NVML layer reads them.
+READINGS: tuple[Reading, ...] = (
+    Reading("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates", pick="gpu", scale=_PERCENT),
+    Reading("utilization_memory_ratio", "nvmlDeviceGetUtilizationRates", pick="memory", scale=_PERCENT),
+    Reading("temperature_gpu_celsius", "nvmlDeviceGetTemperature", args=("NVML_TEMPERATURE_GPU",)),
+    Reading("power_usage_watts", "nvmlDeviceGetPowerUsage", scale=_MILLI),
+    Reading("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", scale=_MILLI),
+    Reading("fan_speed_ratio", "nvmlDeviceGetFanSpeed", scale=_PERCENT),
+    *(
+        Reading("clock_hertz", "nvmlDeviceGetClockInfo", key=domain, args=(ctype,), scale=1e6)
+        for domain, ctype in CLOCK_DOMAINS.items()
+    ),
+    Reading("clock_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", integer=True),
+    Reading("performance_state", "nvmlDeviceGetPerformanceState", integer=True),
+    Reading("pcie_generation", "nvmlDeviceGetCurrPcieLinkGeneration", integer=True),
+    # field values (nanosecond duration counters become seconds)
+    Reading("temperature_memory_celsius", "NVML_FI_DEV_MEMORY_TEMP"),
+    Reading(
+        "clock_event_seconds_total", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP", key="sw_power_cap", scale=_NS
+    ),
+    Reading("clock_event_seconds_total", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST", key="sync_boost", scale=_NS),
+    Reading(
+        "clock_event_seconds_total",
+        "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+        key="sw_thermal_slowdown",
+        scale=_NS,
+    ),
+    # the slow cadence: expensive reads (docs/performance.md) and counters that alerts read over minutes
+    Reading("pcie_replay_total", "NVML_FI_DEV_PCIE_REPLAY_COUNTER", cadence="slow", integer=True),
+    Reading(
+        "clock_event_seconds_total",
+        "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+        key="hw_thermal_slowdown",
+        scale=_NS,
+        cadence="slow",
+    ),
+    Reading(
+        "clock_event_seconds_total",
+        "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
+        key="hw_power_brake_slowdown",
+        scale=_NS,
+        cadence="slow",
+    ),
+    Reading("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", cadence="slow", integer=True),
+    Reading("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption", scale=_MILLI, cadence="slow"),
+    *(
+        Reading(
+            "ecc_errors_total",
+            "nvmlDeviceGetTotalEccErrors",
+            key=key,
+            args=types,
+            cadence="slow",
+            integer=True,
+            only_if="ecc_enabled",
+        )
+        for key, types in ECC_COUNTERS.items()
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family as exposed: ``name`` (counters end in ``_total``, info families in ``_info``), ``type``,
+    ``help``, the ``collector`` that yields it and its ``labels`` beyond ``gpu`` and ``uuid`` (``per_gpu``: it has
+    those two).
+
+    A family that shows one field needs no code: ``reading`` names a ``GpuReading`` field (one sample per GPU
+    that is up and has it), or ``static`` a ``GpuStatic`` field (one per GPU). ``key`` picks one entry of a
+    dict-valued field; where the whole dict is shown, ``labels[0]`` takes its keys. ``only_if`` names a
+    ``GpuStatic`` attribute that must be true for a GPU's sample. Families with neither ``reading`` nor
+    ``static`` are built by their collector's own code from this declaration.
+    """
+
+    name: str
+    type: FamilyType
+    help: str
+    collector: str
+    reading: str | None = None
+    static: str | None = None
+    key: str | None = None
+    labels: tuple[str, ...] = ()
+    per_gpu: bool = True
+    only_if: str | None = None
+
+    @property
+    def base_name(self) -> str:
+        """The name prometheus_client's metric families take: without ``_total`` / ``_info``."""
+        if self.type == "counter":
+            return self.name.removesuffix("_total")
+        if self.type == "info":
+            return self.name.removesuffix("_info")
+        return self.name
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        """Every label of the family's series, GPU labels first."""
+        return (GPU_LABELS if self.per_gpu else ()) + self.labels
+
+
+_MIG_LABELS = ("mig_uuid", "gpu_instance", "compute_instance")
+
+
+def _g(name: str, help: str, collector: str, **kw: object) -> Family:
+    return Family(name, "gauge", help, collector, **kw)  # type: ignore[arg-type]
+
+
+def _c(name: str, help: str, collector: str, **kw: object) -> Family:
+    return Family(name, "counter", help, collector, **kw)  # type: ignore[arg-type]
+
+
+#: Every metric family, in the order each collector yields them.
+FAMILIES: tuple[Family, ...] = (
+    # device
+    Family(
+        "gpu_info",
+        "info",
+        "Identity of each GPU (value 1): name, PCI bus id, serial, VBIOS, architecture, compute capability.",
+        "device",
+        labels=("name", "pci_bus_id", "serial", "vbios_version", "architecture", "compute_capability"),
+    ),
+    Family(
+        "gpu_driver_info",
+        "info",
+        "NVIDIA driver, NVML and CUDA driver versions of the node (value 1).",
+        "device",
+        labels=("driver_version", "nvml_version", "cuda_driver_version"),
+        per_gpu=False,
+    ),
+    _g("gpu_up", "1 when the GPU answered this poll, 0 when it could not be read (lost, off the bus).", "device"),
+    _g("gpu_devices", "Number of GPUs gpuwarden watches on this node.", "device", per_gpu=False),
+    # utilization
+    _g(
+        "gpu_utilization_ratio",
+        "Fraction of the last sample period in which one or more kernels ran on the GPU (NVML util.gpu).",
+        "utilization",
+        reading="utilization_gpu_ratio",
+    ),
+    _g(
+        "gpu_memory_copy_utilization_ratio",
+        "Fraction of the last sample period in which device memory was read or written (NVML util.memory).",
+        "utilization",
+        reading="utilization_memory_ratio",
+    ),
+    # memory
+    _g("gpu_memory_total_bytes", "Total device memory, in bytes.", "memory", reading="memory_total_bytes"),
+    _g("gpu_memory_used_bytes", "Device memory used by allocations, in bytes.", "memory", reading="memory_used_bytes"),
+    _g("gpu_memory_free_bytes", "Device memory free, in bytes.", "memory", reading="memory_free_bytes"),
+    _g(
+        "gpu_memory_reserved_bytes",
+        "Device memory reserved by the driver and firmware, in bytes.",
+        "memory",
+        reading="memory_reserved_bytes",
+    ),
+    # thermal
+    _g(
+        "gpu_temperature_celsius",
+        "GPU die temperature, in degrees Celsius.",
+        "thermal",
+        reading="temperature_gpu_celsius",
+    ),
+    _g(
+        "gpu_memory_temperature_celsius",
+        "Device memory (HBM) temperature, in degrees Celsius.",
+        "thermal",
+        reading="temperature_memory_celsius",
+    ),
+    _g(
+        "gpu_fan_speed_ratio",
+        "Fan speed as a fraction of its maximum (cards with a fan only).",
+        "thermal",
+        reading="fan_speed_ratio",
+    ),
+    _g(
+        "gpu_temperature_threshold_celsius",
+        "The card's temperature thresholds: slowdown (clocks drop), shutdown, gpu_max and memory_max (max operating).",
+        "thermal",
+        static="temperature_thresholds_celsius",
+        labels=("threshold",),
+    ),
+    # power
+    _g("gpu_power_usage_watts", "Power draw of the board, in watts.", "power", reading="power_usage_watts"),
+    _g(
+        "gpu_power_limit_watts",
+        "Power limit the driver enforces now, in watts.",
+        "power",
+        reading="power_limit_watts",
+    ),
+    _g(
+        "gpu_power_default_limit_watts",
+        "Default power limit of the board, in watts.",
+        "power",
+        static="power_limit_default_watts",
+    ),
+    _c(
+        "gpu_energy_joules_total",
+        "Energy consumed since the driver loaded, in joules (read every slow interval).",
+        "power",
+        reading="energy_joules_total",
+    ),
+    # clocks
+    _g("gpu_clock_hertz", "Current clock frequency, in hertz.", "clocks", reading="clock_hertz", labels=("clock",)),
+    _g(
+        "gpu_clock_max_hertz",
+        "Maximum clock frequency of the GPU, in hertz.",
+        "clocks",
+        static="clock_max_hertz",
+        labels=("clock",),
+    ),
+    _g(
+        "gpu_performance_state",
+        "Performance state (P-state): 0 is the highest performance, 15 the lowest.",
+        "clocks",
+        reading="performance_state",
+    ),
+    # clock_events
+    _g(
+        "gpu_clock_event_reason_active",
+        "1 when this clock event reason holds the clocks down now (nvmlDeviceGetCurrentClocksEventReasons).",
+        "clock_events",
+        labels=("reason",),
+    ),
+    _c(
+        "gpu_clock_event_reason_seconds_total",
+        "Cumulative time the clocks were held down for this reason, in seconds (NVML duration counters).",
+        "clock_events",
+        reading="clock_event_seconds_total",
+        labels=("reason",),
+    ),
+    # pcie
+    _g("gpu_pcie_link_generation", "Current PCIe link generation.", "pcie", reading="pcie_generation"),
+    _g("gpu_pcie_link_width", "Current PCIe link width (lanes).", "pcie", reading="pcie_width"),
+    _g(
+        "gpu_pcie_receive_bytes_per_second",
+        "PCIe traffic to the GPU (host to device), bytes per second over the last GPM interval.",
+        "pcie",
+        reading="gpm",
+        key="pcie_rx_bytes_per_second",
+    ),
+    _g(
+        "gpu_pcie_transmit_bytes_per_second",
+        "PCIe traffic from the GPU (device to host), bytes per second over the last GPM interval.",
+        "pcie",
+        reading="gpm",
+        key="pcie_tx_bytes_per_second",
+    ),
+    _g(
+        "gpu_pcie_link_max_generation",
+        "Maximum PCIe link generation of the GPU and slot.",
+        "pcie",
+        static="pcie_max_generation",
+    ),
+    _g("gpu_pcie_link_max_width", "Maximum PCIe link width (lanes).", "pcie", static="pcie_max_width"),
+    _c(
+        "gpu_pcie_replay_errors_total",
+        "PCIe replays (link-level retransmissions) since the driver loaded.",
+        "pcie",
+        reading="pcie_replay_total",
+    ),
+    # gpm
+    _g(
+        "gpu_graphics_engine_activity_ratio",
+        "Fraction of time the graphics or compute engine was active (GPM graphics util).",
+        "gpm",
+        reading="gpm",
+        key="graphics_activity",
+    ),
+    _g(
+        "gpu_sm_activity_ratio",
+        "Fraction of time an SM had at least one warp resident, averaged over all SMs (GPM SM util; DCGM SM activity).",
+        "gpm",
+        reading="gpm",
+        key="sm_activity",
+    ),
+    _g(
+        "gpu_sm_occupancy_ratio",
+        "Resident warps relative to the maximum, averaged over SMs (GPM SM occupancy; DCGM SM occupancy).",
+        "gpm",
+        reading="gpm",
+        key="sm_occupancy",
+    ),
+    _g(
+        "gpu_tensor_activity_ratio",
+        "Fraction of time any tensor pipe was active (GPM any-tensor util).",
+        "gpm",
+        reading="gpm",
+        key="tensor_activity",
+    ),
+    _g(
+        "gpu_dram_activity_ratio",
+        "Device memory bandwidth used relative to the maximum (GPM DRAM bandwidth util).",
+        "gpm",
+        reading="gpm",
+        key="dram_activity",
+    ),
+    _g(
+        "gpu_pipe_activity_ratio",
+        "Fraction of time the SMs used this non-tensor pipe (GPM).",
+        "gpm",
+        labels=("pipe",),
+    ),
+    _g(
+        "gpu_nvlink_receive_bytes_per_second",
+        "NVLink receive rate, all links. Bytes per second (GPM).",
+        "gpm",
+        reading="gpm",
+        key="nvlink_rx_bytes_per_second",
+        only_if="nvlink_link_count",
+    ),
+    _g(
+        "gpu_nvlink_transmit_bytes_per_second",
+        "NVLink transmit rate, all links. Bytes per second (GPM).",
+        "gpm",
+        reading="gpm",
+        key="nvlink_tx_bytes_per_second",
+        only_if="nvlink_link_count",
+    ),
+    # ecc
+    _g("gpu_ecc_enabled", "1 when ECC is enabled on the GPU.", "ecc", static="ecc_enabled"),
+    _c(
+        "gpu_ecc_errors_total",
+        "ECC errors by type (corrected, uncorrected); counter volatile counts since the driver loaded, aggregate "
+        "over the GPU's life.",
+        "ecc",
+        labels=("type", "counter"),
+    ),
+    _c(
+        "gpu_remapped_rows_total",
+        "Rows remapped because of corrected or uncorrected errors.",
+        "ecc",
+        labels=("type",),
+    ),
+    _g(
+        "gpu_row_remap_pending",
+        "1 when a row remap is pending: the GPU needs a reset to apply it.",
+        "ecc",
+        reading="remapped_rows",
+        key="pending",
+    ),
+    _g(
+        "gpu_row_remap_failure",
+        "1 when a row remap failed: the GPU should be serviced.",
+        "ecc",
+        reading="remapped_rows",
+        key="failure",
+    ),
+    # xid
+    _c(
+        "gpu_xid_errors_total",
+        "XID errors reported by the driver since gpuwarden started, by XID code.",
+        "xid",
+        labels=("xid",),
+    ),
+    _g(
+        "gpu_xid_last_event_timestamp_seconds",
+        "Unix time of the last XID error of this code.",
+        "xid",
+        labels=("xid",),
+    ),
+    # processes
+    _g("gpu_compute_processes", "Number of compute processes holding a context on the GPU.", "processes"),
+    _g(
+        "gpu_process_memory_used_bytes",
+        "GPU memory used by one process, in bytes (the largest processes of each GPU only).",
+        "processes",
+        labels=("pid", "process_name"),
+    ),
+    # mig
+    _g("gpu_mig_mode_enabled", "1 when MIG mode is enabled on the GPU.", "mig", static="mig_enabled"),
+    _g("gpu_mig_memory_used_bytes", "Memory used on the MIG device, in bytes.", "mig", labels=_MIG_LABELS),
+    _g("gpu_mig_memory_total_bytes", "Memory of the MIG device, in bytes.", "mig", labels=_MIG_LABELS),
+    _g("gpu_mig_sm_activity_ratio", "SM activity of the MIG device (GPM).", "mig", labels=_MIG_LABELS),
+    _g("gpu_mig_sm_occupancy_ratio", "SM occupancy of the MIG device (GPM).", "mig", labels=_MIG_LABELS),
+    _g("gpu_mig_tensor_activity_ratio", "Tensor pipe activity of the MIG device (GPM).", "mig", labels=_MIG_LABELS),
+    _g("gpu_mig_dram_activity_ratio", "DRAM bandwidth used by the MIG device (GPM).", "mig", labels=_MIG_LABELS),
+    _g(
+        "gpu_mig_graphics_engine_activity_ratio",
+        "Engine activity of the MIG device (GPM).",
+        "mig",
+        labels=_MIG_LABELS,
+    ),
+    # insight
+    _c(
+        "gpu_state_seconds_total",
+        "Seconds the GPU spent in each state (see docs/scores.md).",
+        "insight",
+        labels=("state",),
+    ),
+    _g(
+        "gpu_starved_ratio",
+        "Share of the last {window} s in which the GPU sat idle while the job holding it worked.",
+        "insight",
+    ),
+    _g(
+        "gpu_diagnosis",
+        "1 when the reason is the GPU's verdict or an extra finding, else 0.",
+        "insight",
+        labels=("reason",),
+    ),
+    _g(
+        "gpu_node_imbalance_ratio",
+        "Load imbalance over the node's GPUs: 0 balanced, 1 one GPU does all the work (docs/scores.md).",
+        "insight",
+        per_gpu=False,
+    ),
+    _g(
+        "gpu_job_imbalance_ratio",
+        "Load imbalance over the GPUs of one job: 0 balanced, 1 one GPU does all the work (docs/scores.md).",
+        "insight",
+        labels=("job_id", "job_kind"),
+        per_gpu=False,
+    ),
+    Family(
+        "gpu_process_job_info",
+        "info",
+        "The job of a GPU process: Kubernetes pod UID, Slurm job, container, systemd unit, cgroup or user/command.",
+        "insight",
+        labels=("pid", "job_id", "job_kind", "container_id", "user", "command"),
+    ),
+    # exporter (the daemon's own)
+    Family(
+        "gpuwarden_build_info",
+        "info",
+        "gpuwarden version and runtime (value 1).",
+        "exporter",
+        labels=("version", "python_version", "nvml_binding_version"),
+        per_gpu=False,
+    ),
+    Family(
+        "gpuwarden_source_info",
+        "info",
+        "Where readings come from: nvml (live) or replay (a recorded trace).",
+        "exporter",
+        labels=("source", "trace"),
+        per_gpu=False,
+    ),
+    _g("gpuwarden_source_up", "1 when the last poll of the source succeeded.", "exporter", per_gpu=False),
+    _c("gpuwarden_polls_total", "Polls completed.", "exporter", per_gpu=False),
+    _c("gpuwarden_poll_failures_total", "Polls that failed as a whole.", "exporter", per_gpu=False),
+    _g("gpuwarden_poll_interval_seconds", "Configured time between polls.", "exporter", per_gpu=False),
+    _g("gpuwarden_poll_duration_seconds", "Duration of the last poll of every GPU.", "exporter", per_gpu=False),
+    _g(
+        "gpuwarden_last_poll_success_timestamp_seconds",
+        "Unix time of the last successful poll; alert on time() minus this.",
+        "exporter",
+        per_gpu=False,
+    ),
+    _c(
+        "gpuwarden_nvml_errors_total",
+        "NVML calls that failed, by call and NVML error.",
+        "exporter",
+        labels=("call", "error"),
+        per_gpu=False,
+    ),
+    # the exposition itself, per collector
+    _g(
+        "gpuwarden_scrape_collector_success",
+        "1 when the collector rendered without error.",
+        "(exposition)",
+        labels=("collector",),
+        per_gpu=False,
+    ),
+    _g(
+        "gpuwarden_scrape_collector_duration_seconds",
+        "Time the collector took to render, in seconds.",
+        "(exposition)",
+        labels=("collector",),
+        per_gpu=False,
+    ),
+)
+
+FAMILY: dict[str, Family] = {f.name: f for f in FAMILIES}
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorInfo:
+    """A collector's name (``--collector.NAME``), whether it runs by default, and its one-line help."""
+
+    name: str
+    enabled_by_default: bool
+    help: str
+
+
+#: Every collector, by name. ``exporter`` (the daemon's own metrics) cannot be disabled.
+COLLECTORS: dict[str, CollectorInfo] = {
+    c.name: c
+    for c in (
+        CollectorInfo("clock_events", True, "Clock event (throttle) reasons as 0/1 per reason, and seconds per reason"),
+        CollectorInfo("clocks", True, "Current and maximum clocks (SM, memory, graphics, video) and P-state"),
+        CollectorInfo("device", True, "GPU identity (gpu_info), driver versions, up/down per GPU, GPU count"),
+        CollectorInfo("ecc", True, "ECC mode and error counters, remapped rows, row-remap pending/failure"),
+        CollectorInfo(
+            "exporter", True, "gpuwarden's own metrics: build info, polls, poll duration, freshness, NVML errors"
+        ),
+        CollectorInfo(
+            "gpm", True, "GPM activity: SM activity/occupancy, tensor, DRAM, FP16/32/64/integer pipes, NVLink"
+        ),
+        CollectorInfo(
+            "insight", True, "GPU state seconds, starved ratio, imbalance, job attribution and diagnosis"
+        ),
+        CollectorInfo("memory", True, "Device memory total/used/free/reserved (nvmlDeviceGetMemoryInfo v2)"),
+        CollectorInfo("mig", True, "MIG mode, and memory and GPM activity per MIG device"),
+        CollectorInfo("pcie", True, "PCIe link generation/width, RX/TX bytes per second (GPM), replay errors"),
+        CollectorInfo("power", True, "Power draw, enforced/default power limits, energy counter"),
+        CollectorInfo("processes", True, "Compute process count and GPU memory per process (top N per GPU)"),
+        CollectorInfo(
+            "thermal", True, "GPU and memory temperature, the card's slowdown/shutdown thresholds, fan speed"
+        ),
+        CollectorInfo("utilization", True, "GPU and memory-controller utilization (nvmlDeviceGetUtilizationRates)"),
+        CollectorInfo("xid", True, "XID error counters per code and last event time (NVML events)"),
+    )
+}
+
+
+def select_collectors(enable: tuple[str, ...] | list[str] = (), disable: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Return the names of the collectors to run, sorted: enabled by default, plus ``enable``, minus ``disable``.
+
+    Raises ValueError naming an unknown collector, or when ``exporter`` (self-metrics) is disabled.
+    """
+    on, off = set(enable), set(disable)
+    unknown = sorted((on | off) - set(COLLECTORS))
+    if unknown:
+        raise ValueError(f"unknown collector {unknown[0]!r} (known: {', '.join(sorted(COLLECTORS))})")
+    if "exporter" in off:
+        raise ValueError("collector 'exporter' (self-metrics) cannot be disabled")
+    return [name for name, c in sorted(COLLECTORS.items()) if (c.enabled_by_default or name in on) and name not in off]

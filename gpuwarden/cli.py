@@ -1,0 +1,236 @@
+"""The ``gpuwarden`` command: serve, record, diagnose, check-config."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from gpuwarden import __version__
+from gpuwarden.source import SourceError
+
+EXIT_USAGE = 2
+EXIT_RUNTIME = 1
+
+
+def _die(msg: str, code: int = EXIT_RUNTIME) -> int:
+    print(f"gpuwarden: {msg}", file=sys.stderr)
+    return code
+
+
+def _meta(values: list[str]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--meta expects KEY=VALUE, got {v!r}")
+        out[key] = val
+    return out
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Record a trace from live NVML."""
+    from gpuwarden.nvml import NvmlSource
+    from gpuwarden.record import record
+
+    try:
+        meta = _meta(args.meta)
+    except ValueError as exc:
+        return _die(str(exc), EXIT_USAGE)
+    # a trace is for analysis and replay: GPM and the util.gpu sample buffer at every poll, whatever they cost
+    source = NvmlSource(
+        slow_interval=args.slow_interval,
+        gpm_interval=0.0,
+        samples_min_gap=0.0,
+        host_min_gap=0.0,
+        processes=not args.no_processes,
+    )
+    try:
+        n = record(source, Path(args.out), args.duration, args.interval, meta)
+    except SourceError as exc:
+        return _die(str(exc))
+    except OSError as exc:
+        return _die(f"cannot write {args.out}: {exc.strerror or exc}")
+    print(f"recorded {n} polls to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _serve_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """Return the config keys given as flags (flags that were not given are left out)."""
+    from gpuwarden.catalog import COLLECTORS
+
+    out: dict[str, object] = {}
+    simple = {
+        "listen_address": args.listen_address,
+        "web_config_file": args.web_config_file,
+        "poll_interval_seconds": args.poll_interval,
+        "slow_interval_seconds": args.slow_interval,
+        "gpm_interval_seconds": args.gpm_interval,
+        "replay": args.replay,
+        "log_level": args.log_level,
+    }
+    out.update({k: v for k, v in simple.items() if v is not None})
+    if args.demo:
+        out["demo"] = True
+    if args.wait_for_nvml:
+        out["wait_for_nvml"] = True
+    if args.gpus is not None:
+        try:
+            out["gpus"] = [int(x) for x in args.gpus.split(",") if x.strip()]
+        except ValueError as exc:
+            raise ValueError(f"--gpus expects comma-separated indices, got {args.gpus!r}") from exc
+    if args.no_processes:
+        out["processes"] = {"enabled": False}
+    enable = [n for n in COLLECTORS if getattr(args, f"collector_{n}", None) is True]
+    disable = [n for n in COLLECTORS if getattr(args, f"collector_{n}", None) is False]
+    if enable or disable:
+        out["collectors"] = {"enable": enable, "disable": disable}
+    return out
+
+
+def _load(args: argparse.Namespace):  # noqa: ANN202 - returns Config
+    from gpuwarden.config import load_config
+
+    return load_config(Path(args.config) if args.config else None, _serve_overrides(args))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGINT/SIGTERM."""
+    from gpuwarden.config import ConfigError
+    from gpuwarden.daemon import Daemon, StartupError, bind
+
+    try:
+        cfg = _load(args)
+        daemon = Daemon(cfg, reload=lambda: _load(args))  # a bad web config raises WebConfigError, a ConfigError
+    except (ConfigError, ValueError) as exc:
+        return _die(str(exc), EXIT_USAGE)
+    logging.getLogger().setLevel(cfg.log_level.upper())
+    try:
+        sock = bind(cfg)
+    except StartupError as exc:
+        return _die(str(exc))
+    try:
+        daemon.start()
+    except SourceError as exc:
+        sock.close()
+        return _die(str(exc))
+    snap = daemon.poller.snapshot
+    assert snap is not None  # start() took the first poll
+    print(
+        f"gpuwarden {__version__} serving {len(snap.static.gpus)} GPU(s) "
+        f"from {daemon.poller.source.kind} on {daemon.scheme}://{cfg.listen_address}/metrics",
+        file=sys.stderr,
+    )
+    daemon.serve(sock)
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Validate a configuration file and print the effective configuration."""
+    from gpuwarden.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(Path(args.file))
+        if cfg.web_config_file is not None:
+            from gpuwarden.webconfig import load_web_config
+
+            load_web_config(cfg.web_config_file)
+    except ConfigError as exc:
+        return _die(str(exc), EXIT_USAGE)
+    print(f"{args.file}: OK")
+    print(yaml_dump(cfg.model_dump(mode="json")))
+    return 0
+
+
+def yaml_dump(data: object) -> str:
+    """Return ``data`` as block-style YAML."""
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False).rstrip()
+
+
+def cmd_collectors(args: argparse.Namespace) -> int:
+    """List the collectors, their default state and what they export."""
+    from gpuwarden.catalog import COLLECTORS
+
+    for name, spec in sorted(COLLECTORS.items()):
+        print(f"{name:14s} {'on ' if spec.enabled_by_default else 'off'}  {spec.help}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of every subcommand."""
+    p = argparse.ArgumentParser(prog="gpuwarden", description="NVIDIA GPU monitoring daemon and Prometheus exporter")
+    p.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the daemon: poll the GPUs and serve /metrics")
+    s.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    s.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        metavar="HOST:PORT",
+        help="address to serve on (default 0.0.0.0:10400)",
+    )
+    s.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="exporter-toolkit web config: TLS and basic auth",
+    )
+    s.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (default 1)")
+    s.add_argument("--slow-interval", type=float, metavar="S", help="seconds between energy/ECC reads (default 30)")
+    s.add_argument("--gpm-interval", type=float, metavar="S", help="seconds GPM metrics average over (default 10)")
+    s.add_argument("--gpus", metavar="I,J", help="NVML indices to watch (default all)")
+    s.add_argument("--no-processes", action="store_true", help="do not read GPU processes")
+    s.add_argument("--replay", metavar="FILE", help="serve a recorded trace (looping) instead of live NVML")
+    s.add_argument("--demo", action="store_true", help="serve the real trace shipped in the package (no GPU needed)")
+    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--wait-for-nvml",
+        action="store_true",
+        help="if NVML is missing at start, serve gpuwarden_source_up 0 and retry instead of exiting",
+    )
+    from gpuwarden.catalog import COLLECTORS
+
+    for name, spec in sorted(COLLECTORS.items()):
+        s.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action="store_true",
+            default=None,
+            help=f"enable: {spec.help}" + ("" if spec.enabled_by_default else " (off by default)"),
+        )
+        s.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false", help=argparse.SUPPRESS)
+    s.set_defaults(func=cmd_serve)
+    c = sub.add_parser("check-config", help="validate a configuration file")
+    c.add_argument("file")
+    c.set_defaults(func=cmd_check_config)
+    from gpuwarden import diagnose
+
+    diagnose.add_parser(sub)
+    ls = sub.add_parser("collectors", help="list collectors and their default state")
+    ls.set_defaults(func=cmd_collectors)
+    r = sub.add_parser("record", help="record a trace of raw NVML readings (JSON Lines)")
+    r.add_argument("--duration", type=float, required=True, help="seconds to record")
+    r.add_argument("--out", required=True, help="trace file to write (.jsonl, or .jsonl.gz)")
+    r.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
+    r.add_argument("--slow-interval", type=float, default=10.0, help="seconds between energy/ECC reads (default 10)")
+    r.add_argument("--no-processes", action="store_true", help="do not record GPU processes")
+    r.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata for the header")
+    r.set_defaults(func=cmd_record)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gpuwarden`` console script; returns the exit status."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

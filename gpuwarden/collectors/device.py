@@ -1,0 +1,52 @@
+"""Identity and presence: ``gpu_info``, ``gpu_driver_info``, ``gpu_up``, ``gpu_devices``.
+
+Sources: static facts (nvmlDeviceGetName/UUID/PciInfo/Serial/VbiosVersion/Architecture,
+nvmlSystemGetDriverVersion, ...) and whether this poll could read the GPU at all.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import InfoMetricFamily, Metric
+
+from gpuwarden.catalog import Family
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family
+from gpuwarden.snapshot import NodeSnapshot
+
+
+@builds("gpu_info")
+def gpu_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return one info sample per GPU with its identity labels (empty values left out)."""
+    info = new_family(fam)
+    assert isinstance(info, InfoMetricFamily)
+    for s in snap.static.gpus:
+        values = {k: getattr(s, k) for k in fam.labels}
+        info.add_metric(gpu_label_values(s), {k: v for k, v in values.items() if v})
+    return info
+
+
+@builds("gpu_driver_info")
+def driver_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return the node's driver, NVML and CUDA driver versions as one info sample."""
+    info = new_family(fam)
+    assert isinstance(info, InfoMetricFamily)
+    values = {k: getattr(snap.static, k) for k in fam.labels}
+    info.add_metric([], {k: v for k, v in values.items() if v})
+    return info
+
+
+@builds("gpu_up")
+def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return 1 per GPU that answered the last poll, 0 per GPU that did not (empty before the first poll)."""
+    up = new_family(fam)
+    if snap.poll is not None:
+        for g in snap.poll.gpus:
+            up.add_metric(gpu_label_values(g), 1.0 if g.up else 0.0)  # type: ignore[attr-defined]
+    return up
+
+
+@builds("gpu_devices")
+def gpu_devices(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return the number of GPUs watched."""
+    count = new_family(fam)
+    count.add_metric([], len(snap.static.gpus))  # type: ignore[attr-defined]
+    return count

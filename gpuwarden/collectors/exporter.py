@@ -1,0 +1,92 @@
+"""The daemon's own health: build, source, polls, poll duration, freshness, NVML errors.
+
+Always enabled: alerts on a stale or failing collection depend on it.
+"""
+
+from __future__ import annotations
+
+import platform
+
+from prometheus_client.core import InfoMetricFamily, Metric
+
+from gpuwarden import __version__
+from gpuwarden.catalog import Family
+from gpuwarden.collectors.registry import CollectOptions, builds, new_family
+from gpuwarden.snapshot import NodeSnapshot
+
+
+def _info(fam: Family, values: dict[str, str]) -> Metric:
+    info = new_family(fam)
+    assert isinstance(info, InfoMetricFamily)
+    info.add_metric([], values)
+    return info
+
+
+def _value(fam: Family, value: float) -> Metric:
+    metric = new_family(fam)
+    metric.add_metric([], value)  # type: ignore[attr-defined]
+    return metric
+
+
+@builds("gpuwarden_build_info")
+def build_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return gpuwarden's version, Python's and nvidia-ml-py's."""
+    return _info(
+        fam,
+        {
+            "version": __version__,
+            "python_version": platform.python_version(),
+            "nvml_binding_version": snap.static.binding_version or "",
+        },
+    )
+
+
+@builds("gpuwarden_source_info")
+def source_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return the source (nvml or replay) and what describes it (the trace's name)."""
+    return _info(fam, {"source": snap.source, **snap.extra_info})
+
+
+@builds("gpuwarden_source_up")
+def source_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return 1 when the last poll of the source succeeded."""
+    return _value(fam, 1.0 if snap.source_up else 0.0)
+
+
+@builds("gpuwarden_polls_total")
+def polls(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return the polls completed."""
+    return _value(fam, snap.polls_total)
+
+
+@builds("gpuwarden_poll_failures_total")
+def poll_failures(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return the polls that failed as a whole."""
+    return _value(fam, snap.poll_failures_total)
+
+
+@builds("gpuwarden_poll_interval_seconds")
+def poll_interval(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return the configured poll interval, in seconds."""
+    return _value(fam, snap.interval_seconds)
+
+
+@builds("gpuwarden_poll_duration_seconds")
+def poll_duration(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the duration of the last poll, in seconds (absent before the first)."""
+    return _value(fam, snap.poll.duration_seconds) if snap.poll is not None else None
+
+
+@builds("gpuwarden_last_poll_success_timestamp_seconds")
+def last_success(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the Unix time of the last successful poll (absent before the first)."""
+    return _value(fam, snap.last_success_timestamp) if snap.last_success_timestamp is not None else None
+
+
+@builds("gpuwarden_nvml_errors_total")
+def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return the NVML failures by call and error (the family is there, empty, while there are none)."""
+    errors = new_family(fam)
+    for (call, err), n in sorted(snap.errors.items()):
+        errors.add_metric([call, err], n)  # type: ignore[attr-defined]
+    return errors

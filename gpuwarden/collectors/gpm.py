@@ -1,0 +1,33 @@
+"""GPM activity (Hopper and newer): the pipe activities as one family with a ``pipe`` label.
+
+The other GPM families (SM activity and occupancy, tensor, DRAM, NVLink, PCIe rates) are declared readings of
+``gpuwarden.catalog``. Averages over the last GPM interval (``gpm_interval_seconds``) from nvmlGpmMetricsGet; names
+follow DCGM's profiling fields (SM activity = DCGM_FI_PROF_SM_ACTIVE, SM occupancy = DCGM_FI_PROF_SM_OCCUPANCY).
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import Metric
+
+from gpuwarden.catalog import Family
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, readings
+from gpuwarden.snapshot import NodeSnapshot
+
+#: label value of ``pipe`` -> key of GpuReading.gpm
+PIPES = (
+    ("fp16", "fp16_activity"),
+    ("fp32", "fp32_activity"),
+    ("fp64", "fp64_activity"),
+    ("integer", "integer_activity"),
+)
+
+
+@builds("gpu_pipe_activity_ratio")
+def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the FP16, FP32, FP64 and integer pipe activities (0-1) of each GPU that has them."""
+    pipes = new_family(fam)
+    for g in readings(snap):
+        for pipe, key in PIPES:
+            if key in g.gpm:
+                pipes.add_metric([*gpu_label_values(g), pipe], g.gpm[key])  # type: ignore[attr-defined]
+    return pipes if pipes.samples else None

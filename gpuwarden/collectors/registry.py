@@ -1,0 +1,133 @@
+"""The collector registry: each collector yields its families from the catalogue, in declaration order.
+
+A family whose declaration names a reading (``gpuwarden.catalog.Family.reading`` or ``static``) is built here,
+with no code of its collector's own; a hand-written family is built by the function its collector module
+registers with ``@builds(family name)``. Either way the name, type, help and labels come from the catalogue.
+Collectors never call NVML and keep no state: they turn the latest NodeSnapshot into fresh prometheus_client
+metric families on every render. Learned from node_exporter (one file per domain, ``--collector.NAME``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+
+from gpuwarden.catalog import COLLECTORS, FAMILIES, FAMILY, GPU_LABELS, Family
+from gpuwarden.model import GpuReading, GpuStatic
+from gpuwarden.snapshot import NodeSnapshot
+
+
+@dataclass(frozen=True)
+class CollectOptions:
+    """Knobs collectors read (from the configuration): the bound on per-process series per GPU."""
+
+    max_processes_per_gpu: int = 16
+
+
+#: Builds one hand-written family from the snapshot; None leaves the family out of this render.
+Builder = Callable[[NodeSnapshot, CollectOptions, Family], Metric | None]
+
+_BUILDERS: dict[str, Builder] = {}
+_BY_COLLECTOR: dict[str, tuple[Family, ...]] = {
+    name: tuple(f for f in FAMILIES if f.collector == name) for name in COLLECTORS
+}
+
+
+def builds(name: str) -> Callable[[Builder], Builder]:
+    """Register the decorated function as the builder of the hand-written family ``name``.
+
+    Raises ValueError when ``name`` is not declared in the catalogue, is declared with a reading (it needs no
+    builder) or already has one.
+    """
+    fam = FAMILY.get(name)
+    if fam is None or fam.reading is not None or fam.static is not None:
+        raise ValueError(f"family {name!r} is not a hand-written family of the catalogue")
+    if name in _BUILDERS:
+        raise ValueError(f"family {name!r} has two builders")
+
+    def wrap(fn: Builder) -> Builder:
+        _BUILDERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def collect(name: str, snap: NodeSnapshot, opts: CollectOptions) -> Iterator[Metric]:
+    """Yield collector ``name``'s families for ``snap``, in catalogue order. A declared family with no sample is
+    left out (an unsupported reading is absent, never 0); a builder decides for its own family."""
+    for fam in _BY_COLLECTOR[name]:
+        if fam.reading is None and fam.static is None:
+            metric = _BUILDERS[fam.name](snap, opts, fam)
+        else:
+            metric = declared(snap, fam)
+        if metric is not None:
+            yield metric
+
+
+def missing_builders() -> list[str]:
+    """Return the hand-written families of the catalogue that no collector module builds (a test keeps it empty)."""
+    return [
+        f.name
+        for f in FAMILIES
+        if f.reading is None and f.static is None and f.collector in COLLECTORS and f.name not in _BUILDERS
+    ]
+
+
+def new_family(fam: Family, doc: str | None = None) -> Metric:
+    """Return an empty prometheus_client family for the declaration ``fam`` (``doc`` overrides its help).
+
+    Gauges and counters take ``fam.all_labels``; an info family takes the GPU labels (its own labels are the keys
+    of each sample's value).
+    """
+    text = fam.help if doc is None else doc
+    if fam.type == "info":
+        return InfoMetricFamily(fam.base_name, text, labels=list(GPU_LABELS) if fam.per_gpu else None)
+    if fam.type == "counter":
+        return CounterMetricFamily(fam.base_name, text, labels=list(fam.all_labels))
+    return GaugeMetricFamily(fam.base_name, text, labels=list(fam.all_labels))
+
+
+def gpu_label_values(g: GpuReading | GpuStatic) -> list[str]:
+    """Return the values of the GPU labels for a GPU: [index as str, uuid]."""
+    return [str(g.index), g.uuid]
+
+
+def readings(snap: NodeSnapshot) -> Iterator[GpuReading]:
+    """Yield the readings of every GPU that is up in the latest poll (none before the first poll)."""
+    if snap.poll is None:
+        return
+    for g in snap.poll.gpus:
+        if g.up:
+            yield g
+
+
+def declared(snap: NodeSnapshot, fam: Family) -> Metric | None:
+    """Return the family of a declared field for every GPU that has it, or None when no GPU has it.
+
+    ``fam.reading`` reads the up GPUs' ``GpuReading`` field, ``fam.static`` each GPU's ``GpuStatic`` field; a
+    dict-valued field gives one sample per key (label ``fam.labels[0]``, keys sorted) unless ``fam.key`` picks one.
+    """
+    metric = new_family(fam)
+    add = metric.add_metric  # type: ignore[attr-defined]
+    statics = {s.index: s for s in snap.static.gpus} if fam.only_if is not None else {}
+    sources: Iterator[GpuReading | GpuStatic] = readings(snap) if fam.reading is not None else iter(snap.static.gpus)
+    attr = fam.reading if fam.reading is not None else fam.static
+    assert attr is not None
+    for g in sources:
+        if fam.only_if is not None:
+            s = statics.get(g.index)
+            if s is None or not getattr(s, fam.only_if):
+                continue
+        value = getattr(g, attr)
+        if isinstance(value, dict):
+            if fam.key is None:
+                labels = gpu_label_values(g)
+                for k, v in sorted(value.items()):
+                    add([*labels, k], float(v))
+                continue
+            value = value.get(fam.key)
+        if value is not None:
+            add(gpu_label_values(g), float(value))
+    return metric if metric.samples else None

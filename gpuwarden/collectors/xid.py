@@ -1,0 +1,40 @@
+"""XID errors as counters per code, from NVML events (nvmlEventTypeXidCriticalError).
+
+Counts start when the daemon starts. The critical codes that alerts watch are exported at 0 from the
+first poll, so the first occurrence is an increase that ``increase()`` sees; other codes appear when
+they first occur. Codes: NVIDIA's XID catalog (48 DBE, 63/64 row remap, 74 NVLink, 79 fallen off the
+bus, 92 high SBE rate, 94/95 contained/uncontained ECC, 119/120 GSP).
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import Metric
+
+from gpuwarden.catalog import Family
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, readings
+from gpuwarden.snapshot import NodeSnapshot
+
+#: XID codes exported at 0 before they ever occur.
+CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+
+
+@builds("gpu_xid_errors_total")
+def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the XID count per code and GPU since start (the critical codes at 0 before they occur)."""
+    total = new_family(fam)
+    for g in readings(snap):
+        seen = snap.xid.get(g.index, {})
+        for code in sorted(set(CRITICAL_XIDS) | set(seen)):
+            t = seen.get(code)
+            total.add_metric([*gpu_label_values(g), str(code)], t.count if t else 0)  # type: ignore[attr-defined]
+    return total if total.samples else None
+
+
+@builds("gpu_xid_last_event_timestamp_seconds")
+def xid_last(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the Unix time of the last XID of each code that occurred, per GPU."""
+    last = new_family(fam)
+    for g in readings(snap):
+        for code, t in sorted(snap.xid.get(g.index, {}).items()):
+            last.add_metric([*gpu_label_values(g), str(code)], t.last_timestamp)  # type: ignore[attr-defined]
+    return last if last.samples else None

@@ -1,0 +1,265 @@
+"""The validated configuration: a YAML file, overridden by environment variables, overridden by flags.
+
+Precedence (highest first): command-line flags, ``GPUWARDEN_*`` environment variables (nested keys with
+``__``, e.g. ``GPUWARDEN_PROCESSES__MAX_PER_GPU``), the YAML file given by ``--config``, the defaults.
+Unknown keys and bad values are refused with one line naming the key (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    YamlConfigSettingsSource,
+)
+
+from gpuwarden.catalog import select_collectors
+
+DEFAULT_PORT = 10400
+
+#: Seconds between reads of the slow readings (energy, ECC, remapped rows, PCIe link width and replays, hardware
+#: slowdown durations): counters and states that alerts read over minutes (dcgm-exporter reads everything every
+#: 30 s by default). NVML's energy counter is cumulative, so reading it less often loses no energy, only time
+#: resolution; power draw itself is read every poll. The cost of each read: docs/performance.md.
+SLOW_INTERVAL = 30.0
+
+#: Seconds GPM metrics average over, computed once per interval (nvmlGpmMetricsGet's cost: docs/performance.md);
+#: dcgm-exporter's default is 30 s. The insight verdicts use windows of 60 s and more.
+GPM_INTERVAL = 10.0
+
+
+class ConfigError(Exception):
+    """The configuration is unreadable or invalid; ``str()`` is one line naming the key."""
+
+
+class ProcessesConfig(BaseModel):
+    """Per-process readings: on/off, and how many processes per GPU get their own series."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    max_per_gpu: int = Field(default=16, ge=0, le=1024)
+
+
+class CollectorsConfig(BaseModel):
+    """Collectors to turn on beyond the defaults, and to turn off (names as in ``gpuwarden collectors``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enable: list[str] = Field(default_factory=list)
+    disable: list[str] = Field(default_factory=list)
+
+
+class InsightConfig(BaseModel):
+    """Scores and diagnosis: the window of gpu_starved_ratio and the imbalance scores."""
+
+    model_config = ConfigDict(extra="forbid")
+    window_seconds: float = Field(default=300.0, gt=0, le=86400)
+
+
+class _YamlFile(YamlConfigSettingsSource):
+    """pydantic-settings' YAML source, reading the file through ``read_yaml`` (one-line errors, text keys only)."""
+
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
+        return read_yaml(Path(str(file_path)))
+
+
+class Config(BaseSettings):
+    """Everything ``gpuwarden serve`` can be told; see README's configuration reference."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUWARDEN_", env_nested_delimiter="__", extra="forbid")
+
+    listen_address: str = Field(default=f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT to serve on")
+    web_config_file: Path | None = Field(default=None, description="exporter-toolkit web config (TLS, basic auth)")
+    poll_interval_seconds: float = Field(default=1.0, ge=0.05, le=300)
+    slow_interval_seconds: float = Field(
+        default=SLOW_INTERVAL, ge=1, le=3600, description="energy, ECC, row remap, PCIe width and replay reads"
+    )
+    gpm_interval_seconds: float = Field(
+        default=GPM_INTERVAL,
+        ge=0.1,
+        le=300,
+        description="GPM metrics are averages over this many seconds (at least a poll)",
+    )
+    stale_after_seconds: float | None = Field(
+        default=None, gt=0, description="readiness fails when the last poll is older (default 3 polls, at least 5 s)"
+    )
+    gpus: Annotated[list[int] | None, NoDecode] = Field(
+        default=None, description="NVML indices to watch, a list or comma-separated (default: all)"
+    )
+    xid_events: bool = True
+    processes: ProcessesConfig = Field(default_factory=ProcessesConfig)
+    collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
+    insight: InsightConfig = Field(default_factory=InsightConfig)
+    replay: Path | None = Field(default=None, description="serve a recorded trace instead of live NVML")
+    demo: bool = Field(default=False, description="serve the trace shipped in the package")
+    wait_for_nvml: bool = Field(
+        default=False,
+        description="when NVML is missing at start, serve gpuwarden_source_up 0 and retry instead of exiting 1",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _split_gpus(cls, v: Any) -> Any:
+        """Accept ``0,1`` (an environment variable, as ``--gpus 0,1``) as well as a list."""
+        if isinstance(v, str):
+            parts = [p.strip() for p in v.split(",") if p.strip()]
+            if not all(p.isdigit() for p in parts):
+                raise ValueError(f"expects comma-separated GPU indices, got {v!r}")
+            return [int(p) for p in parts]
+        return v
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_address(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError("must be HOST:PORT with a port in 0-65535")
+        return v
+
+    @property
+    def host(self) -> str:
+        """The host part of listen_address (brackets of an IPv6 literal removed)."""
+        return self.listen_address.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        """The port part of listen_address."""
+        return int(self.listen_address.rpartition(":")[2])
+
+    @property
+    def stale_after(self) -> float:
+        """Seconds after which the last poll is stale: stale_after_seconds, else max(3 polls, 5 s)."""
+        return self.stale_after_seconds or max(3 * self.poll_interval_seconds, 5.0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Order the sources: flags (init), then environment, then the YAML file."""
+        path = _CONFIG_FILE.get()
+        files = (_YamlFile(settings_cls, yaml_file=path),) if path is not None else ()
+        return init_settings, env_settings, *files
+
+
+#: The YAML file of the Config being loaded (set by load_config for the duration of one load).
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("gpuwarden_config_file", default=None)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Return the mapping in the YAML file ``path``. Raises ConfigError (unreadable, invalid, not a mapping)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        detail = str(getattr(exc, "problem", None) or exc).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {detail}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    _check_keys(path, data)
+    return data
+
+
+def _check_keys(path: Path, data: Any) -> None:
+    """Raise ConfigError when a mapping in ``data`` has a key that is not text (YAML allows ``1:`` or ``null:``).
+
+    Walks iteratively and visits each container once: YAML anchors can make ``data`` refer to itself.
+    """
+    seen: set[int] = set()
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, dict | list) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if not isinstance(key, str):
+                    raise ConfigError(f"{path}: every key must be text, found {key!r}")
+                stack.append(value)
+        else:
+            stack.extend(item)
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Return the Config from ``path`` (optional), the environment and ``overrides`` (flags).
+
+    Raises ConfigError with one line such as ``poll_interval_seconds: Input should be greater than or equal
+    to 0.05`` or ``unknown key 'pol_interval'``. Collector names are checked against the registry.
+    """
+    token = _CONFIG_FILE.set(path)
+    try:
+        cfg = Config(**(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, path, overrides or {})) from exc
+    except SettingsError as exc:  # an environment variable that is not valid JSON for a list or mapping key
+        raise ConfigError(_settings_error(exc)) from exc
+    finally:
+        _CONFIG_FILE.reset(token)
+    try:
+        select_collectors(cfg.collectors.enable, cfg.collectors.disable)
+    except ValueError as exc:
+        raise ConfigError(f"collectors: {exc}") from exc
+    if cfg.replay is not None and cfg.demo:
+        raise ConfigError("replay and demo exclude each other: give one")
+    return cfg
+
+
+def env_name(loc: tuple[str | int, ...]) -> str | None:
+    """Return the environment variable that set the key at ``loc`` (``GPUWARDEN_A__B``), None if none is set."""
+    for depth in range(len(loc), 0, -1):
+        name = "GPUWARDEN_" + "__".join(str(p) for p in loc[:depth]).upper()
+        if any(k.upper() == name for k in os.environ):
+            return name
+    return None
+
+
+def _settings_error(exc: SettingsError) -> str:
+    msg = str(exc).splitlines()[0]
+    for name in Config.model_fields:
+        if f'field "{name}"' in msg:
+            var = env_name((name,)) or f"GPUWARDEN_{name.upper()}"
+            return f"environment variable {var}: not a valid value for {name}"
+    return msg
+
+
+def _one_line(exc: ValidationError, path: Path | None, overrides: dict[str, Any]) -> str:
+    err = exc.errors()[0]
+    loc = tuple(err["loc"])
+    key = ".".join(str(p) for p in loc)
+    var = env_name(loc) if loc and loc[0] not in overrides else None
+    if var is not None:
+        prefix = f"environment variable {var}: "
+    elif loc and loc[0] in overrides:
+        prefix = ""
+    else:
+        prefix = f"{path}: " if path is not None else ""
+    if err["type"] == "extra_forbidden":
+        return f"{prefix}unknown key {key!r}"
+    value = err.get("input")
+    shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) else ""
+    return f"{prefix}{key}: {err['msg']}{shown}"

@@ -1,0 +1,304 @@
+"""Rendering a snapshot as the Prometheus exposition, through prometheus_client, once per snapshot and format.
+
+``families()`` runs every enabled collector over a snapshot and adds ``gpuwarden_scrape_collector_success`` /
+``_duration_seconds`` per collector (as node_exporter does): a failing collector is visible and does not take the
+others down. ``Exposition.render()`` caches the rendered bytes by snapshot sequence number and format, so any
+number of scrapes between two polls cost one render. The format is negotiated from the scrape's ``Accept`` header
+by prometheus_client (``choose_encoder``: the text format 0.0.4, or OpenMetrics 1.0 as Prometheus asks for it),
+and the body gzipped when ``Accept-Encoding`` allows (``gzip_accepted``), once per rendered text.
+
+The daemon renders ahead in the poll thread (``prerender``), in the format the last scrape asked for, so a scrape
+finds the text ready and only sends bytes; it renders ahead only on the last poll before the next scrape is due
+(scrapes are periodic: the next is expected one scrape gap after the last), so a 1 s poll scraped every 15 s pays
+one render per scrape, not fifteen. When polls come faster than once per ``min_age`` (1 s), the rendered text is
+reused for up to ``min_age``: rendering at most once a second bounds the CPU a fast poll costs.
+
+The text is written by prometheus_client's own encoders: the exposition format is the library's job, not ours. They
+are called per metric family, and only for the families that changed since the previous render (``FamilyTexts``):
+between two polls of a GPU most families are unchanged (identity, limits, thresholds, counters that did not move),
+and their text is reused.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+from gpuwarden.catalog import FAMILY
+from gpuwarden.collectors import CollectOptions, collect
+from gpuwarden.collectors.registry import new_family
+from gpuwarden.snapshot import NodeSnapshot, SnapshotHolder
+
+log = logging.getLogger(__name__)
+
+_OPENMETRICS_EOF = b"# EOF\n"
+
+
+@dataclass(frozen=True)
+class Format:
+    """A negotiated exposition format: its ``content_type`` and prometheus_client's encoder for it.
+
+    ``openmetrics``: the encoder ends its output with ``# EOF``, which a per-family render strips and the whole
+    exposition carries once.
+    """
+
+    content_type: str
+    encoder: Callable[..., bytes]
+
+    @property
+    def openmetrics(self) -> bool:
+        """True for the OpenMetrics text format."""
+        return self.content_type.startswith("application/openmetrics-text")
+
+
+@functools.lru_cache(maxsize=64)
+def negotiate(accept: str | None) -> Format:
+    """Return the format for an ``Accept`` header (prometheus_client's ``choose_encoder``; the 0.0.4 text format
+    when the header is absent or names nothing it knows)."""
+    encoder, content_type = choose_encoder(accept or "")
+    return Format(content_type, encoder)
+
+
+#: The format of a request that asks for none.
+PLAIN = negotiate(None)
+
+
+def families(snap: NodeSnapshot, collectors: list[str], options: CollectOptions) -> Iterator[Metric]:
+    """Yield every enabled collector's families for ``snap``, then per-collector success and duration."""
+    success = new_family(FAMILY["gpuwarden_scrape_collector_success"])
+    duration = new_family(FAMILY["gpuwarden_scrape_collector_duration_seconds"])
+    assert isinstance(success, GaugeMetricFamily) and isinstance(duration, GaugeMetricFamily)
+    for name in collectors:
+        start = time.perf_counter()
+        try:
+            made = list(collect(name, snap, options))
+            ok = 1.0
+        except Exception:  # noqa: BLE001 - one collector's failure must not break the scrape
+            log.exception("collector %s failed", name)
+            made, ok = [], 0.0
+        yield from made
+        success.add_metric([name], ok)
+        duration.add_metric([name], time.perf_counter() - start)
+    yield success
+    yield duration
+
+
+class _One:
+    """A collector of one metric family: what an encoder is given to render that family alone."""
+
+    __slots__ = ("family",)
+
+    def __init__(self, family: Metric) -> None:
+        self.family = family
+
+    def collect(self) -> list[Metric]:
+        """Return the family."""
+        return [self.family]
+
+
+class FamilyTexts:
+    """Renders a sequence of metric families with one format's encoder, reusing the text of each family that is
+    equal (name, help, type, unit and samples: ``Metric.__eq__``) to the same-named family of the previous call.
+
+    ``render(families)`` returns the same bytes as the encoder over a collector yielding ``families`` (the text
+    formats are the concatenation of each family's block, OpenMetrics closed by one ``# EOF``;
+    tests/test_exposition_cache.py checks it on every poll of real recordings). Not thread-safe: the caller holds
+    a lock.
+    """
+
+    def __init__(self, fmt: Format = PLAIN) -> None:
+        self.format = fmt
+        self._previous: dict[str, tuple[Metric, bytes]] = {}
+        self.rendered = 0  # families rendered by the last call (the others were reused)
+
+    def render(self, metrics: Iterator[Metric] | list[Metric]) -> bytes:
+        """Return the exposition of ``metrics`` in this format (UTF-8 bytes)."""
+        previous = self._previous
+        current: dict[str, tuple[Metric, bytes]] = {}
+        parts: list[bytes] = []
+        rendered = 0
+        encode, strip = self.format.encoder, self.format.openmetrics
+        for fam in metrics:
+            old = previous.get(fam.name)
+            if old is not None and old[0] == fam:
+                text = old[1]
+            else:
+                text = encode(_One(fam))
+                if strip:
+                    text = text.removesuffix(_OPENMETRICS_EOF)
+                rendered += 1
+            current[fam.name] = (fam, text)
+            parts.append(text)
+        if strip:
+            parts.append(_OPENMETRICS_EOF)
+        self._previous = current
+        self.rendered = rendered
+        return b"".join(parts)
+
+
+#: After a scrape, render ahead at every poll for at most this long while the next one is not known to be due
+#: later (the period is not known yet, or the scrape is overdue); Prometheus's scrape intervals are seconds to a
+#: minute.
+FIRST_GAP_MAX = 120.0
+
+
+class Exposition:
+    """Renders the latest snapshot of ``holder`` (the poller) to an exposition format, cached per snapshot.
+
+    ``render(snap, fmt)`` returns bytes; it re-renders when the snapshot's ``seq`` changed, except that with a
+    poll interval shorter than ``min_age`` seconds a render less than ``min_age`` old is served (see module doc),
+    unless the source went up or down since (stale readings are withdrawn, and come back, at once).
+    ``cached(fmt)`` (called by the server for each scrape, whose time and format it notes) returns the text when
+    ``render()`` would not need to render, or the previous text while another thread renders the next one, else
+    None. ``prerender(snap)`` is the poll thread's hook. ``gzipped(body)`` compresses a rendered body once.
+    """
+
+    def __init__(
+        self,
+        holder: SnapshotHolder,
+        collectors: list[str],
+        options: CollectOptions,
+        min_age: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._holder = holder
+        self._clock = clock
+        self._last_scrape: float | None = None
+        self._scrape_gap: float | None = None
+        self._lock = threading.Lock()
+        self.min_age = min_age
+        self.collectors = collectors
+        self.options = options
+        self._format = PLAIN  # the format of the last scrape: what prerender renders
+        self._gzip = False  # whether the last scrape accepted gzip
+        # per content type: (snapshot seq, source_up, monotonic render time, text)
+        self._cache: dict[str, tuple[int, bool, float, bytes]] = {}
+        self._texts: dict[str, FamilyTexts] = {}
+        self._gz: tuple[bytes, bytes] | None = None  # (text, its gzip)
+
+    def reconfigure(self, collectors: list[str], options: CollectOptions) -> None:
+        """Use new collectors and options from the next render on (configuration reload)."""
+        with self._lock:
+            self.collectors = collectors
+            self.options = options
+            self._cache = {}
+            self._texts = {}
+
+    def families(self, snap: NodeSnapshot) -> Iterator[Metric]:
+        """Yield the families of ``snap`` that a render would encode (the enabled collectors' and per collector)."""
+        return families(snap, self.collectors, self.options)
+
+    def _valid(self, snap: NodeSnapshot, age_limit: float, fmt: Format) -> bytes | None:
+        cached = self._cache.get(fmt.content_type)
+        if cached is None:
+            return None
+        seq, up, at, body = cached
+        if seq >= snap.seq:  # greater: the poll thread rendered the next snapshot just before publishing it
+            return body
+        if up == snap.source_up and snap.interval_seconds < self.min_age and self._clock() - at < age_limit:
+            return body
+        return None
+
+    def cached(self, fmt: Format = PLAIN, gzip_ok: bool = False) -> bytes | None:
+        """Note a scrape (its time, format and whether it takes gzip); return what ``render()`` would return if it
+        needs no render (b"" before the first snapshot; at fast polls up to 2 x ``min_age`` old), else None."""
+        now = self._clock()
+        ahead = self._rendering_ahead(now)  # the poll thread has been rendering ahead of scrapes
+        if self._last_scrape is not None:
+            self._scrape_gap = now - self._last_scrape
+        self._last_scrape = now
+        self._format, self._gzip = fmt, gzip_ok
+        snap = self._holder.snapshot
+        if snap is None:
+            return b""
+        # at fast polls the poll thread re-renders once the text is min_age old (when it renders ahead, i.e. once the
+        # scrape period is known); a scrape in between is served the text up to 2 x min_age old rather than render
+        body = self._valid(snap, 2 * self.min_age if ahead else self.min_age, fmt)
+        if body is None and self._lock.locked():
+            # the poll thread is rendering this very snapshot: serve the previous poll's text rather than queue
+            # behind a render that takes tens of ms at 64 GPUs (unless the source went up or down since)
+            cached = self._cache.get(fmt.content_type)
+            if cached is not None and cached[1] == snap.source_up:
+                return cached[3]
+        return body
+
+    def _rendering_ahead(self, now: float) -> bool:
+        last = self._last_scrape
+        return last is not None and (self._scrape_gap is not None or now - last <= FIRST_GAP_MAX)
+
+    def prerender(self, snap: NodeSnapshot | None = None, poll_interval: float | None = None) -> bool:
+        """Render ``snap`` (default the latest snapshot) now, in the last scrape's format, if a scrape is expected
+        before the next poll; return True when it rendered. ``poll_interval`` defaults to the snapshot's.
+
+        Expected: the last scrape plus the last gap between two scrapes comes before the next poll
+        (``poll_interval`` from now) or has passed (a late scrape, or a gap that did not tell the period: a probe
+        or a person's request between two of Prometheus's scrapes). After the first scrape, until a second one
+        shows the period, every poll renders. Before any scrape, only the first render is made. Once no scrape
+        has come for FIRST_GAP_MAX seconds, or two gaps if longer (scrapes stopped: Prometheus is down), nothing
+        is rendered ahead until the next scrape, which renders for itself. When the last scrape took gzip, the
+        text is compressed here too.
+        """
+        snap = snap if snap is not None else self._holder.snapshot
+        if snap is None:
+            return False
+        interval = snap.interval_seconds if poll_interval is None else poll_interval
+        last, gap, now = self._last_scrape, self._scrape_gap, self._clock()
+        fmt = self._format
+        have = fmt.content_type in self._cache
+        if last is None:
+            if have:
+                return False
+        elif have and now - last > max(FIRST_GAP_MAX, 2 * (gap or 0.0)):
+            return False
+        elif gap is not None and now + interval < last + gap:
+            return False
+        body = self.render(snap, fmt)
+        if self._gzip:
+            self.gzipped(body)
+        return True
+
+    def render(self, snap: NodeSnapshot | None = None, fmt: Format = PLAIN) -> bytes:
+        """Return the exposition of ``snap`` (default the latest snapshot) in ``fmt`` (b"" before the first
+        snapshot)."""
+        snap = snap if snap is not None else self._holder.snapshot
+        if snap is None:
+            return b""
+        body = self._valid(snap, self.min_age, fmt)
+        if body is not None:
+            return body
+        with self._lock:
+            body = self._valid(snap, self.min_age, fmt)
+            if body is not None:
+                return body
+            texts = self._texts.get(fmt.content_type)
+            if texts is None:
+                texts = self._texts[fmt.content_type] = FamilyTexts(fmt)
+            body = texts.render(self.families(snap))
+            self._cache[fmt.content_type] = (snap.seq, snap.source_up, self._clock(), body)
+            return body
+
+    def gzipped(self, body: bytes) -> bytes:
+        """Return ``body`` gzip-compressed, compressing each rendered text once (the last one is kept)."""
+        gz = self._gz
+        if gz is not None and gz[0] is body:
+            return gz[1]
+        packed = gzip.compress(body, compresslevel=6)
+        self._gz = (body, packed)
+        return packed
+
+
+def respond(
+    exposition: Exposition, accept: str | None, accept_encoding: str | None
+) -> tuple[bytes | None, Format, bool]:
+    """For a scrape's headers, return (the ready body or None when a render is needed, the format, gzip wanted)."""
+    fmt = PLAIN if not accept else negotiate(accept)
+    gz = gzip_accepted(accept_encoding or "")
+    return exposition.cached(fmt, gz), fmt, gz

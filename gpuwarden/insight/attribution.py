@@ -1,0 +1,119 @@
+"""Job attribution: which job a GPU process belongs to, from its cgroup path, user and command.
+
+Only what ``ProcessReading`` already holds is used (host PID, cgroup path from /proc/PID/cgroup, user,
+process name); nothing is read here. Recognised, in this order (first match wins):
+
+============== ============================================================== =========================
+kind           cgroup path shape (cgroup v2 and v1, systemd and cgroupfs)     job id
+============== ============================================================== =========================
+``kubernetes`` ``.../kubepods...-pod<UID>.slice/...`` or ``/kubepods/.../pod<UID>/<id>`` pod UID (dashes)
+``slurm``      ``.../job_<N>/...`` under ``slurm`` or ``slurmstepd.scope``     Slurm job id
+``container``  ``docker-<id>.scope``, ``/docker/<id>``, ``cri-containerd-``,   container id, 12 hex chars
+               ``crio-``, ``libpod-<id>.scope``, ``/containerd/.../<id>``
+``systemd``    ``/system.slice/<unit>.service`` (or any ``.service`` leaf)     unit name
+``cgroup``     any other cgroup below the root (not a login session)          the cgroup path
+``process``    root cgroup, a login session scope, or no cgroup               ``user/command``
+============== ============================================================== =========================
+
+Kubernetes pod name, namespace and container name need the kubelet pod-resources socket or the API
+server; they are not looked up (TODO in docs/scores.md): the pod UID joins with kube-state-metrics'
+``kube_pod_info{uid}``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuwarden.model import ProcessReading
+
+#: Job kinds, a bounded label value set.
+JOB_KINDS = ("kubernetes", "slurm", "container", "systemd", "cgroup", "process")
+
+#: Longest label value kept (cgroup paths and commands are cut here to bound label size).
+MAX_LABEL_CHARS = 128
+
+_HEX_ID = r"[0-9a-f]{12,64}"
+_POD_SYSTEMD = re.compile(r"kubepods[^/]*-pod([0-9a-f_]{36})\.slice")
+_POD_CGROUPFS = re.compile(r"/kubepods(?:/[a-z]+)?/pod([0-9a-f-]{36})(?:/|$)")
+_CONTAINER = re.compile(
+    rf"(?:docker-|cri-containerd-|crio-|libpod-|containerd-)({_HEX_ID})(?:\.scope)?(?:/|$)"
+    rf"|/(?:docker|containerd|libpod|crio)/(?:[^/]+/)*?({_HEX_ID})(?:/|$)"
+)
+_POD_CONTAINER = re.compile(rf"/({_HEX_ID})(?:\.scope)?(?:/|$)")
+_SLURM = re.compile(r"(?:slurm[^/]*)/(?:[^/]+/)*?job_(\d+)(?:/|$)")
+_UNIT = re.compile(r"/([^/]+\.service)(?:/|$)")
+_SESSION = re.compile(r"/session-[^/]+\.scope$|^/user\.slice(?:/[^/]+\.slice)?/?$")
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """The job a process belongs to.
+
+    ``kind`` is one of JOB_KINDS; ``job`` the job id (see the module table), at most MAX_LABEL_CHARS
+    characters; ``container_id`` the 12-character container id where the cgroup names one, else "".
+    """
+
+    kind: str
+    job: str
+    container_id: str = ""
+
+
+def _cut(s: str) -> str:
+    return s if len(s) <= MAX_LABEL_CHARS else s[: MAX_LABEL_CHARS - 1] + "…"
+
+
+def _container_id(path: str) -> str:
+    m = _CONTAINER.search(path)
+    if m:
+        return (m.group(1) or m.group(2))[:12]
+    return ""
+
+
+def fallback_job(user: str | None, command: str | None) -> JobRef:
+    """Return the ``process`` job ``user/command`` ("?" for what is unknown)."""
+    return JobRef("process", _cut(f"{user or '?'}/{command or '?'}"))
+
+
+def attribute_cgroup(cgroup: str | None, user: str | None = None, command: str | None = None) -> JobRef:
+    """Return the job of a process whose cgroup path is ``cgroup`` (see the module table).
+
+    ``user`` and ``command`` name the ``process`` fallback job. Never raises: an unrecognised or
+    missing path falls back to ``cgroup`` or ``process``.
+    """
+    if not cgroup or cgroup == "/":
+        return fallback_job(user, command)
+    path = cgroup if cgroup.startswith("/") else "/" + cgroup
+    m = _POD_SYSTEMD.search(path)
+    if m:
+        uid = m.group(1).replace("_", "-")
+        cid = _container_id(path)
+        return JobRef("kubernetes", uid, cid)
+    m = _POD_CGROUPFS.search(path)
+    if m:
+        rest = path[m.end() - 1 :] if path[m.end() - 1 : m.end()] == "/" else ""
+        c = _POD_CONTAINER.search(rest) if rest else None
+        return JobRef("kubernetes", m.group(1), c.group(1)[:12] if c else "")
+    m = _SLURM.search(path)
+    if m:
+        return JobRef("slurm", m.group(1))
+    cid = _container_id(path)
+    if cid:
+        return JobRef("container", cid, cid)
+    m = _UNIT.search(path)
+    if m and "user@" not in m.group(1):
+        return JobRef("systemd", _cut(m.group(1)))
+    if m and "user@" in m.group(1):
+        # a user's own service manager: the innermost unit, if any, below user@UID.service
+        inner = [u for u in re.findall(r"/([^/]+\.service)", path) if "user@" not in u]
+        if inner:
+            return JobRef("systemd", _cut(inner[-1]))
+        return fallback_job(user, command)
+    if _SESSION.search(path):
+        return fallback_job(user, command)
+    return JobRef("cgroup", _cut(path))
+
+
+def attribute(proc: ProcessReading) -> JobRef:
+    """Return the job of one GPU process, from its cgroup path, else its user and command name."""
+    return attribute_cgroup(proc.cgroup, proc.username, proc.name)

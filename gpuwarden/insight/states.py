@@ -1,0 +1,137 @@
+"""Time accounting: how each second of a GPU's wall time splits between states (docs/scores.md).
+
+Within a poll interval (previous poll, this poll], the NVML utilization sample buffer (one sample
+every ~1/6-1/5 s on an H100, ``GpuReading.utilization_samples``, when the poll read it: see
+gpuwarden.nvml.device) splits the interval into segments. A segment of ``dt`` seconds with util.gpu ``u``
+(the fraction of the sample period in which a kernel ran, NVML's definition) contributes ``u * dt`` to
+``busy``; its idle rest ``(1 - u) * dt`` goes to:
+
+- ``free``      no process holds the GPU (and its used memory is below FREE_MEMORY_BYTES);
+- ``starved``   a process holds it and its job is working: the GPU's processes use at least
+  JOB_CPU_BUSY_CORES of CPU over the interval, or the GPU ran work (a sample >= WORK_SAMPLE_RATIO)
+  within the last RECENT_WORK_SECONDS;
+- ``held_idle`` a process holds it, its processes use less CPU than that, and no recent GPU work;
+- ``unknown``   held, but the evidence is missing: process list off or not visible, or no process CPU
+  time readable (another PID namespace), and no recent GPU work; or no utilization reading at all.
+
+So busy + starved + held_idle + free + unknown is exactly the accounted wall time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: The states, in exposition order (a bounded label set).
+STATES = ("busy", "starved", "held_idle", "free", "unknown")
+
+#: A job whose GPU processes use at least this many CPU cores (user+sys s per s) is working. Our calibration
+#: from the H100 traces: held_idle 0.00-0.01 cores, every working scenario 0.78-1.03 cores.
+JOB_CPU_BUSY_CORES = 0.25
+
+#: A utilization sample at least this high means the GPU ran work in that sample period. NVML reports whole
+#: percent, so this is "any kernel at all"; the H100 idle and held_idle traces read exactly 0 in every sample,
+#: the least busy working scenario (starved_cpu_heavy) 0.01-0.03.
+WORK_SAMPLE_RATIO = 0.01
+
+#: GPU work within this many seconds keeps a held GPU's idle time ``starved`` rather than ``held_idle``
+#: (the issue's "GPU work issued recently"). Our choice: longer than a training step's input wait in the
+#: recorded scenarios (< 1 s), short enough that a notebook that stopped counts as held_idle within seconds.
+RECENT_WORK_SECONDS = 5.0
+
+#: With no process listed, a GPU with at least this much memory used is held by processes we cannot see
+#: (another PID namespace) rather than free. NVML memory info v2 excludes the driver's reserved memory
+#: (0 B used when idle on the H100); v1 includes it (~0.5 GB), hence the larger bound when it is unknown.
+FREE_MEMORY_BYTES = 256 * 2**20
+FREE_MEMORY_BYTES_V1 = 1024 * 2**20
+
+#: A poll interval longer than this is not accounted (a hang or a restart): the gap is left out rather
+#: than guessed.
+MAX_INTERVAL_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A piece of a poll interval: ends at ``end`` (Unix s), lasts ``seconds``, util.gpu ``util`` (None: unknown)."""
+
+    end: float
+    seconds: float
+    util: float | None
+
+
+def segments(start: float, end: float, samples: Sequence[tuple[float, float]], util: float | None) -> list[Segment]:
+    """Split the interval (start, end] into segments described by the utilization samples.
+
+    A sample (t, u) describes the period before t, so the segment of sample i runs from the previous
+    sample (or ``start``) to t; the time after the last sample until ``end`` takes the last sample's
+    value (the best estimate until the next poll's samples). Samples outside (start, end] are ignored.
+    Without samples, one segment of the whole interval with ``util`` (the poll's util.gpu, or None).
+    Returns [] when end <= start.
+    """
+    if end <= start:
+        return []
+    inside = sorted((t, u) for t, u in samples if start < t <= end)
+    if not inside:
+        return [Segment(end, end - start, util)]
+    out: list[Segment] = []
+    prev = start
+    for t, u in inside:
+        if t > prev:
+            out.append(Segment(t, t - prev, min(max(u, 0.0), 1.0)))
+            prev = t
+    if end > prev:
+        out.append(Segment(end, end - prev, out[-1].util if out else util))
+    return out
+
+
+def holder_of(
+    processes_listed: bool, n_processes: int, memory_used_bytes: int | None, memory_reserved_known: bool
+) -> str:
+    """Return who holds the GPU: "none", "job" (processes listed) or "invisible" (memory used, nobody listed).
+
+    ``processes_listed`` is False when the process list is off or failed (``GpuReading.processes`` None).
+    """
+    if processes_listed and n_processes > 0:
+        return "job"
+    limit = FREE_MEMORY_BYTES if memory_reserved_known else FREE_MEMORY_BYTES_V1
+    if memory_used_bytes is not None and memory_used_bytes < limit:
+        return "none"
+    if processes_listed and memory_used_bytes is None:
+        return "none"
+    return "invisible"
+
+
+def account(
+    segs: Sequence[Segment], holder: str, job_cpu_cores: float | None, last_work: float | None
+) -> tuple[dict[str, float], float | None]:
+    """Split the segments' time into STATES; return (seconds per state, time of the last GPU work).
+
+    ``holder`` is from ``holder_of``; ``job_cpu_cores`` the CPU cores the GPU's processes used over the
+    interval (None: unknown); ``last_work`` the Unix time of the last sample >= WORK_SAMPLE_RATIO before
+    these segments (None: none seen). Every second of the segments lands in exactly one state.
+    """
+    out = dict.fromkeys(STATES, 0.0)
+    cpu_working = None if job_cpu_cores is None else job_cpu_cores >= JOB_CPU_BUSY_CORES
+    for s in segs:
+        if s.util is None:
+            out["free" if holder == "none" else "unknown"] += s.seconds
+            continue
+        if s.util >= WORK_SAMPLE_RATIO:
+            last_work = s.end
+        busy = s.util * s.seconds
+        idle = s.seconds - busy
+        out["busy"] += busy
+        if holder == "none":
+            out["free"] += idle
+        elif holder == "invisible":
+            recent = last_work is not None and s.end - last_work <= RECENT_WORK_SECONDS
+            out["starved" if recent else "unknown"] += idle
+        else:
+            recent = last_work is not None and s.end - last_work <= RECENT_WORK_SECONDS
+            if cpu_working or recent:
+                out["starved"] += idle
+            elif cpu_working is False:
+                out["held_idle"] += idle
+            else:
+                out["unknown"] += idle
+    return out, last_work

@@ -1,0 +1,172 @@
+"""Plain data that flows through gpuwarden: static facts, one poll's readings, a node snapshot.
+
+Everything above the NVML layer (``gpuwarden.nvml``) and the replay layer (``gpuwarden.replay``)
+works on these models only. Units are base units throughout: bytes, seconds, watts, joules,
+hertz, degrees Celsius, and ratios in [0, 1]. A reading that the GPU does not support, or that
+failed this poll, is ``None`` (or missing from a dict) - never 0, NaN or an NVML sentinel.
+
+The same models are the lines of a recorded trace (``docs/trace-format.md``): they are pydantic
+models so that a trace read from disk is validated, while the NVML layer, whose data is trusted,
+builds them with ``model_construct`` to keep the poll path cheap.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    # a trace line holding NaN or an infinity (JSON accepts NaN and Infinity tokens) is refused, not replayed
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class GpuStatic(_Model):
+    """Facts about one GPU read once at start (identity, limits, maxima, thresholds).
+
+    Sources: nvmlDeviceGetName/UUID/Serial/PciInfo/VbiosVersion/Architecture/CudaComputeCapability,
+    nvmlDeviceGetMemoryInfo (total), nvmlDeviceGetPowerManagementDefaultLimit and LimitConstraints,
+    nvmlDeviceGetMaxClockInfo, nvmlDeviceGetTemperatureThreshold, nvmlDeviceGetMaxPcieLink*,
+    nvmlDeviceGetEccMode, nvmlDeviceGetMigMode, nvmlGpmQueryDeviceSupport.
+    """
+
+    index: int = Field(description="NVML device index")
+    uuid: str
+    name: str
+    pci_bus_id: str | None = None
+    serial: str | None = None
+    vbios_version: str | None = None
+    architecture: str | None = None
+    compute_capability: str | None = None
+    minor_number: int | None = None
+    memory_total_bytes: int | None = None
+    power_limit_default_watts: float | None = None
+    power_limit_min_watts: float | None = None
+    power_limit_max_watts: float | None = None
+    clock_max_hertz: dict[str, float] = Field(default_factory=dict)
+    temperature_thresholds_celsius: dict[str, float] = Field(default_factory=dict)
+    pcie_max_generation: int | None = None
+    pcie_max_width: int | None = None
+    ecc_enabled: bool | None = None
+    mig_enabled: bool | None = None
+    gpm_supported: bool = False
+    nvlink_link_count: int | None = Field(default=None, description="NVML_FI_DEV_NVLINK_LINK_COUNT; None: no NVLink")
+
+
+class NodeStatic(_Model):
+    """Facts about the node and its driver, read once; ``gpus`` in NVML index order.
+
+    Sources: nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, nvmlSystemGetCudaDriverVersion_v2.
+    """
+
+    hostname: str
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: str | None = None
+    binding_version: str | None = Field(default=None, description="nvidia-ml-py version that read it")
+    gpus: list[GpuStatic] = Field(default_factory=list)
+
+
+class ProcessReading(_Model):
+    """One process that holds a context on a GPU.
+
+    ``pid`` and ``gpu_memory_bytes`` come from nvmlDeviceGetComputeRunningProcesses (host PIDs); the
+    rest from /proc through psutil and is ``None`` where the process is not visible (another PID
+    namespace) or has ended.
+    """
+
+    pid: int
+    gpu_memory_bytes: int | None = None
+    name: str | None = None
+    cmdline: str | None = None
+    username: str | None = None
+    cpu_seconds_total: float | None = Field(default=None, description="user + system CPU time of the process")
+    create_time: float | None = Field(default=None, description="process start, Unix seconds")
+    cgroup: str | None = Field(default=None, description="the process's cgroup path, from /proc/PID/cgroup")
+
+
+class MigReading(_Model):
+    """One MIG device (GPU instance + compute instance) of a GPU in MIG mode.
+
+    Sources: nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetGpuInstanceId,
+    nvmlDeviceGetComputeInstanceId, nvmlDeviceGetMemoryInfo on the MIG handle, nvmlGpmMigSampleGet.
+    """
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    gpm: dict[str, float] = Field(default_factory=dict)
+
+
+class XidEvent(_Model):
+    """One XID (critical error) event from nvmlEventSetWait: time (Unix s) and XID code."""
+
+    timestamp: float
+    xid: int
+
+
+class GpuReading(_Model):
+    """One poll of one GPU, in base units. ``up`` is False when the GPU could not be read at all
+    (lost, fallen off the bus), in which case every reading is ``None`` and ``error`` says why.
+    """
+
+    index: int
+    uuid: str
+    timestamp: float = Field(description="Unix seconds when this GPU was read")
+    up: bool = True
+    error: str | None = None
+    utilization_gpu_ratio: float | None = Field(default=None, description="nvmlDeviceGetUtilizationRates.gpu / 100")
+    utilization_memory_ratio: float | None = Field(
+        default=None, description="nvmlDeviceGetUtilizationRates.memory / 100 (memory controller busy)"
+    )
+    utilization_samples: list[tuple[float, float]] = Field(
+        default_factory=list,
+        description="(Unix s, ratio) from nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES) since the last poll",
+    )
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    temperature_gpu_celsius: float | None = None
+    temperature_memory_celsius: float | None = None
+    power_usage_watts: float | None = None
+    power_limit_watts: float | None = Field(default=None, description="nvmlDeviceGetEnforcedPowerLimit")
+    energy_joules_total: float | None = Field(
+        default=None, description="nvmlDeviceGetTotalEnergyConsumption, read at the slow cadence"
+    )
+    fan_speed_ratio: float | None = None
+    clock_hertz: dict[str, float] = Field(default_factory=dict)
+    clock_event_reasons: int | None = Field(default=None, description="nvmlDeviceGetCurrentClocksEventReasons bitmask")
+    clock_event_seconds_total: dict[str, float] = Field(
+        default_factory=dict, description="reason -> cumulative seconds (NVML_FI_DEV_CLOCKS_EVENT_REASON_*)"
+    )
+    performance_state: int | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_replay_total: int | None = None
+    gpm: dict[str, float] = Field(default_factory=dict)
+    ecc_errors_total: dict[str, int] = Field(default_factory=dict)
+    remapped_rows: dict[str, int] = Field(default_factory=dict)
+    processes: list[ProcessReading] | None = Field(
+        default=None, description="None when process listing is off or failed; [] when no process"
+    )
+    mig: list[MigReading] = Field(default_factory=list)
+    xid_events: list[XidEvent] = Field(default_factory=list, description="XID events since the last poll")
+
+
+class HostReading(_Model):
+    """The host's CPU at one poll (psutil.cpu_times): cumulative seconds per mode, and core count."""
+
+    timestamp: float
+    cpu_count: int
+    cpu_seconds_total: dict[str, float] = Field(default_factory=dict)
+
+
+class PollResult(_Model):
+    """One poll of every GPU of the node: what a source returns and what a trace records."""
+
+    timestamp: float
+    duration_seconds: float
+    gpus: list[GpuReading]
+    host: HostReading | None = None

@@ -1,0 +1,342 @@
+"""Polling one GPU: the cheap readings every poll, the expensive ones at a slower cadence.
+
+The scalar readings and their cadence are declared in ``gpuwarden.catalog`` (resolved in
+``gpuwarden.nvml.readings``); this module makes the calls and reads the irregular readings by hand. What each read
+costs, and why each cadence was chosen, is measured in docs/performance.md.
+
+- every poll: the declared ``poll`` readings (utilization, temperature, power, clocks, clock event reasons,
+  P-state, PCIe link generation, and the cheap field values in one nvmlDeviceGetFieldValues batch), memory
+  (nvmlDeviceGetMemoryInfo v2, v1 where v2 is unsupported) and processes;
+- once per ``gpm_interval`` (never more often than polls): GPM metrics (nvmlGpmMetricsGet), each the average
+  since the previous computation, carried between them;
+- only when polls are at least ``samples_min_gap`` apart: the util.gpu sample buffer (nvmlDeviceGetSamples); at
+  faster polls nvmlDeviceGetUtilizationRates, read every poll, resolves the sample period by itself;
+- every ``slow_interval`` seconds, carried between reads: the declared ``slow`` readings (energy, ECC totals, PCIe
+  link width, PCIe replays and the hardware slowdown durations) and remapped rows;
+- once (gpuwarden.nvml.static): max clocks, thresholds; never: nvmlDeviceGetPcieThroughput (it blocks for its
+  sample period), PCIe rates come from GPM.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pynvml
+from pydantic_core import PydanticUndefined
+
+from gpuwarden.config import GPM_INTERVAL, SLOW_INTERVAL
+from gpuwarden.model import GpuReading, GpuStatic, MigReading, ProcessReading
+from gpuwarden.nvml.calls import Caller, GpuLost, decode, error_name
+from gpuwarden.nvml.events import XidWatcher
+from gpuwarden.nvml.gpm import GpmSampler
+from gpuwarden.nvml.readings import (
+    FIELDS,
+    POLL_CALLS,
+    POLL_FIELDS,
+    SLOW_CALLS,
+    SLOW_FIELDS,
+    PlannedCall,
+    picked,
+    store,
+)
+from gpuwarden.procinfo import ProcessInspector
+
+#: The util.gpu sample buffer is read only when polls are at least this many seconds apart (see module doc).
+SAMPLES_MIN_GAP = 2.0
+
+#: Seconds of slack on the GPM and host cadences, so a poll that comes a few ms early still reads on time (a multiple
+#: of the interval would not do: 0.9 x 10 s read GPM every 9 polls of 1 s).
+CADENCE_SLACK = 0.05
+
+_QUIET_NOT_FOUND = frozenset({pynvml.NVML_ERROR_NOT_FOUND})
+
+# GpuReading's defaults, resolved once. pydantic's model_construct resolves a missing field's default_factory
+# through inspect.signature on every call (docs/performance.md): fill them
+# in here and pass the fields actually read as _fields_set, which gives the same model, fields set included.
+_READING_DEFAULTS = {
+    name: f.default
+    for name, f in GpuReading.model_fields.items()
+    if f.default_factory is None and f.default is not PydanticUndefined
+}
+_READING_FACTORIES = {
+    name: f.default_factory for name, f in GpuReading.model_fields.items() if f.default_factory is not None
+}
+
+
+def construct_reading(values: dict[str, Any]) -> GpuReading:
+    """Return ``GpuReading.model_construct(**values)`` (same model and fields set), without its per-call cost."""
+    full = dict(_READING_DEFAULTS)
+    for name, factory in _READING_FACTORIES.items():
+        if name not in values:
+            full[name] = factory()  # type: ignore[call-arg]
+    full.update(values)
+    return GpuReading.model_construct(_fields_set=set(values), **full)
+
+
+def field_value(fv: Any) -> float | int | None:
+    """Return the number held by one nvmlFieldValue_t according to its valueType, None if unknown (or a double
+    that is NaN or infinite)."""
+    vt, v = fv.valueType, fv.value
+    if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        d = float(v.dVal)
+        return d if math.isfinite(d) else None
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return int(v.uiVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return int(v.ulVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        return int(v.ullVal)
+    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return int(v.sllVal)
+    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
+        return int(v.siVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
+        return int(v.usVal)
+    return None
+
+
+class GpuPoller:
+    """Reads one GPU each poll into a GpuReading (see the module doc for the cadence).
+
+    ``slow_interval``: seconds between reads of the slow readings; ``gpm_interval``: least seconds between
+    two GPM metric computations (carried in between); ``samples_min_gap``: least seconds since the previous
+    poll for the util.gpu sample buffer to be read.
+
+    Raises nothing: a GPU that answers NVML_ERROR_GPU_IS_LOST is returned with ``up=False``; other
+    failures leave the reading None and are counted by the shared Caller.
+    """
+
+    def __init__(
+        self,
+        static: GpuStatic,
+        handle: Any,
+        caller: Caller,
+        inspector: ProcessInspector | None,
+        xid: XidWatcher | None,
+        slow_interval: float,
+        gpm_interval: float = GPM_INTERVAL,
+        samples_min_gap: float = SAMPLES_MIN_GAP,
+    ) -> None:
+        self.static = static
+        self._handle = handle
+        self._caller = caller
+        self._inspector = inspector
+        self._xid = xid
+        self._slow_interval = slow_interval
+        self._next_slow = 0.0
+        self._slow: dict[str, Any] = {}
+        self._fields = list(POLL_FIELDS)
+        self._slow_fields = list(SLOW_FIELDS)
+        self._last_sample_us = int(time.time() * 1e6)
+        self._last_read: float | None = None
+        self._gpm_interval = gpm_interval
+        self._samples_min_gap = samples_min_gap
+        self._gpm_last: dict[int | None, tuple[float, dict[str, float]]] = {}  # key -> (read at, values)
+        self._gpm: GpmSampler | None = None
+        if static.gpm_supported:
+            try:
+                self._gpm = GpmSampler(handle, caller)
+            except pynvml.NVMLError as exc:
+                caller.errors[("nvmlGpmSampleAlloc", error_name(exc))] += 1
+        self._mig_gpm: dict[int, GpmSampler] = {}
+        self._memory_v2 = True
+
+    def read(self, now: float) -> GpuReading:
+        """Return this poll's reading of the GPU (``now`` is the poll's Unix time)."""
+        index, uuid = self.static.index, self.static.uuid
+        try:
+            reading = self._read(now)
+        except GpuLost as exc:
+            self._caller.errors[(str(exc), "gpu_is_lost")] += 1
+            return construct_reading(
+                {"index": index, "uuid": uuid, "timestamp": now, "up": False, "error": "gpu_is_lost"}
+            )
+        if self._xid is not None:
+            reading.xid_events = self._xid.drain(index)
+        return reading
+
+    def _read(self, now: float) -> GpuReading:
+        c, h = self._caller.call, self._handle
+        r: dict[str, Any] = {"index": self.static.index, "uuid": self.static.uuid, "timestamp": now, "up": True}
+        self._read_calls(POLL_CALLS, r)  # nvmlDeviceGetUtilizationRates first: a poll starts with it
+        previous, self._last_read = self._last_read, now
+        if previous is None or now - previous >= self._samples_min_gap:
+            r["utilization_samples"] = self._samples()
+        else:
+            self._last_sample_us = int(now * 1e6)
+        mem = None
+        if self._memory_v2:
+            mem = c("nvmlDeviceGetMemoryInfo_v2", pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
+            if mem is None and "nvmlDeviceGetMemoryInfo_v2" in self._caller.unsupported:
+                self._memory_v2 = False
+        if mem is None and not self._memory_v2:
+            mem = c("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, h)
+        if mem is not None:
+            r["memory_total_bytes"] = int(mem.total)
+            r["memory_used_bytes"] = int(mem.used)
+            r["memory_free_bytes"] = int(mem.free)
+            reserved = getattr(mem, "reserved", None)
+            if reserved is not None:
+                r["memory_reserved_bytes"] = int(reserved)
+        self._fields = self._read_fields(self._fields, r)
+        r["gpm"] = self._read_gpm(now, self._gpm)
+        if now >= self._next_slow:
+            self._read_slow()
+            self._next_slow = now + self._slow_interval
+        for field, value in self._slow.items():  # carried between slow reads
+            current = r.get(field)
+            r[field] = {**current, **value} if isinstance(current, dict) and isinstance(value, dict) else value
+        r["processes"] = self._processes()
+        if self.static.mig_enabled:
+            r["mig"] = self._mig(now)
+        return construct_reading(r)
+
+    def _samples(self) -> list[tuple[float, float]]:
+        got = self._caller.call(
+            "nvmlDeviceGetSamples",
+            pynvml.nvmlDeviceGetSamples,
+            self._handle,
+            pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+            self._last_sample_us,
+            quiet=_QUIET_NOT_FOUND,
+        )
+        if not got:
+            return []
+        out = []
+        last = self._last_sample_us
+        for s in got[1]:
+            ts = int(s.timeStamp)
+            if ts <= self._last_sample_us:
+                continue
+            out.append((ts / 1e6, s.sampleValue.uiVal / 100.0))
+            last = max(last, ts)
+        self._last_sample_us = last
+        return out
+
+    def _read_gpm(self, now: float, sampler: GpmSampler | None, key: int | None = None) -> dict[str, float]:
+        """GPM metrics of ``sampler`` (the GPU's, or MIG GPU instance ``key``'s) over the time since its last
+        read, read at most once per ``gpm_interval`` and carried in between."""
+        if sampler is None:
+            return {}
+        last = self._gpm_last.get(key)
+        if last is not None and now - last[0] < self._gpm_interval - CADENCE_SLACK:
+            return last[1]
+        values = sampler.read()
+        self._gpm_last[key] = (now, values)
+        return values
+
+    def _read_calls(self, calls: tuple[PlannedCall, ...], r: dict[str, Any]) -> None:
+        """Make the planned NVML calls and store the readings of each answer into ``r``."""
+        c, h, static = self._caller.call, self._handle, self.static
+        for call in calls:
+            if call.only_if is not None and not getattr(static, call.only_if):
+                continue
+            answer = c(call.name, call.resolve(), h, *call.args)
+            if answer is None:
+                continue
+            for reading in call.readings:
+                store(r, reading, picked(answer, reading))
+
+    def _read_fields(self, fields: list[int], r: dict[str, Any]) -> list[int]:
+        """Read the field values ``fields`` into ``r``; return the fields still supported."""
+        if not fields:
+            return fields
+        values = self._caller.call("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, self._handle, fields)
+        if values is None:
+            return fields
+        unsupported = []
+        for fv in values:
+            if fv.nvmlReturn != pynvml.NVML_SUCCESS:
+                if fv.nvmlReturn in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                    unsupported.append(fv.fieldId)
+                continue
+            value = field_value(fv)
+            if value is not None:
+                store(r, FIELDS[fv.fieldId], value)
+        return [f for f in fields if f not in unsupported] if unsupported else fields
+
+    def _read_slow(self) -> None:
+        c, h = self._caller.call, self._handle
+        slow: dict[str, Any] = {}
+        self._slow_fields = self._read_fields(self._slow_fields, slow)
+        self._read_calls(SLOW_CALLS, slow)
+        rows = c("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            corrected, uncorrected, pending, failure = rows
+            slow["remapped_rows"] = {
+                "corrected": int(corrected),
+                "uncorrected": int(uncorrected),
+                "pending": int(bool(pending)),
+                "failure": int(bool(failure)),
+            }
+        # Keep the last good value of a slow reading when this read failed.
+        for key, value in slow.items():
+            self._slow[key] = value
+
+    def _processes(self) -> list[ProcessReading] | None:
+        if self._inspector is None:
+            return None
+        procs = self._caller.call(
+            "nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses, self._handle
+        )
+        if procs is None:
+            return None
+        out = []
+        seen = set()
+        for p in procs:
+            pid = int(p.pid)
+            if pid in seen:
+                continue
+            seen.add(pid)
+            used = p.usedGpuMemory
+            out.append(self._inspector.describe(pid, int(used) if used is not None else None))
+        return out
+
+    def _mig(self, now: float) -> list[MigReading]:
+        c, h = self._caller.call, self._handle
+        count = c("nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        out = []
+        for i in range(count):
+            mh = c(
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                h,
+                i,
+                quiet=_QUIET_NOT_FOUND,
+            )
+            if mh is None:
+                continue
+            uuid = c("nvmlDeviceGetUUID(mig)", pynvml.nvmlDeviceGetUUID, mh)
+            gi = c("nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId, mh)
+            if uuid is None or gi is None:
+                continue
+            ci = c("nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId, mh)
+            mem = c("nvmlDeviceGetMemoryInfo(mig)", pynvml.nvmlDeviceGetMemoryInfo, mh)
+            gpm: dict[str, float] = {}
+            if self.static.gpm_supported:
+                sampler = self._mig_gpm.get(gi)
+                if sampler is None:
+                    sampler = self._mig_gpm[gi] = GpmSampler(h, self._caller, gpu_instance_id=gi)
+                gpm = self._read_gpm(now, sampler, gi)
+            out.append(
+                MigReading.model_construct(
+                    uuid=decode(uuid),
+                    gpu_instance_id=int(gi),
+                    compute_instance_id=int(ci) if ci is not None else None,
+                    memory_total_bytes=int(mem.total) if mem is not None else None,
+                    memory_used_bytes=int(mem.used) if mem is not None else None,
+                    gpm=gpm,
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        """Free the GPM samples."""
+        for s in [self._gpm, *self._mig_gpm.values()]:
+            if s is not None:
+                s.close()
+
+
+__all__ = ["GPM_INTERVAL", "SLOW_INTERVAL", "GpuPoller", "construct_reading", "error_name", "field_value"]

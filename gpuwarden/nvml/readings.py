@@ -1,0 +1,83 @@
+"""The catalogue's scalar readings resolved against pynvml: which NVML calls a poll makes, and how each answer
+becomes a reading.
+
+``POLL_CALLS`` and ``SLOW_CALLS`` group the declared readings (``gpuwarden.catalog.READINGS``) by NVML function
+and arguments, so a function that gives several readings (nvmlDeviceGetUtilizationRates: util.gpu and
+util.memory) is called once a poll. ``POLL_FIELDS`` and ``SLOW_FIELDS`` are the field ids read in one
+nvmlDeviceGetFieldValues batch each. Functions are looked up in ``pynvml`` at call time (``function``), so a test
+that replaces them sees its replacements called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from gpuwarden.catalog import READINGS, Cadence, Reading
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One NVML function call of a poll and the readings its answer holds.
+
+    ``name`` is what failures are counted under; ``function`` the pynvml function's name; ``args`` the resolved
+    constants passed after the device handle; ``only_if`` a GpuStatic attribute that must be true to call it.
+    """
+
+    name: str
+    function: str
+    args: tuple[Any, ...]
+    readings: tuple[Reading, ...]
+    only_if: str | None
+
+    def resolve(self) -> Callable[..., Any]:
+        """Return the pynvml function (looked up now). Raises AttributeError where the binding lacks it."""
+        fn: Callable[..., Any] = getattr(pynvml, self.function)
+        return fn
+
+
+def _plan(cadence: Cadence) -> tuple[PlannedCall, ...]:
+    groups: dict[tuple[str, tuple[str, ...]], list[Reading]] = {}
+    for r in READINGS:
+        if r.cadence == cadence and not r.is_field_value:
+            groups.setdefault((r.call, r.args), []).append(r)
+    return tuple(
+        PlannedCall(
+            name=rs[0].call_name,
+            function=call,
+            args=tuple(getattr(pynvml, a) for a in args),
+            readings=tuple(rs),
+            only_if=rs[0].only_if,
+        )
+        for (call, args), rs in groups.items()
+    )
+
+
+POLL_CALLS = _plan("poll")
+SLOW_CALLS = _plan("slow")
+
+#: Field id -> the reading it gives.
+FIELDS: dict[int, Reading] = {getattr(pynvml, r.call): r for r in READINGS if r.is_field_value}
+POLL_FIELDS = [fid for fid, r in FIELDS.items() if r.cadence == "poll"]
+SLOW_FIELDS = [fid for fid, r in FIELDS.items() if r.cadence == "slow"]
+
+
+def picked(answer: Any, reading: Reading) -> Any:
+    """Return the part of an NVML answer that holds ``reading`` (the attribute or item its ``pick`` names)."""
+    if reading.pick is None:
+        return answer
+    if isinstance(reading.pick, str):
+        return getattr(answer, reading.pick)
+    return answer[reading.pick]
+
+
+def store(values: dict[str, Any], reading: Reading, raw: float | int) -> None:
+    """Put the NVML number ``raw`` of ``reading``, scaled to base units, into ``values`` (a GpuReading's fields)."""
+    value: float | int = int(raw) if reading.integer else float(raw) * reading.scale
+    if reading.key is None:
+        values[reading.field] = value
+    else:
+        values.setdefault(reading.field, {})[reading.key] = value

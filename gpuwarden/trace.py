@@ -1,0 +1,177 @@
+"""Recorded traces: JSON Lines of raw readings (format in docs/trace-format.md).
+
+Line 1 is a header (node static facts, poll interval, free-form metadata such as the scenario);
+then, for every poll, one ``host`` record and one ``gpu`` record per GPU, all carrying the poll's
+sequence number. Files ending in ``.gz`` are gzip-compressed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuwarden.model import GpuReading, HostReading, NodeStatic, PollResult
+
+FORMAT: Final = "gpuwarden-trace"
+VERSION = 1
+
+
+class TraceError(Exception):
+    """A trace cannot be read or is malformed; ``str()`` names the file and line in one line."""
+
+
+class TraceHeader(BaseModel):
+    """The first line of a trace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["header"] = "header"
+    format: Literal["gpuwarden-trace"] = FORMAT
+    version: int = VERSION
+    created: float = Field(description="Unix seconds when recording started")
+    poll_interval_seconds: float = Field(gt=0)
+    node: NodeStatic
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def _open(path: Path, mode: str) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+    return open(path, mode, encoding="utf-8")
+
+
+class TraceWriter:
+    """Writes a trace: ``write(poll)`` appends one poll; use as a context manager or call ``close()``."""
+
+    def __init__(self, path: Path, header: TraceHeader) -> None:
+        self._file = _open(path, "w")
+        self._seq = 0
+        self._file.write(header.model_dump_json(exclude_none=True) + "\n")
+
+    def write(self, poll: PollResult) -> None:
+        """Append the host record and one record per GPU of ``poll``."""
+        self._seq += 1
+        host: dict[str, Any] = {"type": "host", "poll": self._seq, "duration_seconds": poll.duration_seconds}
+        if poll.host is not None:
+            host.update(poll.host.model_dump(exclude_none=True))
+        else:
+            host["timestamp"] = poll.timestamp
+        lines = [json.dumps(host)]
+        for g in poll.gpus:
+            rec = {"type": "gpu", "poll": self._seq}
+            rec.update(g.model_dump(mode="json", exclude_none=True))
+            lines.append(json.dumps(rec))
+        self._file.write("\n".join(lines) + "\n")
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        self._file.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_trace(path: Path) -> tuple[TraceHeader, list[PollResult]]:
+    """Read and validate a whole trace.
+
+    Returns the header and the polls in order. Raises TraceError (file, line, what is wrong) for a
+    missing file, invalid JSON, a record that does not match the models, or a trace with no poll.
+    """
+    try:
+        with _open(path, "r") as f:
+            return _parse(path, f)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
+    except EOFError as exc:
+        raise TraceError(f"{path}: truncated compressed trace") from exc
+    except (zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceError(f"{path}: damaged compressed trace ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+
+
+def _lines(f: IO[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"line {n}: invalid JSON ({exc.msg})") from exc
+        if not isinstance(obj, dict):
+            raise TraceError(f"line {n}: a record must be a JSON object")
+        yield n, obj
+
+
+def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult]]:
+    header: TraceHeader | None = None
+    polls: list[PollResult] = []
+    current: dict[str, Any] | None = None
+    try:
+        for n, obj in _lines(f):
+            kind = obj.pop("type", None)
+            try:
+                if header is None:
+                    if kind != "header":
+                        raise TraceError(f"line {n}: the first record must be the header")
+                    header = TraceHeader.model_validate({"type": "header", **obj})
+                    continue
+                seq = obj.pop("poll", None)
+                if not isinstance(seq, int):
+                    raise TraceError(f"line {n}: record without an integer 'poll'")
+                if kind == "host":
+                    if current is not None:
+                        polls.append(_finish(current))
+                    duration = obj.pop("duration_seconds", 0.0)
+                    host = HostReading.model_validate(obj) if "cpu_count" in obj else None
+                    current = {
+                        "line": n,
+                        "seq": seq,
+                        "timestamp": obj.get("timestamp"),
+                        "duration": duration,
+                        "host": host,
+                        "gpus": [],
+                    }
+                elif kind == "gpu":
+                    if current is None or current["seq"] != seq:
+                        raise TraceError(f"line {n}: gpu record of poll {seq} without its host record")
+                    current["gpus"].append(GpuReading.model_validate(obj))
+                else:
+                    raise TraceError(f"line {n}: unknown record type {kind!r}")
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = ".".join(str(p) for p in err["loc"])
+                raise TraceError(f"line {n}: {where}: {err['msg']}") from exc
+    except TraceError as exc:
+        raise TraceError(f"{path}: {exc}") from exc
+    if current is not None:
+        try:
+            polls.append(_finish(current))
+        except TraceError as exc:
+            raise TraceError(f"{path}: {exc}") from exc
+    if header is None:
+        raise TraceError(f"{path}: empty trace (no header)")
+    if not polls:
+        raise TraceError(f"{path}: trace has a header but no poll")
+    return header, polls
+
+
+def _finish(cur: dict[str, Any]) -> PollResult:
+    ts = cur["timestamp"]
+    if ts is None:
+        ts = cur["gpus"][0].timestamp if cur["gpus"] else 0.0
+    try:
+        return PollResult(timestamp=ts, duration_seconds=cur["duration"], gpus=cur["gpus"], host=cur["host"])
+    except ValidationError as exc:  # the host record's timestamp or duration_seconds
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise TraceError(f"line {cur['line']}: {where}: {err['msg']}") from exc

@@ -1,0 +1,534 @@
+"""TLS, mutual TLS and basic auth from an exporter-toolkit web config file (``--web.config.file``).
+
+The file format is the one node_exporter and every exporter built on prometheus/exporter-toolkit read
+(``docs/web-configuration.md`` in github.com/prometheus/exporter-toolkit), so the file an operator already
+has for node_exporter works here unchanged::
+
+    tls_server_config:
+      cert_file: server.crt          # relative paths are relative to the web config file's directory
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert
+      client_ca_file: ca.crt
+      min_version: TLS12
+    http_server_config:
+      headers:
+        Strict-Transport-Security: max-age=31536000
+    basic_auth_users:
+      prometheus: $2b$12$...          # bcrypt hash
+
+What differs from the Go implementation, and why (each refusal is a one-line :class:`WebConfigError` at
+start-up rather than a setting that is silently not enforced):
+
+* ``client_auth_type: RequireAnyClientCert`` (and its old name ``RequireClientCert``) is refused: Python's
+  ``ssl`` module cannot require a client certificate without verifying it. Use RequireAndVerifyClientCert.
+* ``RequestClientCert`` asks for a certificate that is never checked; the exporter does not use the client's
+  identity, so it is served as ``NoClientCert`` (``ssl.CERT_NONE``): the same access decision.
+* ``client_allowed_sans``, ``cipher_suites``, ``curve_preferences``, ``rate_limit`` and inline ``cert``/``key``/
+  ``client_ca`` are refused: they restrict access or need features uvicorn does not offer, and ignoring them
+  would be weaker than what the file asks for.
+* ``http_server_config.http2`` is accepted and has no effect (uvicorn serves HTTP/1.1).
+* The Go toolkit re-reads the file on every request. Here it is read at start-up; certificate rotation at the
+  same paths is picked up by :meth:`WebConfig.reload_certificates` (call it on SIGHUP), and users by
+  :meth:`BasicAuthMiddleware.set_users`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import inspect
+import logging
+import os
+import re
+import secrets
+import ssl
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import bcrypt
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gpuwarden.config import ConfigError, read_yaml
+
+log = logging.getLogger(__name__)
+
+
+REALM = "gpuwarden"
+
+#: Paths answered without credentials. ``/healthz`` and ``/readyz`` are what the kubelet (and load balancers)
+#: probe, and a probe cannot carry credentials unless the password is written in clear text into the pod spec
+#: (``httpGet.httpHeaders`` cannot read a Secret). Their bodies say only "ok" and how old the last poll is:
+#: no GPU, process, host or pod data. Everything else, ``/metrics``, ``/api/v1/gpus``, ``/``, ``/docs`` and
+#: ``/openapi.json``, needs credentials. Matching is exact (no prefixes, no trailing slash variants).
+DEFAULT_OPEN_PATHS: frozenset[str] = frozenset({"/healthz", "/readyz"})
+
+ClientAuthType = Literal[
+    "NoClientCert",
+    "RequestClientCert",
+    "RequireAnyClientCert",
+    "RequireClientCert",
+    "VerifyClientCertIfGiven",
+    "RequireAndVerifyClientCert",
+]
+TLSVersionName = Literal["TLS10", "TLS11", "TLS12", "TLS13"]
+
+_TLS_VERSIONS: dict[str, ssl.TLSVersion] = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+_CERT_REQS: dict[str, ssl.VerifyMode] = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+# The headers exporter-toolkit allows in http_server_config.headers (validateHeaderConfig).
+_ALLOWED_HEADERS = (
+    "Strict-Transport-Security",
+    "X-Content-Type-Options",
+    "X-Frame-Options",
+    "X-XSS-Protection",
+    "Content-Security-Policy",
+)
+# Modular crypt format of bcrypt: $2a$/$2b$/$2x$/$2y$, two-digit cost, 22 salt + 31 hash characters.
+_BCRYPT = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
+
+
+class WebConfigError(ConfigError):
+    """The web config file cannot be used; ``str()`` is one line that names the file and the problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TLSServerConfig(_Strict):
+    """``tls_server_config``: server certificate, client certificate policy and protocol versions.
+
+    File names are resolved against the web config file's directory by :func:`load_web_config`.
+    """
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    client_auth_type: ClientAuthType = "NoClientCert"
+    client_ca_file: Path | None = None
+    min_version: TLSVersionName = "TLS12"
+    max_version: TLSVersionName = "TLS13"
+    prefer_server_cipher_suites: bool = True
+    # Known to exporter-toolkit but not supported here: declared so the error says so instead of "unknown key".
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+    client_allowed_sans: list[str] | None = None
+    cipher_suites: list[str] | None = None
+    curve_preferences: list[str] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when any TLS setting is present (exporter-toolkit's ``TLSConfig.IsEnabled``)."""
+        return any(
+            v is not None for v in (self.cert_file, self.key_file, self.client_ca_file, self.cert, self.key)
+        ) or ("client_auth_type" in self.model_fields_set)
+
+    @property
+    def cert_reqs(self) -> ssl.VerifyMode:
+        """The ``ssl.CERT_*`` value of ``client_auth_type``."""
+        return _CERT_REQS[self.client_auth_type]
+
+
+class HTTPServerConfig(_Strict):
+    """``http_server_config``: ``http2`` (accepted, no effect under uvicorn) and extra response headers."""
+
+    http2: bool = True
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("headers")
+    @classmethod
+    def _known_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if name not in _ALLOWED_HEADERS:
+                raise ValueError(f"header {name!r} is not one of {', '.join(_ALLOWED_HEADERS)}")
+        return value
+
+
+class WebConfig(_Strict):
+    """A parsed, validated web config. The default instance (an empty file) means plain HTTP, no auth.
+
+    Build it with :func:`load_web_config`, which also checks that certificates and keys load and that every
+    password is a bcrypt hash.
+    """
+
+    tls_server_config: TLSServerConfig = Field(default_factory=TLSServerConfig)
+    http_server_config: HTTPServerConfig = Field(default_factory=HTTPServerConfig)
+    basic_auth_users: dict[str, str] = Field(default_factory=dict)
+    rate_limit: dict[str, Any] | None = None
+
+    # The SSL contexts uvicorn built through ssl_context_factory, for reload_certificates().
+    _contexts: list[ssl.SSLContext] = PrivateAttr(default_factory=list)
+
+    @property
+    def tls_enabled(self) -> bool:
+        """True when the server speaks HTTPS."""
+        return self.tls_server_config.enabled
+
+    @property
+    def users(self) -> dict[str, bytes]:
+        """``basic_auth_users`` as :class:`BasicAuthMiddleware` takes them (user -> bcrypt hash bytes)."""
+        return {user: hashed.encode("ascii") for user, hashed in self.basic_auth_users.items()}
+
+    def uvicorn_kwargs(self) -> dict[str, Any]:
+        """Return keyword arguments for ``uvicorn.Config(...)``: TLS settings and extra response headers.
+
+        Empty without TLS and headers. With TLS: ``ssl_certfile``, ``ssl_keyfile``, ``ssl_ca_certs``,
+        ``ssl_cert_reqs`` (an ``ssl.CERT_*`` value) and, with uvicorn >= 0.47, ``ssl_context_factory``, which
+        applies ``min_version``/``max_version``, server cipher preference and records the context for
+        :meth:`reload_certificates`. Raises WebConfigError when the installed uvicorn cannot enforce a
+        ``min_version``/``max_version`` other than the defaults.
+        """
+        kwargs: dict[str, Any] = {}
+        if self.http_server_config.headers:
+            kwargs["headers"] = list(self.http_server_config.headers.items())
+        tls = self.tls_server_config
+        if not tls.enabled:
+            return kwargs
+        kwargs.update(
+            ssl_certfile=str(tls.cert_file),
+            ssl_keyfile=str(tls.key_file),
+            ssl_ca_certs=str(tls.client_ca_file) if tls.client_ca_file else None,
+            ssl_cert_reqs=tls.cert_reqs,
+        )
+        if "ssl_context_factory" in inspect.signature(_uvicorn_config()).parameters:
+            kwargs["ssl_context_factory"] = self._ssl_context_factory
+        elif (tls.min_version, tls.max_version) != ("TLS12", "TLS13"):
+            raise WebConfigError(
+                "tls_server_config.min_version/max_version need uvicorn >= 0.47 (ssl_context_factory); "
+                "upgrade uvicorn or remove them"
+            )
+        return kwargs
+
+    def _ssl_context_factory(self, config: Any, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+        context = default()
+        self.tune(context)
+        self._contexts.append(context)
+        return context
+
+    def tune(self, context: ssl.SSLContext) -> None:
+        """Apply ``min_version``, ``max_version`` and ``prefer_server_cipher_suites`` to ``context``."""
+        tls = self.tls_server_config
+        context.minimum_version = _TLS_VERSIONS[tls.min_version]
+        context.maximum_version = _TLS_VERSIONS[tls.max_version]
+        if tls.prefer_server_cipher_suites:
+            context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+        else:
+            context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+
+    def server_context(self) -> ssl.SSLContext:
+        """Return a new server SSLContext built from this config (what uvicorn builds, for tests and tools).
+
+        Raises WebConfigError when TLS is off or a file does not load.
+        """
+        tls = self.tls_server_config
+        if not tls.enabled:
+            raise WebConfigError("web config has no tls_server_config")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        _load_chain(context, tls)
+        context.verify_mode = tls.cert_reqs
+        if tls.client_ca_file:
+            try:
+                context.load_verify_locations(cafile=str(tls.client_ca_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise WebConfigError(f"client_ca_file {tls.client_ca_file}: {_reason(exc)}") from exc
+        self.tune(context)
+        return context
+
+    def reload_certificates(self) -> int:
+        """Re-read ``cert_file``/``key_file`` into the live SSL contexts; return how many were updated.
+
+        New connections get the new certificate; open ones keep theirs (certificate rotation by cert-manager or
+        certbot writes new files at the same paths). The pair is checked in a scratch context first, so a bad
+        or half-written pair raises WebConfigError and the running certificate stays in use.
+        """
+        tls = self.tls_server_config
+        if not tls.enabled or not self._contexts:
+            return 0
+        _load_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), tls)
+        for context in self._contexts:
+            _load_chain(context, tls)
+        return len(self._contexts)
+
+    def wrap(self, app: ASGIApp, open_paths: Iterable[str] = DEFAULT_OPEN_PATHS) -> ASGIApp:
+        """Return ``app`` behind :class:`BasicAuthMiddleware` when users are configured, else ``app`` itself."""
+        if not self.basic_auth_users:
+            return app
+        return BasicAuthMiddleware(app, self.users, set(open_paths))
+
+
+def _uvicorn_config() -> Callable[..., Any]:
+    import uvicorn
+
+    return uvicorn.Config
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _load_chain(context: ssl.SSLContext, tls: TLSServerConfig) -> None:
+    for what, path in (("cert_file", tls.cert_file), ("key_file", tls.key_file)):
+        try:
+            with open(path, "rb"):  # type: ignore[arg-type]
+                pass
+        except OSError as exc:
+            raise WebConfigError(f"cannot read {what} {path}: {_reason(exc)}") from exc
+    try:
+        context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    except ssl.SSLError as exc:
+        raise WebConfigError(
+            f"cert_file {tls.cert_file} and key_file {tls.key_file} do not load as a PEM certificate and its "
+            f"private key: {_reason(exc)}"
+        ) from exc
+    except OSError as exc:
+        raise WebConfigError(f"cannot load cert_file/key_file: {_reason(exc)}") from exc
+
+
+def _format_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"{where}: unknown key")
+        elif err["type"] == "literal_error":
+            parts.append(f"{where}: {err['input']!r} is not one of {err['ctx']['expected']}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def _check(cfg: WebConfig) -> None:
+    tls = cfg.tls_server_config
+    unsupported = {
+        "cert": "inline cert is not supported; use cert_file",
+        "key": "inline key is not supported; use key_file",
+        "client_ca": "inline client_ca is not supported; use client_ca_file",
+        "client_allowed_sans": "client_allowed_sans is not supported (Python's ssl module has no hook to check "
+        "the client certificate's SANs during the handshake)",
+        "cipher_suites": "cipher_suites is not supported (OpenSSL defaults apply)",
+        "curve_preferences": "curve_preferences is not supported (OpenSSL defaults apply)",
+    }
+    for key, why in unsupported.items():
+        if getattr(tls, key) is not None:
+            raise WebConfigError(f"tls_server_config.{key}: {why}")
+    if cfg.rate_limit is not None:
+        raise WebConfigError("rate_limit is not supported; rate-limit in the scraper or a proxy")
+    if tls.enabled:
+        if tls.cert_file is None:
+            raise WebConfigError("tls_server_config: missing cert_file")
+        if tls.key_file is None:
+            raise WebConfigError("tls_server_config: missing key_file")
+        if tls.client_auth_type in ("RequireAnyClientCert", "RequireClientCert"):
+            raise WebConfigError(
+                f"tls_server_config.client_auth_type: {tls.client_auth_type} (a certificate required but never "
+                "verified) cannot be served by Python's ssl module; use RequireAndVerifyClientCert with "
+                "client_ca_file"
+            )
+        if tls.client_ca_file is not None and tls.client_auth_type == "NoClientCert":
+            raise WebConfigError("tls_server_config: client_ca_file is set but client_auth_type is NoClientCert")
+        if tls.cert_reqs != ssl.CERT_NONE and tls.client_ca_file is None:
+            raise WebConfigError(f"tls_server_config: client_auth_type {tls.client_auth_type} needs client_ca_file")
+        if _TLS_VERSIONS[tls.min_version] > _TLS_VERSIONS[tls.max_version]:
+            raise WebConfigError("tls_server_config: min_version is above max_version")
+        cfg.server_context()  # loads cert, key and client CA: unreadable or mismatched files fail here
+    for user, hashed in cfg.basic_auth_users.items():
+        if ":" in user:
+            raise WebConfigError(f"basic_auth_users: user {user!r} contains ':', which HTTP basic auth cannot carry")
+        match = _BCRYPT.match(hashed or "")
+        if not match or not 4 <= int(match.group(1)) <= 31:
+            # Never echo the value: a plain-text password in this field is a secret.
+            raise WebConfigError(
+                f"basic_auth_users: the password of {user!r} is not a bcrypt hash ($2b$<cost>$...); "
+                "hash it with: python3 -c 'import bcrypt,getpass; "
+                "print(bcrypt.hashpw(getpass.getpass().encode(), bcrypt.gensalt()).decode())'"
+            )
+
+
+def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
+    """Read and validate the web config file at ``path``; return the WebConfig.
+
+    Relative file names inside are resolved against the file's directory (as exporter-toolkit does); an
+    empty file is a valid config with TLS and auth off. Raises WebConfigError (one line naming ``path``) for
+    a missing or unreadable file, bad YAML, an unknown key or bad value, an unsupported setting, certificate
+    files that do not load, and a ``basic_auth_users`` value that is not a bcrypt hash.
+    """
+    path = Path(path)
+    try:
+        data = read_yaml(path)  # the same reader, and the same one-line errors, as the main configuration
+    except ConfigError as exc:
+        raise WebConfigError(f"web config {exc}") from exc
+    # Resolve relative file names against the file's directory before validation loads them.
+    tls = data.get("tls_server_config")
+    if isinstance(tls, dict):
+        tls = dict(tls)
+        for key in ("cert_file", "key_file", "client_ca_file"):
+            value = tls.get(key)
+            if isinstance(value, str) and value:
+                tls[key] = str(path.parent / Path(value).expanduser())
+            elif value == "":
+                tls[key] = None  # Go's zero value: the same as absent
+        data = {**data, "tls_server_config": tls}
+    try:
+        cfg = WebConfig.model_validate(data)
+    except ValidationError as exc:
+        raise WebConfigError(f"web config {path}: {_format_validation(exc)}") from None
+    try:
+        _check(cfg)
+    except WebConfigError as exc:
+        raise WebConfigError(f"web config {path}: {exc}") from exc.__cause__
+    if cfg.basic_auth_users and not cfg.tls_enabled:
+        log.warning("web config %s: basic_auth_users without tls_server_config sends passwords in clear text", path)
+    return cfg
+
+
+class BasicAuthMiddleware:
+    """ASGI middleware: HTTP basic auth (RFC 7617) against bcrypt hashes, as exporter-toolkit does it.
+
+    ``users`` maps a user name to its bcrypt hash (bytes). A request to a path in ``open_paths`` (exact
+    match, see :data:`DEFAULT_OPEN_PATHS` for why ``/healthz`` and ``/readyz``) passes without credentials;
+    any other request without a valid ``Authorization: Basic`` header gets 401 with
+    ``WWW-Authenticate: Basic realm="gpuwarden"``. Lifespan events pass through; websocket connections are
+    treated like requests (closed with 1008 when not authorized).
+
+    Costs and safety:
+
+    * bcrypt (tens to hundreds of ms at cost 10-12) runs in a worker thread, one at a time, so a burst of bad
+      passwords neither blocks the event loop (/healthz keeps answering) nor uses more than one core.
+    * A successful check is cached under an HMAC-SHA256 of (user, hash, password) with a per-process random
+      key, so a scraper pays bcrypt once, not every 15 s, and no password is kept in memory in the clear.
+      The cache holds at most ``cache_size`` entries (least recently used evicted); failures are not cached.
+    * An unknown user is checked against a dummy hash of the same cost, so response time does not reveal
+      which user names exist.
+    * Nothing secret is logged: failures are logged at debug level with path and client address only.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        users: dict[str, bytes],
+        open_paths: set[str] | frozenset[str] = DEFAULT_OPEN_PATHS,
+        cache_size: int = 256,
+    ) -> None:
+        self.app = app
+        self.open_paths = frozenset(open_paths)
+        self.cache_size = cache_size
+        self._key = secrets.token_bytes(32)
+        self._cache: OrderedDict[bytes, None] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._bcrypt_lock: asyncio.Lock | None = None
+        self.set_users(users)
+
+    def set_users(self, users: dict[str, bytes]) -> None:
+        """Replace the users (configuration reload) and empty the cache. Raises ValueError on a non-bcrypt hash."""
+        costs = []
+        for user, hashed in users.items():
+            match = _BCRYPT.match(hashed.decode("ascii", "replace"))
+            if not match:
+                raise ValueError(f"the password of {user!r} is not a bcrypt hash")
+            costs.append(int(match.group(1)))
+        # An unknown user is checked against this hash, at the highest cost in use: same time as a known one.
+        self._dummy = bcrypt.hashpw(secrets.token_bytes(16).hex().encode(), bcrypt.gensalt(max(costs, default=4)))
+        self.users = dict(users)
+        with self._cache_lock:
+            self._cache.clear()
+
+    def _cache_key(self, user: bytes, hashed: bytes, password: bytes) -> bytes:
+        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        for part in (user, hashed, password):
+            mac.update(len(part).to_bytes(4, "big"))
+            mac.update(part)
+        return mac.digest()
+
+    async def authorized(self, header: bytes | None) -> bool:
+        """Return True when ``header`` (the raw Authorization value) holds a valid user and password."""
+        if not header or not self.users:
+            return False
+        scheme, _, token = header.strip().partition(b" ")
+        if scheme.lower() != b"basic":
+            return False
+        try:
+            decoded = base64.b64decode(token.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        user_b, sep, password = decoded.partition(b":")
+        if not sep:
+            return False
+        try:
+            user = user_b.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        hashed = self.users.get(user)
+        known = hashed is not None
+        if hashed is None:
+            hashed = self._dummy
+        key = self._cache_key(user_b, hashed, password)
+        with self._cache_lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return known
+        if self._bcrypt_lock is None:
+            self._bcrypt_lock = asyncio.Lock()
+        async with self._bcrypt_lock:
+            ok = await asyncio.to_thread(_checkpw, password, hashed)
+        if ok and known:
+            with self._cache_lock:
+                self._cache[key] = None
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return ok and known
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one ASGI connection: pass it on when open or authorized, else answer 401."""
+        if scope["type"] not in ("http", "websocket") or scope.get("path") in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+        if await self.authorized(header):
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        log.debug("basic auth refused: %s %s from %s", scope["type"], scope.get("path"), client[0] if client else "?")
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = b"Unauthorized\n"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"www-authenticate", f'Basic realm="{REALM}"'.encode()),
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"cache-control", b"no-store"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    try:
+        return bcrypt.checkpw(password, hashed)
+    except ValueError:  # bcrypt >= 5 refuses passwords over 72 bytes; no stored hash can match one
+        return False
