@@ -6,7 +6,7 @@ Three parts, all on live NVML (needs a GPU):
 
 1. *isolated*: each call ``gpuwarden.nvml.device.GpuPoller`` makes (and the slow-cadence ones, and each fast field
    value alone), ``--calls`` times back to back: median and p99 in microseconds, as in
-   shared/reference/h100-nvml-facts.md. ``nvmlDeviceGetSamples`` is timed both for the whole buffer (timestamp 0)
+   docs/bench/h100-nvml-costs.json. ``nvmlDeviceGetSamples`` is timed both for the whole buffer (timestamp 0)
    and as the poller asks (only samples newer than the last one seen, ``--interval`` apart).
 2. *in the poll*: ``GpuPoller.read()`` ``--polls`` times, ``--interval`` apart, with every NVML call timed where the
    poller makes it (a timing ``Caller``): per call median, the sum of the calls per poll, and ``read()`` itself,

@@ -20,7 +20,6 @@ from gpuwarden.collectors import CollectOptions
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.exposition import Exposition
 from gpuwarden.poller import Analyzer, Poller
-from gpuwarden.replay import ReplaySource, demo_trace_path
 from gpuwarden.server import DateHeaderMiddleware, create_app, diagnosis_route
 from gpuwarden.source import Source
 
@@ -33,6 +32,9 @@ class StartupError(Exception):
 
 def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
     """Return the source the config asks for (replay, demo or live NVML) and labels describing it."""
+    if cfg.demo or cfg.replay is not None:
+        from gpuwarden.replay import ReplaySource, demo_trace_path  # the trace reader only where a trace is read
+
     if cfg.demo:
         path = demo_trace_path()
         return ReplaySource(path), {"trace": path.name}
@@ -104,8 +106,7 @@ class _Server(uvicorn.Server):
         """uvicorn's housekeeping loop, asleep until a stop signal wakes it.
 
         uvicorn ticks every 0.1 s to refresh its date header and to see a stop; each wake-up of the event loop
-        costs CPU (measured live on the H100 machine: 0.23 ms of CPU a tick at one tick a second, a tenth of an
-        idle daemon's CPU). The daemon runs uvicorn with its date header off (server.DateHeaderMiddleware writes
+        costs CPU (a tenth of an idle daemon's at one tick a second: docs/performance.md). The daemon runs uvicorn with its date header off (server.DateHeaderMiddleware writes
         it) and the signal handlers wake this loop, so it waits for the stop instead of polling for it (looking
         anyway every EXIT_CHECK_SECONDS, should anything else set ``should_exit``).
         """

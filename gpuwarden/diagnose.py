@@ -3,7 +3,7 @@
 Live (NVML, sampling for ``--seconds``) or over a recorded trace (``--replay FILE``), every poll goes
 through ``InsightAnalyzer``; the report shows, per GPU, the verdict, the numbers behind it and remedies,
 then the jobs and the node's imbalance, and for a replay the verdicts over time. ``--json`` prints the
-same as JSON. ``diagnosis_document(snapshot)`` is the body of ``GET /api/v1/diagnosis``.
+same as JSON.
 """
 
 from __future__ import annotations
@@ -16,46 +16,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from gpuwarden.insight.analyzer import InsightAnalyzer, InsightResult, JobInsight, ProcessJob, insight_result
-from gpuwarden.insight.diagnosis import Diagnosis
+from gpuwarden.insight.analyzer import InsightAnalyzer, InsightResult
+from gpuwarden.insight.document import DiagnosisDocument, diagnosis_document
 from gpuwarden.model import NodeStatic, PollResult
 from gpuwarden.snapshot import NodeSnapshot
 from gpuwarden.source import SourceError
-
-
-class GpuDiagnosisDocument(BaseModel):
-    """One GPU in the diagnosis document: identity, time accounting, scores and verdict (None: no verdict yet)."""
-
-    gpu: int
-    uuid: str
-    name: str | None = None
-    starved_ratio: float | None = None
-    activity_ratio: float | None = None
-    activity_source: str | None = None
-    state_seconds_total: dict[str, float] = Field(default_factory=dict)
-    window_state_seconds: dict[str, float] = Field(default_factory=dict)
-    diagnosis: Diagnosis | None = None
-
-
-class DiagnosisDocument(BaseModel):
-    """The body of ``/api/v1/diagnosis``: every GPU's verdict, the jobs, and the node's imbalance.
-
-    ``available`` is False (and ``reason`` says why) when there is no analysis to report: before the first
-    poll, while the data is stale, or when the insight analyzer is not running.
-    """
-
-    hostname: str
-    source: str
-    available: bool
-    reason: str | None = None
-    timestamp: float | None = Field(default=None, description="Unix seconds of the poll the analysis is from")
-    window_seconds: float | None = None
-    diagnosis_window_seconds: float | None = None
-    node_imbalance_ratio: float | None = None
-    node_activity_source: str | None = None
-    gpus: list[GpuDiagnosisDocument] = Field(default_factory=list)
-    jobs: list[JobInsight] = Field(default_factory=list)
-    processes: list[ProcessJob] = Field(default_factory=list)
 
 
 class VerdictSpan(BaseModel):
@@ -77,46 +42,6 @@ class DiagnoseReport(BaseModel):
     seconds: float
     diagnosis: DiagnosisDocument
     timeline: list[VerdictSpan]
-
-
-def diagnosis_document(snapshot: NodeSnapshot) -> DiagnosisDocument:
-    """Return the ``/api/v1/diagnosis`` document of ``snapshot`` (reads ``snapshot.analyses["insight"]``).
-
-    Never raises; without a usable analysis the document has ``available`` False and a ``reason``.
-    """
-    node = snapshot.static
-    base: dict[str, Any] = {"hostname": node.hostname, "source": snapshot.source}
-    res = insight_result(snapshot.analyses.get("insight"))
-    if res is None:
-        return DiagnosisDocument(**base, available=False, reason="the insight analyzer has not run")
-    if snapshot.poll is None:
-        return DiagnosisDocument(**base, available=False, reason="no current poll (starting, failing or stale)")
-    names = {s.uuid: s.name for s in node.gpus}
-    return DiagnosisDocument(
-        **base,
-        available=True,
-        timestamp=res.timestamp,
-        window_seconds=res.window_seconds,
-        diagnosis_window_seconds=res.diagnosis_window_seconds,
-        node_imbalance_ratio=res.node_imbalance_ratio,
-        node_activity_source=res.node_activity_source,
-        gpus=[
-            GpuDiagnosisDocument(
-                gpu=g.gpu,
-                uuid=g.uuid,
-                name=names.get(g.uuid),
-                starved_ratio=g.starved_ratio,
-                activity_ratio=g.activity_ratio,
-                activity_source=g.activity_source,
-                state_seconds_total=g.state_seconds_total,
-                window_state_seconds=g.window_state_seconds,
-                diagnosis=g.diagnosis,
-            )
-            for g in res.gpus
-        ],
-        jobs=res.jobs,
-        processes=res.processes,
-    )
 
 
 def analyze(

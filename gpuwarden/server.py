@@ -90,7 +90,7 @@ class DateHeaderMiddleware:
     """ASGI middleware that adds the ``Date`` header (RFC 9110, 6.6.1) to every HTTP response of ``app``.
 
     uvicorn adds it from a value its housekeeping loop refreshes every second, which wakes an idle daemon once a
-    second (0.23 ms of CPU a wake-up measured live on the H100 machine); the daemon runs uvicorn with its date
+    second (its cost: docs/performance.md); the daemon runs uvicorn with its date
     header off and this middleware writes the header instead, formatted at most once a second.
     """
 
@@ -144,7 +144,7 @@ def create_app(
     )
 
     async def metrics(request: Request) -> Response:
-        # A plain Starlette route (no FastAPI dependency solving or response validation: ~0.1 ms a scrape). The
+        # A plain Starlette route (no FastAPI dependency solving or response validation). The
         # poll thread renders ahead, so the text is usually ready: send it from the event loop. Otherwise
         # render in a worker thread, never blocking the loop.
         headers = request.headers
@@ -197,8 +197,8 @@ def create_app(
 
 
 def diagnosis_route(holder: SnapshotHolder) -> Callable[[FastAPI], list[str]]:
-    """Return an ``extra_routes`` hook adding ``GET /api/v1/diagnosis`` (gpuwarden.diagnose.DiagnosisDocument)."""
-    from gpuwarden.diagnose import DiagnosisDocument, diagnosis_document
+    """Return an ``extra_routes`` hook adding ``GET /api/v1/diagnosis`` (a DiagnosisDocument)."""
+    from gpuwarden.insight.document import DiagnosisDocument, diagnosis_document
 
     def add(app: FastAPI) -> list[str]:
         @app.get(

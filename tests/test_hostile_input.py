@@ -70,6 +70,16 @@ def _load_file(content: bytes) -> None:
             assert isinstance(cfg, Config)
 
 
+def _refused(content: bytes, match: str) -> None:
+    """``content`` as a config file must be refused with one line matching ``match``."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "c.yml"
+        path.write_bytes(content)
+        with pytest.raises(ConfigError, match=match) as info:
+            load_config(path)
+        assert "\n" not in str(info.value)
+
+
 @SETTINGS
 @given(config_mappings)
 def test_config_mappings_give_a_config_or_config_error(data: dict[str, Any]) -> None:
@@ -118,11 +128,11 @@ def test_yaml_text_gives_a_config_or_config_error(text: str) -> None:
 
 
 def test_a_config_file_that_is_not_utf8_is_a_config_error() -> None:
-    _load_file(b"poll_interval_seconds: \x80\n")
+    _refused(b"poll_interval_seconds: \x80\n", "not UTF-8 text")
 
 
 def test_a_config_file_with_a_control_character_is_one_line() -> None:
-    _load_file(b"\x1f")
+    _refused(b"\x1f", "invalid YAML")
 
 
 # -- traces ---------------------------------------------------------------------------------------------
@@ -141,6 +151,16 @@ def _read(content: bytes, suffix: str = ".jsonl") -> None:
             assert str(exc).startswith(str(path)) and "\n" not in str(exc), repr(str(exc))
         else:
             assert polls and header.node is not None
+
+
+def _refused_trace(content: bytes, suffix: str = ".jsonl") -> None:
+    """``content`` as a trace must be refused with one line that names the file."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / f"t{suffix}"
+        path.write_bytes(content)
+        with pytest.raises(TraceError) as info:
+            read_trace(path)
+        assert str(info.value).startswith(str(path)) and "\n" not in str(info.value), repr(str(info.value))
 
 
 def test_the_real_lines_parse() -> None:
@@ -184,11 +204,11 @@ def test_corrupted_lines_give_polls_or_trace_error(data: st.DataObject) -> None:
 @SETTINGS
 @given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=300))
 def test_random_text_gives_trace_error(text: str) -> None:
-    _read(text.encode())
+    _refused_trace(text.encode())
 
 
 def test_a_trace_that_is_not_utf8_gives_trace_error() -> None:
-    _read(LINES[0].encode() + b"\n\x80\n")
+    _refused_trace(LINES[0].encode() + b"\n\x80\n")
 
 
 COMPRESSED = gzip.compress(("\n".join(LINES) + "\n").encode(), mtime=0)
@@ -197,7 +217,7 @@ COMPRESSED = gzip.compress(("\n".join(LINES) + "\n").encode(), mtime=0)
 @SETTINGS
 @given(st.integers(0, len(COMPRESSED) - 1))
 def test_truncated_gzip_gives_trace_error(pos: int) -> None:
-    _read(COMPRESSED[:pos], suffix=".jsonl.gz")
+    _refused_trace(COMPRESSED[:pos], suffix=".jsonl.gz")
 
 
 @settings(max_examples=150, deadline=None)
@@ -205,7 +225,7 @@ def test_truncated_gzip_gives_trace_error(pos: int) -> None:
 def test_damaged_gzip_gives_trace_error(pos: int, byte: int) -> None:
     raw = bytearray(COMPRESSED)
     raw[pos] ^= byte or 1
-    _read(bytes(raw), suffix=".jsonl.gz")
+    _refused_trace(bytes(raw), suffix=".jsonl.gz")
 
 
 @pytest.mark.parametrize("text", ["1: x\n", "null: 3\n", "processes:\n  2: true\n", "gpus:\n  - {1: 2}\n"])

@@ -8,7 +8,7 @@ from test_insight_helpers import DDP, h100, run, run_trace
 from gpuwarden.insight.diagnosis import REASONS, REMEDIES, SEVERITY, GpuWindow, diagnose
 from gpuwarden.trace import read_trace
 
-# ground truth: what each recorded workload (shared/gpu-workloads/workloads.py) does to the GPU
+# ground truth: what each recorded workload (tools/workloads.py) does to the GPU
 EXPECTED = {
     "idle": "free",
     "compute_bound": "compute_bound",

@@ -3,7 +3,7 @@
 #
 # Run on a machine with an NVIDIA GPU, PyTorch and gpuwarden importable, from the repo root:
 #   tools/record-scenarios.sh WORKLOADS_PY OUTDIR [SECONDS]
-# For each single-GPU scenario of shared/gpu-workloads/workloads.py it starts the workload, waits
+# For each single-GPU scenario of tools/workloads.py it starts the workload, waits
 # for it to warm up, and records a trace with `gpuwarden record` while it runs; a "session" trace
 # is recorded across all of them (the demo trace). Each trace's header metadata names the scenario.
 set -u

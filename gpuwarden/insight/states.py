@@ -35,7 +35,7 @@ JOB_CPU_BUSY_CORES = 0.25
 WORK_SAMPLE_RATIO = 0.01
 
 #: GPU work within this many seconds keeps a held GPU's idle time ``starved`` rather than ``held_idle``
-#: (the issue's "GPU work issued recently"). Our choice: longer than a training step's input wait in the
+#: ("GPU work issued recently"). Our choice: longer than a training step's input wait in the
 #: recorded scenarios (< 1 s), short enough that a notebook that stopped counts as held_idle within seconds.
 RECENT_WORK_SECONDS = 5.0
 

@@ -19,7 +19,7 @@ from gpuwarden.nvml.calls import Caller
 
 log = logging.getLogger(__name__)
 
-#: Each wait that times out costs ~0.12 ms of CPU in a live daemon (the NVMLError pynvml raises): wait 2 s, so
+#: Each wait that times out costs CPU (the NVMLError pynvml raises; docs/performance.md): wait 2 s, so
 #: the thread wakes twice less often than a 1 s poll; an event ends the wait at once. ``stop()`` waits for it.
 _WAIT_MS = 2000
 

@@ -75,8 +75,8 @@ def _empty(g: GpuReading) -> bool:
     )
 
 
-#: The host's CPU times are read at most once per this many seconds (0.17 ms of CPU a read in a live daemon on
-#: the H100 machine, more on larger hosts: the kernel builds all of /proc/stat). They only feed the insight
+#: The host's CPU times are read at most once per this many seconds (the kernel builds all of /proc/stat for each
+#: read; its cost: docs/performance.md). They only feed the insight
 #: analyzer's host-CPU evidence, a mean over a 60 s or longer window.
 HOST_MIN_GAP = 5.0
 
