@@ -336,7 +336,7 @@ def versions(*packages: str) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     # gpuwarden from a checkout is not installed: its version is the package's
     if "gpuwarden" in packages:
-        from exporter import __version__
+        from gpuwarden import __version__
 
         out["gpuwarden"] = __version__
     for p in packages:

@@ -5,7 +5,7 @@
 On a GPU machine it starts, one after the other on free loopback ports, and measures the same way
 (bench/common.py: a bounded scrape loop, psutil CPU and RSS of the process, exposition size and families):
 
-- gpuwarden: ``python3 -m exporter serve --poll-interval I`` (live NVML);
+- gpuwarden: ``python3 -m gpuwarden serve --poll-interval I`` (live NVML);
 - nvitop-exporter: ``nvitop-exporter --interval I --bind-address 127.0.0.1 --port P`` (its CLI, read from its 1.7.2
   source: ``--bind-address``/``--port``/``--interval``, interval at least 0.25 s; it updates global gauges in a
   loop and serves them with prometheus_client's WSGI server);

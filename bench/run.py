@@ -2,7 +2,7 @@
 
 ``python3 -m bench.run [--gpus-replayed 1,8,64] [--intervals 1,0.1] [--real] [--duration S] [--json OUT]``
 
-For every number of replayed GPUs and every poll interval it starts ``python3 -m exporter serve --replay TRACE
+For every number of replayed GPUs and every poll interval it starts ``python3 -m gpuwarden serve --replay TRACE
 --poll-interval I`` on a free loopback port (1 GPU: the real H100 recording; 8 and 64: traces derived from the
 recordings at bench time, see bench/traces.py), scrapes ``/metrics`` every ``--scrape-interval`` seconds for
 ``--duration`` seconds after a warm-up, and measures (bench/common.py): scrape latency p50/p99 (all scrapes, and

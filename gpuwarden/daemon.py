@@ -106,9 +106,10 @@ class _Server(uvicorn.Server):
         """uvicorn's housekeeping loop, asleep until a stop signal wakes it.
 
         uvicorn ticks every 0.1 s to refresh its date header and to see a stop; each wake-up of the event loop
-        costs CPU (a tenth of an idle daemon's at one tick a second: docs/performance.md). The daemon runs uvicorn with its date header off (server.DateHeaderMiddleware writes
-        it) and the signal handlers wake this loop, so it waits for the stop instead of polling for it (looking
-        anyway every EXIT_CHECK_SECONDS, should anything else set ``should_exit``).
+        costs CPU (a tenth of an idle daemon's at one tick a second: docs/performance.md). The daemon runs uvicorn
+        with its date header off (server.DateHeaderMiddleware writes it) and the signal handlers wake this loop, so
+        it waits for the stop instead of polling for it (looking anyway every EXIT_CHECK_SECONDS, should anything
+        else set ``should_exit``).
         """
         self._loop = asyncio.get_running_loop()
         self._exit = asyncio.Event()

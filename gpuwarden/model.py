@@ -82,6 +82,22 @@ class ProcessReading(_Model):
     cpu_seconds_total: float | None = Field(default=None, description="user + system CPU time of the process")
     create_time: float | None = Field(default=None, description="process start, Unix seconds")
     cgroup: str | None = Field(default=None, description="the process's cgroup path, from /proc/PID/cgroup")
+    cgroup_cpu_seconds_total: float | None = Field(
+        default=None,
+        description="CPU seconds of the process's cgroup (v2 cpu.stat usage_usec, v1 cpuacct.usage); None for the "
+        "root cgroup or where unreadable",
+    )
+    tree_cpu_seconds_total: float | None = Field(
+        default=None,
+        description="CPU seconds of the process, its live descendants (DataLoader workers) and its reaped children",
+    )
+    tree_processes: int | None = Field(default=None, description="the process and its live descendants")
+    tree_blocked: int | None = Field(
+        default=None, description="of those, how many are in uninterruptible sleep (state D: waiting on I/O)"
+    )
+    tree_read_bytes_total: int | None = Field(
+        default=None, description="bytes the process and its live descendants read from storage (/proc/PID/io)"
+    )
 
 
 class MigReading(_Model):
@@ -161,6 +177,10 @@ class HostReading(_Model):
     timestamp: float
     cpu_count: int
     cpu_seconds_total: dict[str, float] = Field(default_factory=dict)
+    pressure_seconds_total: dict[str, float] = Field(
+        default_factory=dict,
+        description="Linux PSI: cumulative seconds some task waited, by resource (io, cpu), from /proc/pressure/*",
+    )
 
 
 class PollResult(_Model):

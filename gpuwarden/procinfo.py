@@ -45,7 +45,8 @@ class ProcessInspector:
     read are None. Handles of processes no longer asked for are dropped by ``forget_except``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+        self.cgroup_root = cgroup_root
         self._procs: dict[int, psutil.Process] = {}
         self._static: dict[int, tuple[str | None, str | None, str | None, float | None, str | None]] = {}
 
@@ -61,6 +62,7 @@ class ProcessInspector:
                     self._static[pid] = (proc.name(), cmd, _username(proc), proc.create_time(), read_cgroup(pid))
             cpu = proc.cpu_times()
             cpu_total: float | None = cpu.user + cpu.system
+            tree = _tree(proc, cpu)
         except (psutil.Error, OSError):
             self._procs.pop(pid, None)
             self._static.pop(pid, None)
@@ -75,6 +77,11 @@ class ProcessInspector:
             cpu_seconds_total=cpu_total,
             create_time=created,
             cgroup=cgroup,
+            cgroup_cpu_seconds_total=read_cgroup_cpu(cgroup, self.cgroup_root),
+            tree_cpu_seconds_total=tree[0],
+            tree_processes=tree[1],
+            tree_blocked=tree[2],
+            tree_read_bytes_total=tree[3],
         )
 
     def forget_except(self, live: set[int]) -> None:
@@ -83,6 +90,54 @@ class ProcessInspector:
             if pid not in live:
                 del self._procs[pid]
                 self._static.pop(pid, None)
+
+
+def _tree(proc: psutil.Process, cpu: object) -> tuple[float, int, int, int | None]:
+    """(CPU seconds, processes, processes in state D, bytes read) of ``proc`` and its live descendants, the CPU
+    including its reaped children's (psutil's children_user/children_system). Raises psutil.Error for ``proc``."""
+    seconds = sum(getattr(cpu, k, 0.0) for k in ("user", "system", "children_user", "children_system"))
+    count, blocked, read = 1, int(proc.status() == psutil.STATUS_DISK_SLEEP), _read_bytes(proc)
+    for child in proc.children(recursive=True):
+        try:
+            with child.oneshot():
+                t = child.cpu_times()
+                seconds += t.user + t.system
+                blocked += child.status() == psutil.STATUS_DISK_SLEEP
+                child_read = _read_bytes(child)
+        except psutil.Error:
+            continue  # ended meanwhile
+        count += 1
+        read = None if read is None or child_read is None else read + child_read
+    return seconds, count, blocked, read
+
+
+def _read_bytes(proc: psutil.Process) -> int | None:
+    try:
+        return int(proc.io_counters().read_bytes)
+    except (psutil.Error, AttributeError, OSError):
+        return None
+
+
+def read_cgroup_cpu(cgroup: str | None, root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """Return the CPU seconds used by the cgroup at path ``cgroup`` (from /proc/PID/cgroup), None for the root
+    cgroup (the whole host, not a job) or where no counter is readable.
+
+    Sources: cgroup v2 ``cpu.stat`` (usage_usec), cgroup v1 ``cpuacct/cpuacct.usage`` (nanoseconds).
+    """
+    if not cgroup or cgroup == "/":
+        return None
+    rel = cgroup.lstrip("/")
+    try:
+        for line in (root / rel / "cpu.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) / 1e6
+    except (OSError, ValueError):
+        pass
+    try:
+        return int((root / "cpuacct" / rel / "cpuacct.usage").read_text()) / 1e9
+    except (OSError, ValueError):
+        return None
 
 
 def _username(proc: psutil.Process) -> str | None:
@@ -96,5 +151,27 @@ def read_host() -> HostReading:
     """Return the host's cumulative CPU seconds per mode (psutil.cpu_times) and its core count."""
     times = psutil.cpu_times()._asdict()
     return HostReading.model_construct(
-        timestamp=time.time(), cpu_count=psutil.cpu_count() or 1, cpu_seconds_total=times
+        timestamp=time.time(),
+        cpu_count=psutil.cpu_count() or 1,
+        cpu_seconds_total=times,
+        pressure_seconds_total=read_pressure(),
     )
+
+
+def read_pressure(root: Path = Path("/proc/pressure")) -> dict[str, float]:
+    """Return PSI's cumulative "some" stall seconds per resource (io, cpu); {} where the kernel has no PSI.
+
+    Source: /proc/pressure/{io,cpu}, line ``some ... total=<microseconds>`` (Linux 4.20+).
+    """
+    out: dict[str, float] = {}
+    for resource in ("io", "cpu"):
+        try:
+            text = (root / resource).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("some "):
+                total = line.rpartition("total=")[2]
+                if total.isdigit():
+                    out[resource] = int(total) / 1e6
+    return out

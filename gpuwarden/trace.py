@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpuwarden.model import GpuReading, HostReading, NodeStatic, PollResult
 
 FORMAT: Final = "gpuwarden-trace"
-VERSION = 1
+#: Version 2 adds the job-CPU and I/O facts of each process (ProcessReading.tree_*, cgroup_cpu_seconds_total);
+#: version 1 traces, which lack them, still read and replay.
+VERSION = 2
 
 
 class TraceError(Exception):
@@ -33,7 +35,7 @@ class TraceHeader(BaseModel):
 
     type: Literal["header"] = "header"
     format: Literal["gpuwarden-trace"] = FORMAT
-    version: int = VERSION
+    version: int = Field(default=VERSION, ge=1, le=VERSION)
     created: float = Field(description="Unix seconds when recording started")
     poll_interval_seconds: float = Field(gt=0)
     node: NodeStatic

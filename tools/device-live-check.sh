@@ -6,12 +6,12 @@ set -u
 W=$1; S=$2; OUT=$3; SECS=${4:-30}; WARM=${WARM:-10}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$OUT"
-python3 -m exporter serve --web.listen-address 127.0.0.1:10400 >"$OUT/serve.log" 2>&1 &
+python3 -m gpuwarden serve --web.listen-address 127.0.0.1:10400 >"$OUT/serve.log" 2>&1 &
 daemon=$!
 python3 "$W" run "$S" --seconds $((SECS + WARM + 5)) >"$OUT/$S.workload.log" 2>&1 &
 wpid=$!
 sleep "$WARM"
-python3 -m exporter record --duration "$SECS" --out "$OUT/$S.jsonl.gz" --meta "scenario=$S" \
+python3 -m gpuwarden record --duration "$SECS" --out "$OUT/$S.jsonl.gz" --meta "scenario=$S" \
   --meta "workload_pid=$wpid" --meta recorded_by=tools/device-live-check.sh &
 rec=$!
 sleep $((SECS / 2))

@@ -10,7 +10,7 @@ set -u
 W=$1; OUT=$2; SECS=${3:-30}
 WARM=${WARM:-8}
 mkdir -p "$OUT"
-GW="python3 -m exporter"
+GW="python3 -m gpuwarden"
 scenarios=(compute_bound starved_dataloader starved_cpu_heavy h2d_pageable_copy held_idle)
 total=$(( (SECS + WARM + 4) * (${#scenarios[@]} + 1) + 10 ))
 $GW record --duration "$total" --interval 1 --out "$OUT/session.jsonl.gz" \
