@@ -20,7 +20,7 @@ from gpuwarden.insight import analyzer as an
 from gpuwarden.insight import states as st
 from gpuwarden.insight.analyzer import InsightAnalyzer, _Interval
 from gpuwarden.insight.attribution import JobRef
-from gpuwarden.insight.diagnosis import GpuWindow
+from gpuwarden.insight.diagnosis import GpuWindow, Health
 from gpuwarden.insight.scores import starved_ratio
 from gpuwarden.model import PollResult
 from gpuwarden.trace import read_trace
@@ -79,6 +79,10 @@ def window_of(index: int, uuid: str, ivs: list[_Interval], job: JobRef | None) -
         nvlink_rx=_mean((iv.nvlink_rx, iv.seconds) for iv in ivs),
         job_cpu_cores=_mean((iv.job_cpu, iv.seconds) for iv in ivs),
         max_process_cpu_cores=_mean((iv.max_proc_cpu, iv.seconds) for iv in ivs),
+        dram=_mean((iv.dram, iv.seconds) for iv in ivs),
+        fp32=_mean((iv.fp32, iv.seconds) for iv in ivs),
+        io_read_bytes_per_second=_mean((iv.io_read, iv.seconds) for iv in ivs),
+        io_blocked_processes=_mean((iv.blocked, iv.seconds) for iv in ivs),
         host_cpu_busy_ratio=_mean((iv.host_busy, iv.seconds) for iv in ivs),
         memory_used_bytes=last.mem_used if last else None,
         memory_total_bytes=last.mem_total if last else None,
@@ -91,6 +95,7 @@ def window_of(index: int, uuid: str, ivs: list[_Interval], job: JobRef | None) -
         job=job.job if job and last and last.holder == "job" else None,
         job_kind=job.kind if job and last and last.holder == "job" else None,
         processes=tuple(sorted(last.pids)) if last else (),
+        health=last.health if last else Health(),
     )
 
 
@@ -281,6 +286,10 @@ def _stream(n: int, seed: int, dt: float = 0.1) -> list[_Interval]:
                 nvlink_rx=val(4e11),
                 job_cpu=val(8.0),
                 max_proc_cpu=val(1.0),
+                dram=val(1.0),
+                fp32=val(1.0),
+                io_read=val(1e9),
+                blocked=val(3.0),
                 host_busy=val(1.0),
                 clock_ratio=val(1.0),
                 throttle=throttle,
@@ -290,6 +299,7 @@ def _stream(n: int, seed: int, dt: float = 0.1) -> list[_Interval]:
                 power_limit=700.0,
                 mem_used=k,
                 mem_total=80 << 30,
+                health=Health(),
             )
         )
     return out

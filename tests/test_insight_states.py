@@ -95,13 +95,28 @@ def test_segments_cover_the_interval_exactly_and_carry_the_last_sample() -> None
     assert segments(10.0, 10.0, [(10.0, 1.0)], 0.3) == []
 
 
-def test_recent_gpu_work_keeps_idle_time_starved_then_it_turns_held_idle() -> None:
+def test_recent_gpu_work_with_the_job_idle_is_paused_then_held_idle() -> None:
     segs = [Segment(float(t), 1.0, 1.0 if t == 1 else 0.0) for t in range(1, 11)]
     out, last = account(segs, "job", 0.0, None)
     assert last == 1.0
     assert out["busy"] == 1.0
-    assert out["starved"] == pytest.approx(5.0)  # t = 2..6 within RECENT_WORK_SECONDS of the work at t = 1
+    assert out["paused"] == pytest.approx(5.0)  # t = 2..6 within RECENT_WORK_SECONDS of the work at t = 1
+    assert out["starved"] == 0.0
     assert out["held_idle"] == pytest.approx(4.0)
+
+
+def test_idle_gpu_while_the_job_works_or_reads_is_starved() -> None:
+    segs = [Segment(float(t), 1.0, 1.0 if t == 1 else 0.0) for t in range(1, 11)]
+    out, _ = account(segs, "job", 2.0, None)
+    assert out["starved"] == pytest.approx(9.0) and out["paused"] == 0.0
+    out, _ = account(segs, "job", 0.0, None, io_waiting=True)
+    assert out["starved"] == pytest.approx(9.0) and out["held_idle"] == 0.0
+
+
+def test_recent_work_with_unknown_job_cpu_stays_starved() -> None:
+    segs = [Segment(float(t), 1.0, 1.0 if t == 1 else 0.0) for t in range(1, 4)]
+    out, _ = account(segs, "job", None, None)
+    assert out["starved"] == pytest.approx(2.0) and out["paused"] == 0.0
 
 
 def test_holder() -> None:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
 from gpuwarden.insight.attribution import JobRef, attribute
-from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Diagnosis, GpuWindow, diagnose
+from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Diagnosis, GpuWindow, Health, diagnose
 from gpuwarden.insight.scores import imbalance, starved_ratio
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult
 
@@ -119,6 +119,10 @@ class _Interval:
     nvlink_rx: float | None
     job_cpu: float | None
     max_proc_cpu: float | None
+    dram: float | None
+    fp32: float | None
+    io_read: float | None
+    blocked: float | None
     host_busy: float | None
     clock_ratio: float | None
     throttle: bool
@@ -128,10 +132,24 @@ class _Interval:
     power_limit: float | None
     mem_used: int | None
     mem_total: int | None
+    health: Health
 
 
 #: _Interval fields averaged over a window, weighted by the interval's seconds (None values skipped).
-_MEAN_FIELDS = ("sm", "tensor", "pcie_rx", "nvlink_rx", "job_cpu", "max_proc_cpu", "host_busy", "power")
+_MEAN_FIELDS = (
+    "sm",
+    "tensor",
+    "pcie_rx",
+    "nvlink_rx",
+    "job_cpu",
+    "max_proc_cpu",
+    "host_busy",
+    "power",
+    "dram",
+    "fp32",
+    "io_read",
+    "blocked",
+)
 
 # Slots of a window's sums: seconds per state, then the other sums, then a (value x seconds, seconds) pair per
 # mean field.
@@ -250,6 +268,10 @@ class _Captured:
             nvlink_rx=mean("nvlink_rx"),
             job_cpu_cores=mean("job_cpu"),
             max_process_cpu_cores=mean("max_proc_cpu"),
+            dram=mean("dram"),
+            fp32=mean("fp32"),
+            io_read_bytes_per_second=mean("io_read"),
+            io_blocked_processes=mean("blocked"),
             host_cpu_busy_ratio=mean("host_busy"),
             memory_used_bytes=last.mem_used if last else None,
             memory_total_bytes=last.mem_total if last else None,
@@ -259,6 +281,7 @@ class _Captured:
             throttle_reasons=tuple(sorted(r for r, n in self.reasons.items() if n > 0)),
             power_watts=mean("power"),
             power_limit_watts=last.power_limit if last else None,
+            health=last.health if last else Health(),
             job=job.job if held_job else None,  # type: ignore[union-attr]
             job_kind=job.kind if held_job else None,  # type: ignore[union-attr]
             processes=tuple(sorted(last.pids)) if last else (),
@@ -351,6 +374,7 @@ class _GpuState:
     last_ts: float | None = None
     last_work: float | None = None
     last_pids: frozenset[int] = frozenset()
+    xids: tuple[int, ...] = ()
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.STATES, 0.0))
 
 
@@ -369,7 +393,7 @@ class InsightAnalyzer:
         self.window_seconds = float(window_seconds)
         self.diagnosis_seconds = float(min(diagnosis_seconds, window_seconds))
         self._gpus: dict[str, _GpuState] = {}
-        self._proc_cpu: dict[int, tuple[float | None, float, float]] = {}
+        self._proc_cpu: dict[int, tuple[float | None, float, float, float, int | None]] = {}
         self._host: HostReading | None = None
         self._busy: float | None = None
         self._jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
@@ -390,27 +414,34 @@ class InsightAnalyzer:
                 self._busy = min(1.0, max(0.0, (total - idle) / total))
         return self._busy
 
-    def _process_rates(self, gpus: list[GpuReading]) -> dict[int, float]:
-        """CPU cores used by each GPU process since the previous poll (first sight: see FIRST_SIGHT_MAX_AGE)."""
-        rates: dict[int, float] = {}
-        seen: dict[int, tuple[float | None, float, float]] = {}
+    def _process_rates(self, gpus: list[GpuReading]) -> dict[int, tuple[float, float, float | None]]:
+        """Per GPU process since the previous poll: (CPU cores of the process, CPU cores of the whole job - the
+        process with its descendants such as DataLoader workers, where recorded - and bytes read per second by
+        them, None where unknown). First sight: see FIRST_SIGHT_MAX_AGE."""
+        rates: dict[int, tuple[float, float, float | None]] = {}
+        seen: dict[int, tuple[float | None, float, float, float, int | None]] = {}
         for g in gpus:
             for p in g.processes or ():
                 if p.cpu_seconds_total is None or p.pid in seen:
                     continue
-                seen[p.pid] = (p.create_time, p.cpu_seconds_total, g.timestamp)
+                tree = p.tree_cpu_seconds_total if p.tree_cpu_seconds_total is not None else p.cpu_seconds_total
+                seen[p.pid] = (p.create_time, p.cpu_seconds_total, g.timestamp, tree, p.tree_read_bytes_total)
                 prev = self._proc_cpu.get(p.pid)
                 if prev is None or prev[0] != p.create_time:
                     # first sight of a young process: its mean since it started estimates this interval;
                     # an older one's lifetime mean says little about now, so it stays unknown until next poll
                     age = g.timestamp - p.create_time if p.create_time is not None else 0.0
                     if FIRST_SIGHT_MIN_AGE <= age <= FIRST_SIGHT_MAX_AGE:
-                        rates[p.pid] = p.cpu_seconds_total / age
+                        rates[p.pid] = (p.cpu_seconds_total / age, tree / age, None)
                     continue
                 dt = g.timestamp - prev[2]
                 dc = p.cpu_seconds_total - prev[1]
+                dtree = tree - prev[3]
                 if dt > 0 and dc >= 0:
-                    rates[p.pid] = dc / dt
+                    read = None
+                    if p.tree_read_bytes_total is not None and prev[4] is not None:
+                        read = max(0.0, (p.tree_read_bytes_total - prev[4]) / dt)
+                    rates[p.pid] = (dc / dt, max(dtree, dc) / dt, read)
         self._proc_cpu = seen
         return rates
 
@@ -453,7 +484,7 @@ class InsightAnalyzer:
                         user=p.username or "",
                         command=p.name or "",
                         gpu_memory_bytes=p.gpu_memory_bytes,
-                        cpu_cores=rates.get(p.pid),
+                        cpu_cores=rates[p.pid][0] if p.pid in rates else None,
                     )
                 )
                 rank = (p.gpu_memory_bytes or 0, -p.pid)
@@ -491,7 +522,7 @@ class InsightAnalyzer:
         self,
         g: GpuReading,
         s: GpuStatic | None,
-        rates: dict[int, float],
+        rates: dict[int, tuple[float, float, float | None]],
         host_busy: float | None,
         job: JobRef | None,
     ) -> None:
@@ -509,15 +540,22 @@ class InsightAnalyzer:
         if pids != state.last_pids and not (pids & state.last_pids):
             state.last_work = None  # another job: the previous one's GPU work says nothing about this one
         start, state.last_ts, state.last_pids = state.last_ts, g.timestamp, pids
+        if g.xid_events:
+            state.xids = tuple(sorted(set(state.xids) | {e.xid for e in g.xid_events}))
         if start is None or not 0 < g.timestamp - start <= st.MAX_INTERVAL_SECONDS:
             return
         known = [rates[p.pid] for p in procs or () if p.pid in rates]
-        job_cpu = sum(known) if known else None
+        job_cpu = sum(k[1] for k in known) if known else None
+        reads = [k[2] for k in known if k[2] is not None]
+        io_read = sum(reads) if reads else None
+        blocked_counts = [p.tree_blocked for p in procs or () if p.tree_blocked is not None]
+        blocked = float(sum(blocked_counts)) if blocked_counts else None
+        io_waiting = (io_read or 0.0) >= st.IO_READ_BYTES_PER_SECOND or (blocked or 0.0) > 0
         holder = st.holder_of(
             procs is not None, len(procs or ()), g.memory_used_bytes, g.memory_reserved_bytes is not None
         )
         segs = st.segments(start, g.timestamp, g.utilization_samples, g.utilization_gpu_ratio)
-        secs, state.last_work = st.account(segs, holder, job_cpu, state.last_work)
+        secs, state.last_work = st.account(segs, holder, job_cpu, state.last_work, io_waiting)
         for k, v in secs.items():
             state.totals[k] += v
         bits = g.clock_event_reasons or 0
@@ -536,7 +574,11 @@ class InsightAnalyzer:
             pcie_rx=_finite(gpm.get("pcie_rx_bytes_per_second")),
             nvlink_rx=_finite(gpm.get("nvlink_rx_bytes_per_second")),
             job_cpu=job_cpu,
-            max_proc_cpu=max(known) if known else None,
+            max_proc_cpu=max(k[0] for k in known) if known else None,
+            dram=_finite(gpm.get("dram_activity")),
+            fp32=_finite(gpm.get("fp32_activity")),
+            io_read=io_read,
+            blocked=blocked,
             host_busy=host_busy,
             clock_ratio=_finite(clock / clock_max) if clock is not None and clock_max else None,
             throttle=bool(bits & (_POWER_BITS | _SEVERE_BITS)),
@@ -546,6 +588,16 @@ class InsightAnalyzer:
             power_limit=g.power_limit_watts,
             mem_used=g.memory_used_bytes,
             mem_total=g.memory_total_bytes or (s.memory_total_bytes if s is not None else None),
+            health=Health(
+                temperature_celsius=g.temperature_gpu_celsius,
+                slowdown_celsius=s.temperature_thresholds_celsius.get("slowdown") if s is not None else None,
+                memory_temperature_celsius=g.temperature_memory_celsius,
+                memory_max_celsius=s.temperature_thresholds_celsius.get("memory_max") if s is not None else None,
+                uncorrected_ecc=g.ecc_errors_total.get("uncorrected_volatile"),
+                remap_pending=bool(g.remapped_rows.get("pending")),
+                remap_failed=bool(g.remapped_rows.get("failure")),
+                xids=state.xids,
+            ),
         )
         terms = _terms(iv)
         for running in (state.node, state.job, state.diag):

@@ -2,21 +2,30 @@
 
 ``diagnose(window, peers)`` is a pure function of a GPU's window statistics (``GpuWindow``, built by the
 analyzer) and those of the other GPUs of the same job. The rules are checked in this order and the first
-that holds is the verdict; ``throttled`` and ``memory_nearly_full`` are also reported as extra findings
-next to any verdict.
+that holds is the verdict; ``throttled``, ``memory_nearly_full``, ``tensor_cores_idle``, ``straggler`` and the
+health findings (``hot``, ``uncorrectable_ecc``, ``xid_errors``, ``row_remap_pending``, ``row_remap_failed``) are
+also reported as findings next to any verdict.
 
 1. ``free``              no process holds the GPU.
 2. ``h2d_copy_bound``    PCIe receive >= H2D_RX_BYTES_PER_SECOND and SM activity < H2D_SM_MAX.
 3. ``held_idle``         held_idle time >= HELD_IDLE_MIN of the window, or both sides idle over the window:
-                         util.gpu < WORK_SAMPLE_RATIO and job CPU < JOB_CPU_BUSY_CORES.
+                         util.gpu < WORK_SAMPLE_RATIO, job CPU < JOB_CPU_BUSY_CORES and no storage reads.
 4. ``throttled``         utilized (util.gpu >= BUSY_UTIL), thermal / hardware slowdown / power brake in
                          >= THROTTLE_MIN_FRACTION of the time and SM clock < THROTTLE_CLOCK_RATIO of max.
-5. ``waiting_on_peers``  utilized, SM activity < SPIN_SM_PER_UTIL x util.gpu, and a GPU of the same job has
-                         util.gpu <= PEER_LAG x this GPU's (the straggler the collective waits for).
-6. ``launch_bound``      utilized but SM activity < LAUNCH_SM_MAX ("utilized" with SMs nearly empty).
-7. ``input_starved``     starved time >= STARVED_MIN of the window (GPU idle while its job works).
-8. ``compute_bound``     utilized (and SM activity >= LAUNCH_SM_MAX where GPM exists): healthy.
-9. ``underutilized``     none of the above: the time is split with no dominant cause.
+5. ``waiting_on_peers``  kernels resident but SM activity < SPIN_SM_PER_UTIL x util.gpu (spinning in a
+                         collective), and a GPU of the same job is the straggler: its util.gpu is at most PEER_LAG x
+                         this GPU's (a CPU-side straggler), or its SM activity at least this GPU's / PEER_LAG (a
+                         GPU-side straggler, given more GPU work).
+6. ``launch_bound``      kernels run (util.gpu >= LAUNCH_UTIL_MIN) but fill few SMs (SM activity < LAUNCH_SM_PER_UTIL
+                         x util.gpu), while the job's busiest process keeps a core busy (>= LAUNCH_CPU_CORES): the
+                         host thread issuing kernels one at a time is the limit, at any utilization.
+7. ``job_paused``        paused time (GPU and job both idle right after GPU work) >= PAUSED_MIN of the window and
+                         more than the starved time: the job itself stops (sleep, evaluation, checkpoint, waits).
+8. ``input_starved``     starved time >= STARVED_MIN of the window (GPU idle while its job works on the CPU or
+                         reads storage); the summary says which (CPU preprocessing vs waiting on I/O).
+9. ``memory_bound``      utilized and DRAM activity >= MEMORY_BOUND_DRAM (most of HBM's peak bandwidth in use).
+10. ``compute_bound``    utilized (and SM activity >= LAUNCH_SM_PER_UTIL x util.gpu where GPM exists).
+11. ``underutilized``    none of the above: the time is split with no dominant cause.
 """
 
 from __future__ import annotations
@@ -26,27 +35,55 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuwarden.insight.states import JOB_CPU_BUSY_CORES, WORK_SAMPLE_RATIO
+from gpuwarden.insight.states import IO_READ_BYTES_PER_SECOND, JOB_CPU_BUSY_CORES, WORK_SAMPLE_RATIO
 
 #: Every reason ``gpu_diagnosis{reason}`` may carry (bounded label set), in exposition order.
 REASONS = (
     "compute_bound",
+    "memory_bound",
     "input_starved",
     "h2d_copy_bound",
     "held_idle",
+    "job_paused",
     "launch_bound",
     "waiting_on_peers",
     "throttled",
     "memory_nearly_full",
+    "tensor_cores_idle",
+    "straggler",
+    "hot",
+    "uncorrectable_ecc",
+    "xid_errors",
+    "row_remap_pending",
+    "row_remap_failed",
     "underutilized",
+    "blind",
     "free",
 )
 
 #: util.gpu at or above this is "utilized" (a kernel ran at least half the time).
 BUSY_UTIL = 0.5
-#: Utilized with SM activity below this: launch bound. H100 traces: compute_bound 0.96; a DDP rank spinning
-#: in all-reduce 0.25-0.27 (reference measurements; our calibration).
-LAUNCH_SM_MAX = 0.30
+#: Launch bound: kernels run at least this share of the time (a stream of kernels, not an idle GPU) ...
+LAUNCH_UTIL_MIN = 0.1
+#: ... but SM activity is below this share of util.gpu. util.gpu counts time in which any kernel runs; DCGM's SM
+#: activity averages over all SMs the time one has a warp resident (NVML GPM SM util). A kernel of a few blocks
+#: runs on a few of the GPU's SMs (132 on an H100), so a stream of such kernels gives SM activity far below util.gpu,
+#: a GEMM or a training step fills every SM (SM activity close to util.gpu).
+LAUNCH_SM_PER_UTIL = 0.25
+#: ... while the job's busiest process keeps at least this much of a core busy (the launching host thread).
+LAUNCH_CPU_CORES = 0.7
+#: Share of the window the job itself paused (GPU and job CPU idle right after GPU work) that makes the verdict.
+PAUSED_MIN = 0.25
+#: DRAM activity (GPM DRAM bandwidth utilization: achieved over peak HBM bandwidth) at or above this: memory bound.
+#: On the roofline a kernel whose bytes per flop put it left of the ridge point runs at the bandwidth roof: it
+#: sustains most of the peak bandwidth while its arithmetic pipes wait. GEMMs stay far below (compute bound).
+MEMORY_BOUND_DRAM = 0.6
+#: Tensor cores idle while the FP32 pipe does the work: tensor activity below this ...
+TENSOR_IDLE_MAX = 0.05
+#: ... and FP32 pipe activity at or above this (FP32 matrix math that TF32 or bf16 would put on tensor cores).
+FP32_BUSY_MIN = 0.3
+#: Hot: the GPU within this many degrees Celsius of its own slowdown threshold (or HBM of its memory_max).
+HOT_MARGIN_CELSIUS = 5.0
 #: SM activity per util.gpu below this marks a kernel that occupies the GPU without working (spin).
 SPIN_SM_PER_UTIL = 0.5
 #: A peer GPU of the same job at or below this fraction of this GPU's util.gpu is a straggler.
@@ -83,6 +120,16 @@ SEVERITY = {
     "held_idle": "warning",
     "launch_bound": "warning",
     "waiting_on_peers": "warning",
+    "memory_bound": "ok",
+    "job_paused": "info",
+    "tensor_cores_idle": "info",
+    "straggler": "warning",
+    "hot": "warning",
+    "uncorrectable_ecc": "critical",
+    "xid_errors": "warning",
+    "row_remap_pending": "warning",
+    "row_remap_failed": "critical",
+    "blind": "info",
 }
 
 REMEDIES: dict[str, tuple[str, ...]] = {
@@ -108,10 +155,45 @@ REMEDIES: dict[str, tuple[str, ...]] = {
         "Schedulers: reclaim idle GPUs (JupyterHub culling, Slurm/Kubernetes idle-GPU policies).",
     ),
     "launch_bound": (
-        "Kernels are too small to fill the SMs: larger batches, fuse operations (torch.compile), or capture "
-        "the step in CUDA Graphs to remove launch overhead.",
+        "Capture the step in CUDA Graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead')) so one launch "
+        "replays many kernels.",
+        "Fuse small operations into larger kernels (torch.compile, fused optimizers foreach=True/fused=True) and "
+        "use larger batches so each kernel fills the SMs.",
         "Remove host synchronisations in the loop (.item(), .cpu(), printing tensors).",
     ),
+    "memory_bound": (
+        "The kernels run at HBM bandwidth: cut bytes moved - fuse elementwise chains (torch.compile), keep data "
+        "in bf16/fp8 instead of fp32, avoid needless copies (.contiguous(), .clone(), device-to-device copies).",
+        "Raise arithmetic intensity: larger matrix tiles or batches; FlashAttention-style fused kernels.",
+    ),
+    "job_paused": (
+        "The job itself stops between bursts of GPU work (evaluation, checkpointing, logging, sleeps, waiting on "
+        "a service): overlap them with training (asynchronous checkpointing such as torch.distributed.checkpoint "
+        "async_save, evaluation on another GPU), or release the GPU while waiting.",
+    ),
+    "tensor_cores_idle": (
+        "The math runs on the FP32 pipes with the tensor cores idle: enable TF32 "
+        "(torch.backends.cuda.matmul.allow_tf32 = True, torch.set_float32_matmul_precision('high')) or train "
+        "in bf16 with torch.autocast.",
+    ),
+    "straggler": (
+        "The other GPUs of this job wait on this one: give it less work (balance shards, sequence lengths or "
+        "the input pipeline across ranks) or find what slows it (its own verdict).",
+    ),
+    "hot": (
+        "The GPU runs within a few degrees of its own slowdown threshold: check airflow, fans, inlet temperature "
+        "and neighbouring cards before the clocks drop (nvidia-smi -q -d TEMPERATURE).",
+    ),
+    "uncorrectable_ecc": (
+        "Uncorrectable memory errors since the driver loaded: drain the GPU, reset it (nvidia-smi -r) so rows are "
+        "remapped, and replace it if errors return.",
+    ),
+    "xid_errors": (
+        "The driver reported XID errors on this GPU: look each code up in NVIDIA's XID catalog "
+        "(dmesg | grep -i xid) and follow its recovery action.",
+    ),
+    "row_remap_pending": ("A memory row remap is pending: reset the GPU to apply it (drain it first).",),
+    "row_remap_failed": ("A row remap failed: the GPU's memory cannot be repaired in place; service the GPU.",),
     "waiting_on_peers": (
         "This GPU spins in a collective waiting for a slower rank: fix the straggler (its own diagnosis says "
         "why), balance the input work across ranks.",
@@ -130,6 +212,11 @@ REMEDIES: dict[str, tuple[str, ...]] = {
     "underutilized": (
         "No single cause dominates: profile a few steps (torch.profiler, Nsight Systems) to see where the "
         "step time goes.",
+    ),
+    "blind": (
+        "gpuwarden cannot see this GPU's processes or their CPU: run it in the host PID namespace (hostPID: true, "
+        "or --pid=host) with /proc and the cgroup mount readable, so the diagnosis can tell input, pauses and "
+        "launch overhead apart.",
     ),
     "free": ("No process holds this GPU: it is available.",),
 }
@@ -169,6 +256,21 @@ class Diagnosis(BaseModel):
 
 
 @dataclass(frozen=True)
+class Health:
+    """A GPU's health at the last poll of the window: temperatures against the card's own thresholds, memory
+    errors and XIDs. None: not reported (the card lacks the sensor or counter)."""
+
+    temperature_celsius: float | None = None
+    slowdown_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    memory_max_celsius: float | None = None
+    uncorrected_ecc: int | None = None
+    remap_pending: bool = False
+    remap_failed: bool = False
+    xids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class GpuWindow:
     """What the analyzer measured on one GPU over the diagnosis window (means are time-weighted).
 
@@ -190,6 +292,10 @@ class GpuWindow:
     nvlink_rx: float | None = None
     job_cpu_cores: float | None = None
     max_process_cpu_cores: float | None = None
+    dram: float | None = None
+    fp32: float | None = None
+    io_read_bytes_per_second: float | None = None
+    io_blocked_processes: float | None = None
     host_cpu_busy_ratio: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
@@ -202,6 +308,7 @@ class GpuWindow:
     job: str | None = None
     job_kind: str | None = None
     processes: tuple[int, ...] = field(default=())
+    health: Health = field(default_factory=Health)
 
     def share(self, state: str) -> float:
         """Return the share of the window spent in ``state`` (0 when nothing is accounted)."""
@@ -227,13 +334,18 @@ def _evidence(w: GpuWindow) -> list[Evidence]:
             ev.append(Evidence(name=name, value=round(float(value), 6), unit=unit, rule=rule))
 
     add("utilization_gpu", w.util, "ratio", f"utilized at >= {BUSY_UTIL:g}")
-    add("sm_activity", w.sm, "ratio", f"launch bound below {LAUNCH_SM_MAX:g} when utilized")
-    add("tensor_activity", w.tensor, "ratio")
+    add("sm_activity", w.sm, "ratio", f"launch bound below {LAUNCH_SM_PER_UTIL:g} x utilization_gpu")
+    add("tensor_activity", w.tensor, "ratio", f"tensor cores idle below {TENSOR_IDLE_MAX:g}")
+    add("dram_activity", w.dram, "ratio", f"memory bound at >= {MEMORY_BOUND_DRAM:g}")
+    add("fp32_activity", w.fp32, "ratio", f"FP32 pipes busy at >= {FP32_BUSY_MIN:g}")
     add("busy_share", w.share("busy"), "ratio")
     add("starved_share", w.share("starved"), "ratio", f"input starved at >= {STARVED_MIN:g}")
+    add("paused_share", w.share("paused"), "ratio", f"job paused at >= {PAUSED_MIN:g}")
     add("held_idle_share", w.share("held_idle"), "ratio", f"held idle at >= {HELD_IDLE_MIN:g}")
     add("job_cpu", w.job_cpu_cores, "cores", f"job working at >= {JOB_CPU_BUSY_CORES:g} cores")
-    add("max_process_cpu", w.max_process_cpu_cores, "cores")
+    add("max_process_cpu", w.max_process_cpu_cores, "cores", f"a launching thread at >= {LAUNCH_CPU_CORES:g}")
+    add("job_read_rate", w.io_read_bytes_per_second, "bytes_per_second")
+    add("job_processes_in_io_wait", w.io_blocked_processes, "processes")
     add("host_cpu_busy", w.host_cpu_busy_ratio, "ratio")
     add(
         "pcie_rx",
@@ -246,6 +358,11 @@ def _evidence(w: GpuWindow) -> list[Evidence]:
     add("memory_used_ratio", w.memory_used_ratio, "ratio", f"nearly full above {MEMORY_FULL_RATIO:g}")
     add("sm_clock_of_max", w.sm_clock_ratio, "ratio", f"throttled below {THROTTLE_CLOCK_RATIO:g}")
     add("throttle_share", w.throttle_fraction, "ratio", f"throttled at >= {THROTTLE_MIN_FRACTION:g}")
+    h = w.health
+    add("temperature", h.temperature_celsius, "celsius")
+    add("slowdown_threshold", h.slowdown_celsius, "celsius", f"hot within {HOT_MARGIN_CELSIUS:g} of it")
+    add("memory_temperature", h.memory_temperature_celsius, "celsius")
+    add("uncorrected_ecc_errors", h.uncorrected_ecc, "errors")
     add("power", w.power_watts, "watts")
     add("power_limit", w.power_limit_watts, "watts")
     add("window", w.seconds, "seconds")
@@ -264,12 +381,51 @@ def _throttled(w: GpuWindow) -> bool:
     )
 
 
-def _straggler(w: GpuWindow, peers: Sequence[GpuWindow]) -> GpuWindow | None:
-    """Return the slowest peer whose util.gpu is at most PEER_LAG x this GPU's, or None."""
+def _spinning(w: GpuWindow) -> bool:
+    """Kernels resident most of the time with the SMs mostly empty: a collective waiting (or tiny kernels)."""
+    return _utilized(w) and w.sm is not None and w.util is not None and w.sm < SPIN_SM_PER_UTIL * w.util
+
+
+def _straggler(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[GpuWindow, str] | None:
+    """Return the peer this GPU waits on and how it lags ("CPU-side": it runs kernels at most PEER_LAG x as often;
+    "GPU-side": its SMs are at least 1/PEER_LAG x as active), or None."""
     if w.util is None:
         return None
-    lagging = [p for p in peers if p.util is not None and p.util <= PEER_LAG * w.util]
-    return min(lagging, key=lambda p: (p.util, p.index)) if lagging else None
+    cpu_side = [p for p in peers if p.util is not None and p.util <= PEER_LAG * w.util]
+    if cpu_side:
+        return min(cpu_side, key=lambda p: (p.util, p.index)), "CPU-side"
+    if w.sm is not None:
+        gpu_side = [p for p in peers if p.sm is not None and p.sm * PEER_LAG >= w.sm and not _spinning(p)]
+        if gpu_side:
+            return max(gpu_side, key=lambda p: (p.sm, -p.index)), "GPU-side"
+    return None
+
+
+def _waiters(w: GpuWindow, peers: Sequence[GpuWindow]) -> list[GpuWindow]:
+    """The peers that wait on ``w`` (``w`` is their straggler)."""
+    return [p for p in peers if _spinning(p) and (s := _straggler(p, [w])) is not None and s[0] is w]
+
+
+def _health(w: GpuWindow) -> list[tuple[str, str]]:
+    """The health findings of ``w`` with one sentence each (the card's own thresholds, memory errors, XIDs)."""
+    h, out = w.health, []
+    if h.temperature_celsius is not None and h.slowdown_celsius is not None:
+        if h.temperature_celsius >= h.slowdown_celsius - HOT_MARGIN_CELSIUS:
+            out.append(("hot", f"GPU at {h.temperature_celsius:.0f} °C, slowdown at {h.slowdown_celsius:.0f} °C."))
+    if h.memory_temperature_celsius is not None and h.memory_max_celsius is not None:
+        if h.memory_temperature_celsius >= h.memory_max_celsius - HOT_MARGIN_CELSIUS and not out:
+            out.append(
+                ("hot", f"HBM at {h.memory_temperature_celsius:.0f} °C, its limit {h.memory_max_celsius:.0f} °C.")
+            )
+    if h.uncorrected_ecc:
+        out.append(("uncorrectable_ecc", f"{h.uncorrected_ecc} uncorrectable ECC error(s) since the driver loaded."))
+    if h.xids:
+        out.append(("xid_errors", f"XID {', '.join(map(str, h.xids))} since gpuwarden started."))
+    if h.remap_failed:
+        out.append(("row_remap_failed", "A row remap failed."))
+    elif h.remap_pending:
+        out.append(("row_remap_pending", "A row remap is pending (needs a GPU reset)."))
+    return out
 
 
 def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
@@ -281,25 +437,42 @@ def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
         return None
     verdict, summary = _verdict(w, peers)
     findings = [verdict]
+    extra = []
     if verdict != "throttled" and verdict != "free" and _utilized(w) and _throttled(w):
         findings.append("throttled")
-    ratio = w.memory_used_ratio
-    if ratio is not None and ratio > MEMORY_FULL_RATIO:
-        findings.append("memory_nearly_full")
-    extra = []
-    if "throttled" in findings[1:]:
         extra.append(
             f"Clocks at {_pct(w.sm_clock_ratio)} of max ({', '.join(w.throttle_reasons) or 'unknown reason'})."
         )
-    if "memory_nearly_full" in findings:
+    ratio = w.memory_used_ratio
+    if ratio is not None and ratio > MEMORY_FULL_RATIO:
+        findings.append("memory_nearly_full")
         extra.append(f"Memory {_pct(ratio)} full.")
+    if (
+        verdict == "compute_bound"
+        and w.tensor is not None
+        and w.fp32 is not None
+        and w.tensor < TENSOR_IDLE_MAX
+        and w.fp32 >= FP32_BUSY_MIN
+    ):
+        findings.append("tensor_cores_idle")
+        extra.append(f"Tensor cores {_pct(w.tensor)} active while the FP32 pipes are {_pct(w.fp32)}: no TF32/bf16.")
+    waiters = _waiters(w, peers)
+    if waiters and verdict != "waiting_on_peers":
+        findings.append("straggler")
+        extra.append(f"Straggler of its job: GPU {', '.join(str(p.index) for p in waiters)} wait(s) on it.")
+    for name, text in _health(w):
+        findings.append(name)
+        extra.append(text)
+    if verdict == "underutilized" and w.held and w.job_cpu_cores is None:
+        findings.append("blind")
     remedies: list[str] = []
-    for f in findings:
+    order = [f for f in findings if SEVERITY[f] == "critical"] + [f for f in findings if SEVERITY[f] != "critical"]
+    for f in order:
         remedies.extend(REMEDIES[f])
     levels = [SEVERITY[f] for f in findings]
     if "throttled" in findings and w.severe_throttle_fraction < THROTTLE_MIN_FRACTION:
         levels[findings.index("throttled")] = "info"  # a power cap at full load is expected, not a fault
-    severity = max(levels, key=("ok", "info", "warning").index)
+    severity = max(levels, key=("ok", "info", "warning", "critical").index)
     return Diagnosis(
         gpu=w.index,
         uuid=w.uuid,
@@ -324,16 +497,18 @@ def _verdict(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[str, str]:
             f"PCIe receive {w.pcie_rx / 1e9:.1f} GB/s while SMs are {_pct(w.sm)} active: "
             f"the job waits on host-to-device copies (job CPU {cpu})."
         )
+    reading = (w.io_read_bytes_per_second or 0.0) >= IO_READ_BYTES_PER_SECOND or (w.io_blocked_processes or 0) > 0
     both_idle = (
         w.util is not None
         and w.util < WORK_SAMPLE_RATIO
         and w.job_cpu_cores is not None
         and w.job_cpu_cores < JOB_CPU_BUSY_CORES
+        and not reading
     )
     if w.share("held_idle") >= HELD_IDLE_MIN or both_idle:
         mem = "" if w.memory_used_bytes is None else f"{w.memory_used_bytes / 1e9:.1f} GB held; "
         return "held_idle", (
-            f"{mem}kernels ran {_pct(w.util)} of the time and the job's GPU processes use {cpu} of CPU: "
+            f"{mem}kernels ran {_pct(w.util)} of the time and the job's processes use {cpu} of CPU: "
             f"nobody is using this GPU (held idle {_pct(w.share('held_idle'))} of the window)."
         )
     if _utilized(w) and _throttled(w) and w.severe_throttle_fraction >= THROTTLE_MIN_FRACTION:
@@ -341,35 +516,66 @@ def _verdict(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[str, str]:
             f"SM clock at {_pct(w.sm_clock_ratio)} of max for {_pct(w.severe_throttle_fraction)} of the time: "
             f"{', '.join(w.throttle_reasons)}."
         )
-    if _utilized(w) and w.sm is not None and w.util is not None and w.sm < SPIN_SM_PER_UTIL * w.util:
+    if _spinning(w):
         lag = _straggler(w, peers)
         if lag is not None:
+            peer, side = lag
             return "waiting_on_peers", (
                 f"util.gpu {_pct(w.util)} but SMs only {_pct(w.sm)} active: spinning in a collective while "
-                f"GPU {lag.index} of the same job runs kernels {_pct(lag.util)} of the time (the straggler)."
+                f"GPU {peer.index} of the same job (the {side} straggler) runs kernels {_pct(peer.util)} of the "
+                f"time with SMs {_pct(peer.sm)} active."
             )
-    if _utilized(w) and w.sm is not None and w.sm < LAUNCH_SM_MAX:
+    if (
+        w.util is not None
+        and w.sm is not None
+        and w.util >= LAUNCH_UTIL_MIN
+        and w.sm < LAUNCH_SM_PER_UTIL * w.util
+        and w.max_process_cpu_cores is not None
+        and w.max_process_cpu_cores >= LAUNCH_CPU_CORES
+    ):
         return "launch_bound", (
-            f"util.gpu {_pct(w.util)} (a kernel is running) but SMs only {_pct(w.sm)} active: kernels too small "
-            "or launch overhead."
+            f"Kernels run {_pct(w.util)} of the time but fill few SMs ({_pct(w.sm)} active) while one process "
+            f"keeps {w.max_process_cpu_cores:.2f} cores busy: small kernels launched one at a time; the host "
+            "thread launching them is the limit."
+        )
+    if w.share("paused") >= PAUSED_MIN and w.share("paused") > w.share("starved"):
+        return "job_paused", (
+            f"GPU idle {_pct(w.share('paused'))} of the time right after GPU work while the job's CPU idles too: "
+            f"the job itself pauses (busy {_pct(w.share('busy'))}, job CPU {cpu})."
         )
     if w.share("starved") >= STARVED_MIN:
-        text = (
-            f"GPU idle {_pct(w.share('starved'))} of the time while its job works (job CPU {cpu}): waiting for input."
-        )
-        if w.job_cpu_cores is not None and w.job_cpu_cores < JOB_CPU_BUSY_CORES:
-            text += " Its GPU processes use little CPU: waiting on I/O or on helper processes (DataLoader workers)?"
+        text = f"GPU idle {_pct(w.share('starved'))} of the time while its job works (job CPU {cpu}): waiting for input"
+        if reading:
+            rate = (w.io_read_bytes_per_second or 0.0) / 1e6
+            text += f" from storage (the job reads {rate:.0f} MB/s with processes in I/O wait)."
+        elif w.job_cpu_cores is not None and w.max_process_cpu_cores is not None and w.job_cpu_cores >= 1.5 * max(
+            w.max_process_cpu_cores, 0.1
+        ):
+            text += (
+                f" prepared on the CPU by helper processes (the job uses {w.job_cpu_cores:.1f} cores, its GPU process "
+                f"{w.max_process_cpu_cores:.2f}): more workers or cheaper preprocessing."
+            )
         elif w.max_process_cpu_cores is not None and w.max_process_cpu_cores >= 0.8:
-            text += f" One process uses {w.max_process_cpu_cores:.2f} cores: a single-threaded input pipeline?"
-        waiting = [p for p in peers if p.util is not None and w.util is not None and w.util <= PEER_LAG * p.util]
-        if waiting:
-            text += f" Straggler of its job: GPU {', '.join(str(p.index) for p in waiting)} wait(s) on it."
+            text += f" prepared in the training process itself ({w.max_process_cpu_cores:.2f} cores, single-threaded)."
+        else:
+            text += "."
         return "input_starved", text
+    if _utilized(w) and w.dram is not None and w.dram >= MEMORY_BOUND_DRAM:
+        return "memory_bound", (
+            f"Busy {_pct(w.util)} with DRAM bandwidth {_pct(w.dram)} of peak and tensor cores {_pct(w.tensor)}: "
+            "the kernels wait on HBM, not on arithmetic."
+        )
     if _utilized(w):
         return "compute_bound", (
             f"Busy: a kernel runs {_pct(w.util)} of the time, SMs {_pct(w.sm)} active, tensor cores {_pct(w.tensor)}."
         )
+    if w.job_cpu_cores is None:
+        return "underutilized", (
+            f"Busy {_pct(w.share('busy'))}, starved {_pct(w.share('starved'))}, unknown {_pct(w.share('unknown'))}: "
+            "the GPU's processes or their CPU are not visible to gpuwarden (another PID namespace?), so the cause "
+            "cannot be told."
+        )
     return "underutilized", (
-        f"Busy {_pct(w.share('busy'))}, starved {_pct(w.share('starved'))}, held idle {_pct(w.share('held_idle'))}, "
-        f"unknown {_pct(w.share('unknown'))}: no single cause dominates."
+        f"Busy {_pct(w.share('busy'))}, starved {_pct(w.share('starved'))}, paused {_pct(w.share('paused'))}, "
+        f"held idle {_pct(w.share('held_idle'))}, unknown {_pct(w.share('unknown'))}: no single cause dominates."
     )

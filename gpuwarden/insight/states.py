@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: The states, in exposition order (a bounded label set).
-STATES = ("busy", "starved", "held_idle", "free", "unknown")
+STATES = ("busy", "starved", "paused", "held_idle", "free", "unknown")
 
 #: A job whose GPU processes use at least this many CPU cores (user+sys s per s) is working. Our calibration
 #: from the H100 traces: held_idle 0.00-0.01 cores, every working scenario 0.78-1.03 cores.
@@ -38,6 +38,11 @@ WORK_SAMPLE_RATIO = 0.01
 #: ("GPU work issued recently"). Our choice: longer than a training step's input wait in the
 #: recorded scenarios (< 1 s), short enough that a notebook that stopped counts as held_idle within seconds.
 RECENT_WORK_SECONDS = 5.0
+
+#: A job whose processes read at least this many bytes a second from storage is working on input even with its
+#: CPU idle (a loader blocked on reads). A local NVMe reads GB/s; 8 MiB/s is far above the background reads of
+#: an idle Python process and far below any loader that feeds a GPU from files.
+IO_READ_BYTES_PER_SECOND = 8 * 2**20
 
 #: With no process listed, a GPU with at least this much memory used is held by processes we cannot see
 #: (another PID namespace) rather than free. NVML memory info v2 excludes the driver's reserved memory
@@ -102,16 +107,26 @@ def holder_of(
 
 
 def account(
-    segs: Sequence[Segment], holder: str, job_cpu_cores: float | None, last_work: float | None
+    segs: Sequence[Segment],
+    holder: str,
+    job_cpu_cores: float | None,
+    last_work: float | None,
+    io_waiting: bool = False,
 ) -> tuple[dict[str, float], float | None]:
     """Split the segments' time into STATES; return (seconds per state, time of the last GPU work).
 
     ``holder`` is from ``holder_of``; ``job_cpu_cores`` the CPU cores the GPU's processes used over the
     interval (None: unknown); ``last_work`` the Unix time of the last sample >= WORK_SAMPLE_RATIO before
-    these segments (None: none seen). Every second of the segments lands in exactly one state.
+    these segments (None: none seen); ``io_waiting`` that the job's processes waited on storage over the interval
+    (a process in state D, or reads at IO_READ_BYTES_PER_SECOND), which counts as the job working on input.
+    Every second of the segments lands in exactly one state: idle time of a held GPU is ``starved`` while the
+    job works (CPU or I/O), ``paused`` when the job itself idles shortly after GPU work (sleep, evaluation,
+    checkpoint, waiting on something outside the node), ``held_idle`` when it has idled longer.
     """
     out = dict.fromkeys(STATES, 0.0)
     cpu_working = None if job_cpu_cores is None else job_cpu_cores >= JOB_CPU_BUSY_CORES
+    if io_waiting:
+        cpu_working = True
     for s in segs:
         if s.util is None:
             out["free" if holder == "none" else "unknown"] += s.seconds
@@ -128,8 +143,10 @@ def account(
             out["starved" if recent else "unknown"] += idle
         else:
             recent = last_work is not None and s.end - last_work <= RECENT_WORK_SECONDS
-            if cpu_working or recent:
+            if cpu_working:
                 out["starved"] += idle
+            elif recent:
+                out["paused" if cpu_working is False else "starved"] += idle
             elif cpu_working is False:
                 out["held_idle"] += idle
             else:

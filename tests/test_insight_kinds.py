@@ -1,0 +1,49 @@
+"""Verdicts on the recordings of the workload kinds (tools/workloads.py, recorded on an H100 with
+tools/device-record-kinds.sh; provenance in tests/data/README.md): each names its cause, including variants of a
+kind recorded with other knobs than the one a rule was first checked on."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TRACES
+
+from gpuwarden.diagnose import replay_report
+
+#: trace -> (verdict, findings that must be there too)
+EXPECTED = {
+    "h100-k-launch-bound": ("launch_bound", ()),
+    "h100-k-launch-bound-size-65536": ("launch_bound", ()),
+    "h100-k-loader-workers-workers-8": ("input_starved", ()),
+    "h100-k-loader-workers-workers-3": ("input_starved", ()),
+    "h100-k-self-paused": ("job_paused", ()),
+    "h100-k-self-paused-busy-2-pause-3": ("job_paused", ()),
+    "h100-k-d2d-copy": ("memory_bound", ()),
+    "h100-k-elementwise": ("memory_bound", ()),
+    "h100-k-fp32-matmul": ("compute_bound", ("tensor_cores_idle",)),
+    "h100-k-io-reader": ("input_starved", ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_kind_gets_its_verdict(name: str) -> None:
+    verdict, findings = EXPECTED[name]
+    report = replay_report(TRACES / f"{name}.jsonl.gz")
+    [gpu] = report.diagnosis.gpus
+    assert gpu.diagnosis is not None
+    assert gpu.diagnosis.verdict == verdict, gpu.diagnosis.summary
+    assert set(findings) <= set(gpu.diagnosis.findings)
+
+
+def test_input_bound_says_which_input() -> None:
+    """CPU preprocessing in worker processes and waiting on storage are told apart in the summary."""
+    workers = replay_report(TRACES / "h100-k-loader-workers-workers-8.jsonl.gz").diagnosis.gpus[0].diagnosis
+    storage = replay_report(TRACES / "h100-k-io-reader.jsonl.gz").diagnosis.gpus[0].diagnosis
+    assert workers is not None and storage is not None
+    assert "helper processes" in workers.summary
+    assert "from storage" in storage.summary
+
+
+def test_launch_bound_remedies_are_launch_remedies() -> None:
+    d = replay_report(TRACES / "h100-k-launch-bound.jsonl.gz").diagnosis.gpus[0].diagnosis
+    assert d is not None and any("CUDA Graphs" in r for r in d.remedies)
+    assert not any("DataLoader" in r for r in d.remedies)
