@@ -197,7 +197,8 @@ class Family:
     that is up and has it), or ``static`` a ``GpuStatic`` field (one per GPU). ``key`` picks one entry of a
     dict-valued field; where the whole dict is shown, ``labels[0]`` takes its keys. ``only_if`` names a
     ``GpuStatic`` attribute that must be true for a GPU's sample. Families with neither ``reading`` nor
-    ``static`` are built by their collector's own code from this declaration.
+    ``static`` are built by their collector's own code from this declaration; ``shows`` names the ``GpuReading``
+    field such a family is made from, where it is one.
     """
 
     name: str
@@ -210,6 +211,7 @@ class Family:
     labels: tuple[str, ...] = ()
     per_gpu: bool = True
     only_if: str | None = None
+    shows: str | None = None
 
     @property
     def base_name(self) -> str:
@@ -347,6 +349,7 @@ FAMILIES: tuple[Family, ...] = (
         "1 when this clock event reason holds the clocks down now (nvmlDeviceGetCurrentClocksEventReasons).",
         "clock_events",
         labels=("reason",),
+        shows="clock_event_reasons",
     ),
     _c(
         "gpu_clock_event_reason_seconds_total",
@@ -451,6 +454,7 @@ FAMILIES: tuple[Family, ...] = (
         "over the GPU's life.",
         "ecc",
         labels=("type", "counter"),
+        shows="ecc_errors_total",
     ),
     _c(
         "gpu_remapped_rows_total",

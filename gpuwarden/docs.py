@@ -44,9 +44,8 @@ def family_source(fam: Family) -> str:
     """Return where a family's values come from (NVML call, field id or GPM metric), '' for derived families."""
     if fam.reading == "gpm" and fam.key is not None:
         return f"nvmlGpmMetricsGet ({GPM_METRICS[fam.key][0]})"
-    if fam.reading is not None:
-        return ", ".join(_sources(fam.reading))
-    return ""
+    field = fam.reading or fam.shows
+    return ", ".join(_sources(field)) if field is not None else ""
 
 
 def metrics_reference() -> str:

@@ -1,0 +1,69 @@
+"""Every declared reading travels end to end - fake NVML in NVML's units, the real NVML layer, the snapshot, the
+declared family - with nothing written for it but its declaration (and its model field)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import render, trace
+from fake_nvml import FakeNvml
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwarden.catalog import COLLECTORS, FAMILIES, READINGS, Reading, select_collectors
+from gpuwarden.nvml import NvmlSource
+from gpuwarden.poller import Poller
+
+
+def _raw(r: Reading) -> int:
+    """A number NVML could answer for ``r``, different for every reading."""
+    return 3 + READINGS.index(r)
+
+
+def _base(r: Reading) -> float:
+    return float(_raw(r)) if r.integer else _raw(r) * r.scale
+
+
+@pytest.mark.parametrize("reading", READINGS, ids=lambda r: f"{r.field}:{r.key or r.call}")
+def test_declared_reading_reaches_its_family(monkeypatch: pytest.MonkeyPatch, reading: Reading) -> None:
+    fake = FakeNvml(trace("h100-compute_bound"))
+    for dev in fake.devices:
+        if reading.only_if is not None:
+            dev.static = dev.static.model_copy(update={reading.only_if: True})
+        value: object = _base(reading)
+        records = []
+        for rec in dev.records:
+            if reading.key is not None:
+                value = {**getattr(rec, reading.field), reading.key: _base(reading)}
+            records.append(rec.model_copy(update={reading.field: value}))
+        dev.records = records
+    fake.install(monkeypatch)
+    poller = Poller(NvmlSource(slow_interval=1.0, xid_events=False, processes=False), 1.0)
+    snap = poller.start(thread=False)
+    poller.stop()
+    got = getattr(snap.poll.gpus[0], reading.field)  # type: ignore[union-attr]
+    got = got.get(reading.key) if reading.key is not None else got
+    assert got == pytest.approx(_base(reading)), "the NVML layer did not read it back in base units"
+    text = render(snap, enable=tuple(COLLECTORS))
+    exported = {fam.name for fam in text_string_to_metric_families(text)}
+    by_hand = [f for f in FAMILIES if f.shows == reading.field]
+    for f in by_hand:  # a hand-written family made from this reading: it is there (its values are its own code's)
+        assert f.base_name in exported, f.name
+    shown = [f for f in FAMILIES if f.reading == reading.field and f.key in (None, reading.key)]
+    assert shown or by_hand, f"no family declared for {reading.field}"
+    values = {
+        (s.name, s.labels.get(f.labels[0]) if f.labels and f.key is None else None): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        for f in shown
+        if s.name == f.name
+    }
+    for f in shown:
+        key = reading.key if f.labels and f.key is None else None
+        assert values.get((f.name, key)) == pytest.approx(_base(reading)), f.name
+
+
+def test_every_collector_of_the_catalogue_is_selectable() -> None:
+    assert select_collectors(enable=tuple(COLLECTORS)) == sorted(COLLECTORS)
+    with pytest.raises(ValueError, match="unknown collector 'nope'"):
+        select_collectors(enable=("nope",))
+    with pytest.raises(ValueError, match="cannot be disabled"):
+        select_collectors(disable=("exporter",))
