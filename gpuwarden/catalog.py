@@ -131,6 +131,7 @@ GPM_METRICS: dict[str, tuple[str, float]] = {
 READINGS: tuple[Reading, ...] = (
     Reading("utilization_gpu_ratio", "nvmlDeviceGetUtilizationRates", pick="gpu", scale=_PERCENT),
     Reading("utilization_memory_ratio", "nvmlDeviceGetUtilizationRates", pick="memory", scale=_PERCENT),
+    Reading("encoder_utilization_ratio", "nvmlDeviceGetEncoderUtilization", pick=0, scale=_PERCENT),
     Reading("temperature_gpu_celsius", "nvmlDeviceGetTemperature", args=("NVML_TEMPERATURE_GPU",)),
     Reading("power_usage_watts", "nvmlDeviceGetPowerUsage", scale=_MILLI),
     Reading("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", scale=_MILLI),
@@ -271,6 +272,12 @@ FAMILIES: tuple[Family, ...] = (
         "Fraction of the last sample period in which device memory was read or written (NVML util.memory).",
         "utilization",
         reading="utilization_memory_ratio",
+    ),
+    _g(
+        "gpu_encoder_utilization_ratio",
+        "Fraction of the last sample period in which the video encoder (NVENC) was busy.",
+        "utilization",
+        reading="encoder_utilization_ratio",
     ),
     # memory
     _g("gpu_memory_total_bytes", "Total device memory, in bytes.", "memory", reading="memory_total_bytes"),

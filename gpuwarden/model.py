@@ -136,6 +136,9 @@ class GpuReading(_Model):
     utilization_memory_ratio: float | None = Field(
         default=None, description="nvmlDeviceGetUtilizationRates.memory / 100 (memory controller busy)"
     )
+    encoder_utilization_ratio: float | None = Field(
+        default=None, description="video encoder (NVENC) busy share of its last sample period"
+    )
     utilization_samples: list[tuple[float, float]] = Field(
         default_factory=list,
         description="(Unix s, ratio) from nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES) since the last poll",
