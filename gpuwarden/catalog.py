@@ -537,14 +537,21 @@ FAMILIES: tuple[Family, ...] = (
         labels=("reason",),
     ),
     _g(
+        "gpu_job_shortfall_ratio",
+        "1 - this GPU's activity / that of the busiest GPU of its job: how far it lags its job (docs/scores.md).",
+        "insight",
+    ),
+    _g(
         "gpu_node_imbalance_ratio",
-        "Load imbalance over the node's GPUs: 0 balanced, 1 one GPU does all the work (docs/scores.md).",
+        "Load imbalance over the node's GPUs, 1 - least / most active: 0 balanced, 1 a GPU idles while another "
+        "works (docs/scores.md).",
         "insight",
         per_gpu=False,
     ),
     _g(
         "gpu_job_imbalance_ratio",
-        "Load imbalance over the GPUs of one job: 0 balanced, 1 one GPU does all the work (docs/scores.md).",
+        "Load imbalance over the GPUs of one job, 1 - least / most active: 0 balanced, 1 a GPU idles while another "
+        "works (docs/scores.md).",
         "insight",
         labels=("job_id", "job_kind"),
         per_gpu=False,

@@ -51,3 +51,18 @@ def test_ddp_straggler_job_is_imbalanced_on_sm_activity() -> None:
     assert res.node_imbalance_ratio == pytest.approx(job.imbalance_ratio)
     starved = {g.gpu: g.starved_ratio for g in res.gpus}
     assert starved[1] > 0.8 > 0.3 > starved[0]
+
+
+def test_one_slow_rank_reads_the_same_among_2_or_8_gpus() -> None:
+    two = imbalance([0.95, 0.3])
+    eight = imbalance([0.95] * 7 + [0.3])
+    assert two == pytest.approx(eight) == pytest.approx(1 - 0.3 / 0.95)
+    assert eight > 0.5  # GpuJobImbalanced's line: one slow rank of eight raises it
+
+
+def test_shortfalls_name_the_lagging_gpu() -> None:
+    from gpuwarden.insight.scores import shortfalls
+
+    assert shortfalls([0.9, 0.45, 0.9]) == pytest.approx([0.0, 0.5, 0.0])
+    assert shortfalls([0.0, 0.0]) == [0.0, 0.0]
+    assert shortfalls([0.5]) is None

@@ -76,6 +76,19 @@ def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric |
     return metric if metric.samples else None
 
 
+@builds("gpu_job_shortfall_ratio")
+def job_shortfall(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return each GPU's shortfall against the busiest GPU of its job (GPUs of jobs on 2+ GPUs)."""
+    res = _result(snap)
+    if res is None:
+        return None
+    metric = new_family(fam)
+    for g in res.gpus:
+        if g.shortfall_ratio is not None:
+            metric.add_metric([str(g.gpu), g.uuid], g.shortfall_ratio)  # type: ignore[attr-defined]
+    return metric if metric.samples else None
+
+
 @builds("gpu_node_imbalance_ratio")
 def node_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the node's imbalance (absent with fewer than 2 GPUs)."""

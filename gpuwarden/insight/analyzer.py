@@ -24,7 +24,7 @@ from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
 from gpuwarden.insight.attribution import JobRef, attribute
 from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Diagnosis, GpuWindow, Health, diagnose
-from gpuwarden.insight.scores import imbalance, starved_ratio
+from gpuwarden.insight.scores import imbalance, shortfalls, starved_ratio
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult
 
 #: At most this many jobs are reported (the ones holding most GPU memory): bounds ``gpu_job_*`` series.
@@ -60,6 +60,9 @@ class GpuInsight(_Frozen):
     starved_ratio: float | None = None
     activity_ratio: float | None = None
     activity_source: str | None = None
+    shortfall_ratio: float | None = Field(
+        default=None, description="1 - activity / the busiest activity among the GPUs of its job (None: 1 GPU)"
+    )
     diagnosis: Diagnosis | None = None
 
 
@@ -645,9 +648,13 @@ def _result(
         mem[key] = mem.get(key, 0) + (p.gpu_memory_bytes or 0)
         pids.setdefault(key, set()).add(p.pid)
     jobs: list[JobInsight] = []
+    shortfall: dict[str, float] = {}
     for key in sorted(mem, key=lambda k: (-mem[k], k))[:MAX_JOBS]:
         uuids = sorted(by_job.get(key, []), key=lambda u: index[u])
         act = _activity([job_w[u] for u in uuids if u in job_w])
+        falls = shortfalls(act[0]) if act else None
+        if falls is not None:
+            shortfall.update(zip([u for u in uuids if u in job_w], falls, strict=True))
         jobs.append(
             JobInsight(
                 job=key[1],
@@ -680,6 +687,7 @@ def _result(
                 starved_ratio=starved_ratio(w.states),
                 activity_ratio=activity,
                 activity_source=None if activity is None else source,
+                shortfall_ratio=shortfall.get(uuid),
                 diagnosis=diagnosis,
             )
         )
