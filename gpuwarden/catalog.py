@@ -525,6 +525,13 @@ FAMILIES: tuple[Family, ...] = (
         "insight",
         labels=("state",),
     ),
+    _c(
+        "gpu_idle_seconds_total",
+        "Seconds the GPU idled, by cause: input_cpu, input_io, input (job CPU unknown), paused, held_idle, free, "
+        "unknown; with the busy seconds of gpu_state_seconds_total they add up to wall time (docs/scores.md).",
+        "insight",
+        labels=("cause",),
+    ),
     _g(
         "gpu_starved_ratio",
         "Share of the last {window} s in which the GPU sat idle while the job holding it worked.",

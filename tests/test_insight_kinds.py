@@ -47,3 +47,32 @@ def test_launch_bound_remedies_are_launch_remedies() -> None:
     d = replay_report(TRACES / "h100-k-launch-bound.jsonl.gz").diagnosis.gpus[0].diagnosis
     assert d is not None and any("CUDA Graphs" in r for r in d.remedies)
     assert not any("DataLoader" in r for r in d.remedies)
+
+
+@pytest.mark.parametrize(
+    ("name", "cause"),
+    [
+        ("h100-k-loader-workers-workers-8", "input_cpu"),
+        ("h100-k-io-reader", "input_io"),
+        ("h100-k-self-paused-busy-2-pause-3", "paused"),
+        ("h100-held_idle", "held_idle"),
+        ("h100-idle", "free"),
+    ],
+)
+def test_idle_time_by_cause_adds_up_to_wall_time(name: str, cause: str) -> None:
+    """Busy seconds plus idle seconds by cause equal the accounted seconds, and the kind's own cause leads."""
+    from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
+    from gpuwarden.trace import read_trace
+
+    header, polls = read_trace(TRACES / f"{name}.jsonl.gz")
+    analyzer = InsightAnalyzer()
+    result = None
+    for poll in polls:
+        result = insight_result(analyzer(poll, header.node))
+    assert result is not None
+    [gpu] = result.gpus
+    idle = gpu.idle_seconds_total
+    wall = sum(gpu.state_seconds_total.values())
+    assert wall > 10
+    assert gpu.state_seconds_total["busy"] + sum(idle.values()) == pytest.approx(wall)
+    assert max(idle, key=lambda k: idle[k]) == cause

@@ -25,7 +25,7 @@ from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family
 from gpuwarden.insight.analyzer import InsightResult, insight_result
 from gpuwarden.insight.diagnosis import REASONS
-from gpuwarden.insight.states import STATES
+from gpuwarden.insight.states import IDLE_CAUSES, STATES
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -46,6 +46,19 @@ def state_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metr
         for s in STATES:
             states.add_metric([str(g.gpu), g.uuid, s], g.state_seconds_total.get(s, 0.0))  # type: ignore[attr-defined]
     return states if states.samples else None
+
+
+@builds("gpu_idle_seconds_total")
+def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the seconds each GPU idled by cause (every cause, 0 included)."""
+    res = _result(snap)
+    if res is None:
+        return None
+    idle = new_family(fam)
+    for g in res.gpus:
+        for cause in IDLE_CAUSES:
+            idle.add_metric([str(g.gpu), g.uuid, cause], g.idle_seconds_total.get(cause, 0.0))  # type: ignore[attr-defined]
+    return idle if idle.samples else None
 
 
 @builds("gpu_starved_ratio")

@@ -56,6 +56,11 @@ class GpuInsight(_Frozen):
     gpu: int
     uuid: str
     state_seconds_total: dict[str, float]
+    idle_seconds_total: dict[str, float] = Field(
+        default_factory=dict,
+        description="seconds the GPU idled since the analyzer started, by cause (gpuwarden.insight.states."
+        "IDLE_CAUSES); with state busy they add up to the accounted wall time",
+    )
     window_state_seconds: dict[str, float]
     starved_ratio: float | None = None
     activity_ratio: float | None = None
@@ -336,6 +341,7 @@ class _GpuCapture:
     job: _Captured | None
     diag: _Captured | None
     totals: dict[str, float]
+    idle: dict[str, float]
 
 
 class DeferredInsight:
@@ -379,6 +385,7 @@ class _GpuState:
     last_pids: frozenset[int] = frozenset()
     xids: tuple[int, ...] = ()
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.STATES, 0.0))
+    idle: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.IDLE_CAUSES, 0.0))
 
 
 class InsightAnalyzer:
@@ -505,6 +512,7 @@ class InsightAnalyzer:
                 job=state.job.capture() if uuid in up_uuids else None,
                 diag=state.diag.capture() if uuid in up_uuids else None,
                 totals=dict(state.totals),
+                idle=dict(state.idle),
             )
             for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index)
         ]
@@ -561,6 +569,8 @@ class InsightAnalyzer:
         secs, state.last_work = st.account(segs, holder, job_cpu, state.last_work, io_waiting)
         for k, v in secs.items():
             state.totals[k] += v
+        for k, v in st.idle_causes(secs, job_cpu, io_waiting).items():
+            state.idle[k] += v
         bits = g.clock_event_reasons or 0
         clock_max = s.clock_max_hertz.get("sm") if s is not None else None
         clock = g.clock_hertz.get("sm")
@@ -683,6 +693,7 @@ def _result(
                 gpu=c.index,
                 uuid=uuid,
                 state_seconds_total=c.totals,
+                idle_seconds_total=c.idle,
                 window_state_seconds=dict(w.states),
                 starved_ratio=starved_ratio(w.states),
                 activity_ratio=activity,

@@ -25,6 +25,11 @@ from dataclasses import dataclass
 #: The states, in exposition order (a bounded label set).
 STATES = ("busy", "starved", "paused", "held_idle", "free", "unknown")
 
+#: Causes of idle GPU time (``gpu_idle_seconds_total{cause}``): starved time split by what the job did meanwhile -
+#: CPU work (preprocessing), reads from storage, or unknown (its CPU not visible) - then the other idle states.
+#: Busy seconds plus idle seconds by cause add up to the accounted wall time.
+IDLE_CAUSES = ("input_cpu", "input_io", "input", "paused", "held_idle", "free", "unknown")
+
 #: A job whose GPU processes use at least this many CPU cores (user+sys s per s) is working. Our calibration
 #: from the H100 traces: held_idle 0.00-0.01 cores, every working scenario 0.78-1.03 cores.
 JOB_CPU_BUSY_CORES = 0.25
@@ -104,6 +109,24 @@ def holder_of(
     if processes_listed and memory_used_bytes is None:
         return "none"
     return "invisible"
+
+
+def idle_causes(states: dict[str, float], job_cpu_cores: float | None, io_waiting: bool) -> dict[str, float]:
+    """Return the idle seconds of one interval's ``states`` (from ``account``) by cause (IDLE_CAUSES).
+
+    Starved seconds go to ``input_io`` when the job waited on storage, ``input_cpu`` when its CPU worked, else
+    ``input``; paused, held_idle, free and unknown seconds keep their names. Busy seconds are left out.
+    """
+    starved = states.get("starved", 0.0)
+    if io_waiting:
+        cause = "input_io"
+    elif job_cpu_cores is not None and job_cpu_cores >= JOB_CPU_BUSY_CORES:
+        cause = "input_cpu"
+    else:
+        cause = "input"
+    out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "free", "unknown")}
+    out[cause] = starved
+    return out
 
 
 def account(
