@@ -19,7 +19,11 @@ from gpuwarden.trace import TraceHeader, TraceWriter, read_trace
 REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO / "tests" / "data" / "traces"
 BASE = TRACES / "h200x2-ddp_straggler.jsonl.gz"
-H100 = sorted(TRACES.glob("h100-*.jsonl.gz"))
+#: The six single-H100 scenario recordings (with the two H200s: 8 distinct recorded GPUs).
+H100 = [
+    TRACES / f"h100-{s}.jsonl.gz"
+    for s in ("compute_bound", "h2d_pageable_copy", "held_idle", "idle", "starved_cpu_heavy", "starved_dataloader")
+]
 #: The real single-GPU trace used for the 1-GPU configuration (not derived).
 ONE_GPU = TRACES / "h100-compute_bound.jsonl.gz"
 _NAMESPACE = uuid.UUID("0d5b8f64-4b8e-4c55-b1c4-6a3a7d2e9f10")

@@ -25,7 +25,11 @@ from gpuwarden.replay import demo_trace_path  # noqa: E402
 
 GOLDEN = DATA / "golden"
 POLLS = 40
-_MASKED = ("gpuwarden_last_poll_success_timestamp_seconds", "gpuwarden_scrape_collector_duration_seconds")
+_MASKED = (
+    "gpuwarden_last_poll_success_timestamp_seconds",
+    "gpuwarden_scrape_collector_duration_seconds",
+    "gpu_xid_last_event_timestamp_seconds",
+)
 _VOLATILE = re.compile(r"^((?:" + "|".join(_MASKED) + r")(?:\{[^}]*\})?) .*$", re.M)
 PATHS = [demo_trace_path(), *sorted(TRACES.glob("*.jsonl.gz"))]
 

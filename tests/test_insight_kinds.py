@@ -76,3 +76,58 @@ def test_idle_time_by_cause_adds_up_to_wall_time(name: str, cause: str) -> None:
     assert wall > 10
     assert gpu.state_seconds_total["busy"] + sum(idle.values()) == pytest.approx(wall)
     assert max(idle, key=lambda k: idle[k]) == cause
+
+
+HEALTH = TRACES / "derived-h100-health.jsonl.gz"
+HEALTH_FINDINGS = {"hot", "uncorrectable_ecc", "xid_errors", "row_remap_pending"}
+
+
+def test_health_trace_is_what_its_script_writes_and_says_it_is_modified(tmp_path) -> None:  # noqa: ANN001
+    import importlib.util
+    from pathlib import Path
+
+    from gpuwarden.trace import read_trace
+
+    script = Path(__file__).parent / "data" / "make_health_trace.py"
+    spec = importlib.util.spec_from_file_location("make_health_trace", script)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(tmp_path / "t.jsonl.gz")
+    made, committed = read_trace(tmp_path / "t.jsonl.gz"), read_trace(HEALTH)
+    assert made[0].metadata == committed[0].metadata and made[1] == committed[1]
+    assert "modified" in committed[0].metadata
+
+
+def test_api_shows_the_health_findings() -> None:
+    from conftest import replay_poller
+    from fastapi.testclient import TestClient
+
+    from gpuwarden.catalog import select_collectors
+    from gpuwarden.collectors import CollectOptions
+    from gpuwarden.exposition import Exposition
+    from gpuwarden.insight.analyzer import InsightAnalyzer
+    from gpuwarden.server import create_app, diagnosis_route
+
+    p = replay_poller(HEALTH, 20, analyzers={"insight": InsightAnalyzer().prepare})
+    app = create_app(p, Exposition(p, select_collectors(), CollectOptions()), 1e9, diagnosis_route(p))
+    body = TestClient(app).get("/api/v1/diagnosis").json()
+    [gpu] = body["gpus"]
+    d = gpu["diagnosis"]
+    assert d["verdict"] == "compute_bound" and d["severity"] == "critical"
+    assert HEALTH_FINDINGS <= set(d["findings"])
+    assert "87 °C" in d["summary"] and "XID 63" in d["summary"]
+    assert d["remedies"][0].startswith("Uncorrectable memory errors")  # critical findings' remedies first
+
+
+def test_diagnose_cli_shows_the_health_findings() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "diagnose", "--replay", str(HEALTH)],
+        capture_output=True, text=True, timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "uncorrectable ECC" in text and "XID 63" in text and "row remap is pending" in text

@@ -61,10 +61,12 @@ def derive(source: Path, n: int) -> tuple[TraceHeader, list[PollResult]]:
         "modified": (
             f"{n} GPUs made from the {len(recorded)} recorded ones by tools/make_8gpu_trace.py: GPU i is recorded "
             f"GPU i mod {len(recorded)} with index i, a new UUID, serial, PCI bus id and minor number; every reading "
-            "unchanged. Why: the load test of issue 5 asks for 8 replayed GPUs and no 8-GPU node was available "
-            "to record."
+            "unchanged. Why: the load test asks for 8 replayed GPUs and no 8-GPU node was available to record."
         ),
     }
+    expected = header.metadata.get("expected_verdicts")
+    if isinstance(expected, dict):  # GPU i is expected what its recorded GPU is
+        metadata["expected_verdicts"] = {str(i): expected[str(i % len(recorded))] for i in range(n)}
     new_header = header.model_copy(update={"node": node, "metadata": metadata})
     out = []
     for p in polls:
