@@ -127,10 +127,69 @@ def test_underutilized_when_no_rule_holds() -> None:
         index=0,
         uuid="GPU-x",
         seconds=10.0,
-        states={"busy": 3.0, "starved": 3.0, "held_idle": 3.0, "free": 0.0, "unknown": 1.0},
+        states={"busy": 3.0, "starved": 2.0, "paused": 1.0, "held_idle": 3.0, "free": 0.0, "unknown": 1.0},
         held=True,
         util=0.3,
         sm=0.3,
         job_cpu_cores=0.5,
     )
     assert diagnose(w).verdict == "underutilized"
+
+
+def _busy(index: int, util: float, sm: float) -> GpuWindow:
+    return GpuWindow(
+        index=index,
+        uuid=f"GPU-{index}",
+        seconds=60.0,
+        states={"busy": 60.0 * util, "starved": 60.0 * (1 - util)},
+        held=True,
+        util=util,
+        sm=sm,
+        job_cpu_cores=1.0,
+        max_process_cpu_cores=1.0,
+    )
+
+
+def test_gpu_side_straggler_is_named_and_its_peer_waits() -> None:
+    """One rank given 4x the GPU work: it computes (SM 0.95) while the other spins in all-reduce (util.gpu 0.9-0.98,
+    SM 0.24-0.39): the waiter is waiting_on_peers naming the straggler, which gets the straggler finding."""
+    for waiter_util, waiter_sm in ((0.9, 0.24), (0.98, 0.39), (0.78, 0.39)):
+        waiter, straggler = _busy(0, waiter_util, waiter_sm), _busy(1, 0.99, 0.95)
+        d = diagnose(waiter, [straggler])
+        assert d is not None and d.verdict == "waiting_on_peers", (waiter_util, waiter_sm, d)
+        assert "GPU 1" in d.summary and "GPU-side" in d.summary
+        s = diagnose(straggler, [waiter])
+        assert s is not None and s.verdict == "compute_bound" and "straggler" in s.findings
+
+
+def test_balanced_ranks_wait_on_nobody() -> None:
+    a, b = _busy(0, 0.95, 0.9), _busy(1, 0.96, 0.92)
+    for w, peer in ((a, b), (b, a)):
+        d = diagnose(w, [peer])
+        assert d is not None and d.verdict == "compute_bound" and "straggler" not in d.findings
+
+
+def test_launch_bound_at_low_utilization_needs_a_busy_launching_thread() -> None:
+    w = _busy(0, 0.28, 0.0)
+    d = diagnose(w)
+    assert d is not None and d.verdict == "launch_bound"
+    quiet = GpuWindow(**{**w.__dict__, "max_process_cpu_cores": 0.1, "job_cpu_cores": 0.1})
+    d = diagnose(quiet)
+    assert d is not None and d.verdict != "launch_bound"
+
+
+def test_input_bound_at_forty_percent_starved_is_not_compute_bound() -> None:
+    """A loader with many workers that cannot keep up: util.gpu 0.6, SM 0.58, GPU idle 40% while the workers work."""
+    w = GpuWindow(
+        index=0,
+        uuid="GPU-0",
+        seconds=60.0,
+        states={"busy": 36.0, "starved": 24.0},
+        held=True,
+        util=0.6,
+        sm=0.58,
+        job_cpu_cores=9.0,
+        max_process_cpu_cores=0.4,
+    )
+    d = diagnose(w)
+    assert d is not None and d.verdict == "input_starved" and "helper processes" in d.summary

@@ -12,10 +12,10 @@ also reported as findings next to any verdict.
                          util.gpu < WORK_SAMPLE_RATIO, job CPU < JOB_CPU_BUSY_CORES and no storage reads.
 4. ``throttled``         utilized (util.gpu >= BUSY_UTIL), thermal / hardware slowdown / power brake in
                          >= THROTTLE_MIN_FRACTION of the time and SM clock < THROTTLE_CLOCK_RATIO of max.
-5. ``waiting_on_peers``  kernels resident but SM activity < SPIN_SM_PER_UTIL x util.gpu (spinning in a
-                         collective), and a GPU of the same job is the straggler: its util.gpu is at most PEER_LAG x
-                         this GPU's (a CPU-side straggler), or its SM activity at least this GPU's / PEER_LAG (a
-                         GPU-side straggler, given more GPU work).
+5. ``waiting_on_peers``  utilized, and a GPU of the same job is the straggler: this GPU spins (SM activity <
+                         SPIN_SM_PER_UTIL x util.gpu: a kernel resident, SMs waiting in a collective) and the peer's
+                         util.gpu is at most PEER_LAG x this GPU's (a CPU-side straggler); or the peer's SM activity is
+                         at least this GPU's / PEER_LAG (a GPU-side straggler, given more GPU work).
 6. ``launch_bound``      kernels run (util.gpu >= LAUNCH_UTIL_MIN) but fill few SMs (SM activity < LAUNCH_SM_PER_UTIL
                          x util.gpu), while the job's busiest process keeps a core busy (>= LAUNCH_CPU_CORES): the
                          host thread issuing kernels one at a time is the limit, at any utilization.
@@ -95,7 +95,11 @@ H2D_RX_BYTES_PER_SECOND = float(2**30)
 H2D_SM_MAX = 0.10
 #: Share of the window in held_idle / starved that makes the verdict.
 HELD_IDLE_MIN = 0.5
-STARVED_MIN = 0.5
+#: Starved (idle while the job works on input) this share of the window or more: input bound. At a quarter of the
+#: time idle, a faster input pipeline gains a third more throughput, more than any compute-side remedy typically
+#: does, so "nothing blocks the GPU" would be wrong advice; a loader that keeps up leaves the GPU idle only
+#: between steps (1% in the compute-bound recording).
+STARVED_MIN = 0.25
 #: Throttled: clock-event reasons present this share of the time, SM clock below this share of its maximum.
 THROTTLE_MIN_FRACTION = 0.5
 THROTTLE_CLOCK_RATIO = 0.9
@@ -391,7 +395,7 @@ def _straggler(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[GpuWindow, str
     "GPU-side": its SMs are at least 1/PEER_LAG x as active), or None."""
     if w.util is None:
         return None
-    cpu_side = [p for p in peers if p.util is not None and p.util <= PEER_LAG * w.util]
+    cpu_side = [p for p in peers if p.util is not None and p.util <= PEER_LAG * w.util] if _spinning(w) else []
     if cpu_side:
         return min(cpu_side, key=lambda p: (p.util, p.index)), "CPU-side"
     if w.sm is not None:
@@ -403,7 +407,15 @@ def _straggler(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[GpuWindow, str
 
 def _waiters(w: GpuWindow, peers: Sequence[GpuWindow]) -> list[GpuWindow]:
     """The peers that wait on ``w`` (``w`` is their straggler)."""
-    return [p for p in peers if _spinning(p) and (s := _straggler(p, [w])) is not None and s[0] is w]
+    return [p for p in peers if _waits_on(p, [w]) is w]
+
+
+def _waits_on(w: GpuWindow, peers: Sequence[GpuWindow]) -> GpuWindow | None:
+    """The peer ``w`` waits on in a collective (the rule of ``waiting_on_peers``), or None."""
+    if not _utilized(w) or w.sm is None:
+        return None
+    lag = _straggler(w, peers)
+    return lag[0] if lag is not None and (_spinning(w) or lag[1] == "GPU-side") else None
 
 
 def _health(w: GpuWindow) -> list[tuple[str, str]]:
@@ -516,7 +528,7 @@ def _verdict(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[str, str]:
             f"SM clock at {_pct(w.sm_clock_ratio)} of max for {_pct(w.severe_throttle_fraction)} of the time: "
             f"{', '.join(w.throttle_reasons)}."
         )
-    if _spinning(w):
+    if _waits_on(w, peers) is not None:
         lag = _straggler(w, peers)
         if lag is not None:
             peer, side = lag
