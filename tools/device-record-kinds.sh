@@ -14,7 +14,8 @@ if [ -n "${OLD:-}" ]; then
   old=$!
 fi
 sleep 4
-( while sleep 1; do curl -s -o /dev/null -H 'Accept-Encoding: gzip' -H 'Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5' http://127.0.0.1:10400/metrics;
+# the same request to both (ACCEPT unset: the text format, as the previous build serves it)
+( while sleep 1; do curl -s -o /dev/null ${ACCEPT:+-H "Accept: $ACCEPT"} http://127.0.0.1:10400/metrics;
   [ -n "${OLD:-}" ] && curl -s -o /dev/null http://127.0.0.1:10401/metrics; done ) &
 scraper=$!
 for item in $LIST; do
@@ -30,10 +31,14 @@ for item in $LIST; do
   curl -s http://127.0.0.1:10400/api/v1/diagnosis -o "$OUT/$tag.live-diagnosis.json"
   wait "$rec"; wait "$w"; echo "$item: $(tail -1 "$OUT/$tag.workload.log")"
 done
-kill "$scraper" 2>/dev/null
-for p in $new ${old:-}; do
+usage() { for p in $new ${old:-}; do
   echo "pid $p: $(awk '{print "cpu_s", ($14+$15)/100, "elapsed_s", '"$(cut -d' ' -f1 /proc/uptime)"' - $22/100}' /proc/$p/stat) $(grep VmRSS /proc/$p/status)"
-done | tee "$OUT/cpu-rss.txt"
+done; }
+usage | sed 's/^/after workloads: /' | tee "$OUT/cpu-rss.txt"
+sleep "${IDLE:-0}"  # an idle GPU, both daemons still scraped every second
+usage | sed "s/^/after ${IDLE:-0} s more, GPU idle: /" | tee -a "$OUT/cpu-rss.txt"
+kill "$scraper" 2>/dev/null
+curl -s http://127.0.0.1:10400/metrics | grep -E '^gpu_encoder|^gpuwarden_nvml_errors_total' | tee "$OUT/encoder-and-errors.txt"
 curl -s -D - -o /dev/null -H 'Accept: application/openmetrics-text;version=1.0.0' -H 'Accept-Encoding: gzip' http://127.0.0.1:10400/metrics | head -8
 python3 -m gpuwarden diagnose --replay "$OUT/$(echo "${LIST%% *}" | tr ':,= ' '____').jsonl.gz" | head -20
 kill -TERM $new ${old:-}; wait

@@ -384,6 +384,8 @@ class _GpuState:
     last_work: float | None = None
     last_pids: frozenset[int] = frozenset()
     xids: tuple[int, ...] = ()
+    gpm_seen: dict[str, float] | None = None  # the GPM values of the last poll
+    gpm_changes: int = 0  # new GPM computations since the current job appeared
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.STATES, 0.0))
     idle: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.IDLE_CAUSES, 0.0))
 
@@ -550,6 +552,10 @@ class InsightAnalyzer:
         pids = frozenset(p.pid for p in procs or ())
         if pids != state.last_pids and not (pids & state.last_pids):
             state.last_work = None  # another job: the previous one's GPU work says nothing about this one
+            state.gpm_changes = 0
+        if g.gpm and g.gpm != state.gpm_seen:
+            state.gpm_changes += 1
+        state.gpm_seen = g.gpm
         start, state.last_ts, state.last_pids = state.last_ts, g.timestamp, pids
         if g.xid_events:
             state.xids = tuple(sorted(set(state.xids) | {e.xid for e in g.xid_events}))
@@ -574,7 +580,9 @@ class InsightAnalyzer:
         bits = g.clock_event_reasons or 0
         clock_max = s.clock_max_hertz.get("sm") if s is not None else None
         clock = g.clock_hertz.get("sm")
-        gpm = g.gpm
+        # GPM metrics average over the time since the previous computation (every gpm_interval in serve, carried in
+        # between): the first one after a job change covers time before it. Only the second on describes this job.
+        gpm = g.gpm if state.gpm_changes >= 2 else {}
         iv = _Interval(
             end=g.timestamp,
             seconds=g.timestamp - start,

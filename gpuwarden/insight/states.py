@@ -114,19 +114,35 @@ def holder_of(
 def idle_causes(states: dict[str, float], job_cpu_cores: float | None, io_waiting: bool) -> dict[str, float]:
     """Return the idle seconds of one interval's ``states`` (from ``account``) by cause (IDLE_CAUSES).
 
-    Starved seconds go to ``input_io`` when the job waited on storage, ``input_cpu`` when its CPU worked, else
-    ``input``; paused, held_idle, free and unknown seconds keep their names. Busy seconds are left out.
+    Starved seconds go to ``input_io`` when the job waited on storage, ``input_cpu`` when its CPU is known (starved
+    then means it worked), else ``input``; paused, held_idle, free and unknown seconds keep their names. Busy
+    seconds are left out.
     """
     starved = states.get("starved", 0.0)
     if io_waiting:
         cause = "input_io"
-    elif job_cpu_cores is not None and job_cpu_cores >= JOB_CPU_BUSY_CORES:
-        cause = "input_cpu"
+    elif job_cpu_cores is not None:
+        cause = "input_cpu"  # starved with the job's CPU known: account() found it working
     else:
         cause = "input"
     out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "free", "unknown")}
     out[cause] = starved
     return out
+
+
+def _cpu_working(segs: Sequence[Segment], job_cpu_cores: float) -> bool:
+    """Whether the job's CPU worked while its GPU idled over the interval of ``segs``.
+
+    While a kernel runs, the process that launched it keeps about one core busy at most (launching, or waiting in
+    cudaStreamSynchronize); CPU beyond that share of the interval was spent while the GPU idled. Working: that
+    excess is at least JOB_CPU_BUSY_CORES per idle second. So a job that only waits on its GPU and then sleeps (its
+    CPU 0.5 cores over an interval half busy) is not working on input, while a loader in the training process (1
+    core, GPU 6% busy) or in worker processes (several cores) is.
+    """
+    known = [s for s in segs if s.util is not None]
+    total = sum(s.seconds for s in known)
+    busy = sum(s.util * s.seconds for s in known if s.util is not None) / total if total > 0 else 0.0
+    return job_cpu_cores - busy >= JOB_CPU_BUSY_CORES * (1.0 - busy)
 
 
 def account(
@@ -147,7 +163,7 @@ def account(
     checkpoint, waiting on something outside the node), ``held_idle`` when it has idled longer.
     """
     out = dict.fromkeys(STATES, 0.0)
-    cpu_working = None if job_cpu_cores is None else job_cpu_cores >= JOB_CPU_BUSY_CORES
+    cpu_working = None if job_cpu_cores is None else _cpu_working(segs, job_cpu_cores)
     if io_waiting:
         cpu_working = True
     for s in segs:
