@@ -27,7 +27,7 @@ for item in $LIST; do
   python3 -m gpuwarden record --duration "$SECS" --interval 1 --out "$OUT/$tag.jsonl.gz" --meta "scenario=$s" \
     --meta "workload_args=$args" --meta "workload_pid=$w" --meta recorded_by=tools/device-record-kinds.sh 2>>"$OUT/record.log" &
   rec=$!
-  sleep $((SECS * 2 / 3))
+  sleep "${CAPTURE:-$((SECS * 2 / 3))}"  # seconds into the recording when the live diagnosis is saved
   curl -s http://127.0.0.1:10400/api/v1/diagnosis -o "$OUT/$tag.live-diagnosis.json"
   wait "$rec"; wait "$w"; echo "$item: $(tail -1 "$OUT/$tag.workload.log")"
 done
