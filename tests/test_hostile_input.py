@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +226,14 @@ def test_truncated_gzip_gives_trace_error(pos: int) -> None:
 def test_damaged_gzip_gives_trace_error(pos: int, byte: int) -> None:
     raw = bytearray(COMPRESSED)
     raw[pos] ^= byte or 1
-    _refused_trace(bytes(raw), suffix=".jsonl.gz")
+    try:
+        same = gzip.decompress(bytes(raw)) == gzip.decompress(COMPRESSED)
+    except (OSError, EOFError, zlib.error):
+        same = False
+    if same:  # a flip in the padding bits after the last deflate block changes nothing: it must still read
+        _read(bytes(raw), suffix=".jsonl.gz")
+    else:
+        _refused_trace(bytes(raw), suffix=".jsonl.gz")
 
 
 @pytest.mark.parametrize("text", ["1: x\n", "null: 3\n", "processes:\n  2: true\n", "gpus:\n  - {1: 2}\n"])

@@ -127,7 +127,7 @@ def test_underutilized_when_no_rule_holds() -> None:
         index=0,
         uuid="GPU-x",
         seconds=10.0,
-        states={"busy": 3.0, "starved": 2.0, "paused": 1.0, "held_idle": 3.0, "free": 0.0, "unknown": 1.0},
+        states={"busy": 3.0, "starved": 1.0, "paused": 1.0, "held_idle": 4.0, "free": 0.0, "unknown": 1.0},
         held=True,
         util=0.3,
         sm=0.3,
@@ -193,3 +193,26 @@ def test_input_bound_at_forty_percent_starved_is_not_compute_bound() -> None:
     )
     d = diagnose(w)
     assert d is not None and d.verdict == "input_starved" and "helper processes" in d.summary
+
+
+def test_pausing_job_seen_live_with_pause_edges_misplaced() -> None:
+    """Live, at a 1 s poll, util.gpu is a short sample: a job computing 2 s and sleeping 2 s read starved 24% and
+    paused 24% (H100, serve). Its CPU (0.54 cores) is what its GPU-busy share (53%) explains: the job pauses."""
+    w = GpuWindow(
+        index=0,
+        uuid="GPU-0",
+        seconds=30.0,
+        states={"busy": 15.9, "starved": 7.2, "paused": 7.2},
+        held=True,
+        util=0.53,
+        sm=0.41,
+        tensor=0.4,
+        dram=0.12,
+        job_cpu_cores=0.54,
+        max_process_cpu_cores=0.54,
+    )
+    d = diagnose(w)
+    assert d is not None and d.verdict == "job_paused"
+    loader = GpuWindow(**{**w.__dict__, "job_cpu_cores": 1.0, "max_process_cpu_cores": 1.0})
+    d = diagnose(loader)
+    assert d is not None and d.verdict == "input_starved"

@@ -19,8 +19,9 @@ also reported as findings next to any verdict.
 6. ``launch_bound``      kernels run (util.gpu >= LAUNCH_UTIL_MIN) but fill few SMs (SM activity < LAUNCH_SM_PER_UTIL
                          x util.gpu), while the job's busiest process keeps a core busy (>= LAUNCH_CPU_CORES): the
                          host thread issuing kernels one at a time is the limit, at any utilization.
-7. ``job_paused``        paused time (GPU and job both idle right after GPU work) >= PAUSED_MIN of the window and
-                         more than the starved time: the job itself stops (sleep, evaluation, checkpoint, waits).
+7. ``job_paused``        idle (paused + starved) >= PAUSED_MIN of the window while the job's CPU beyond its GPU-busy
+                         share is below JOB_CPU_BUSY_CORES per idle second and it reads no storage (or paused time
+                         exceeds starved time): the job itself stops (sleep, evaluation, checkpoint, waits).
 8. ``input_starved``     starved time >= STARVED_MIN of the window (GPU idle while its job works on the CPU or
                          reads storage); the summary says which (CPU preprocessing vs waiting on I/O).
 9. ``memory_bound``      utilized and DRAM activity >= MEMORY_BOUND_DRAM (most of HBM's peak bandwidth in use).
@@ -550,13 +551,23 @@ def _verdict(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[str, str]:
             f"keeps {w.max_process_cpu_cores:.2f} cores busy: small kernels launched one at a time; the host "
             "thread launching them is the limit."
         )
-    if w.share("paused") >= PAUSED_MIN and w.share("paused") > w.share("starved"):
+    idle = w.share("paused") + w.share("starved")
+    # Over the window, CPU beyond what the GPU-busy time explains (a core per busy second at most) is work done
+    # while the GPU idled. Per poll, util.gpu is a short sample and misplaces the edges of pauses; the window's means
+    # do not.
+    quiet = (
+        not reading
+        and w.job_cpu_cores is not None
+        and w.job_cpu_cores - w.share("busy") < JOB_CPU_BUSY_CORES * idle
+    )
+    if idle >= PAUSED_MIN and (quiet or w.share("paused") > w.share("starved")):
         return "job_paused", (
             f"GPU idle {_pct(w.share('paused'))} of the time right after GPU work while the job's CPU idles too: "
             f"the job itself pauses (busy {_pct(w.share('busy'))}, job CPU {cpu})."
         )
-    if w.share("starved") >= STARVED_MIN:
-        text = f"GPU idle {_pct(w.share('starved'))} of the time while its job works (job CPU {cpu}): waiting for input"
+    working = w.job_cpu_cores is not None and not quiet  # the job works while its GPU idles (window means)
+    if w.share("starved") >= STARVED_MIN or (working and idle >= STARVED_MIN):
+        text = f"GPU idle {_pct(idle)} of the time while its job works (job CPU {cpu}): waiting for input"
         if reading:
             rate = (w.io_read_bytes_per_second or 0.0) / 1e6
             text += f" from storage (the job reads {rate:.0f} MB/s with processes in I/O wait)."
