@@ -131,3 +131,36 @@ def test_diagnose_cli_shows_the_health_findings() -> None:
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "uncorrectable ECC" in text and "XID 63" in text and "row remap is pending" in text
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "cores"),
+    [
+        ("/kubepods/besteffort/pod0d5b8f64-4b8e-4c55-b1c4-6a3a7d2e9f10/" + "a" * 64, 3.0),  # the pod is the job
+        ("/process_api/fde5bbd3c99aa4299964ce61c78d37a5", None),  # a runner's cgroup: the process tree counts
+    ],
+)
+def test_job_cpu_is_the_cgroups_where_the_cgroup_is_the_job(cgroup: str, cores: float | None) -> None:
+    """A Kubernetes pod's CPU is its cgroup's (3 cores here, whatever its GPU process's tree reads); a cgroup that
+    is not a job (it may hold unrelated processes) leaves the process and its DataLoader workers as the job's CPU."""
+    from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
+    from gpuwarden.trace import read_trace
+
+    header, polls = read_trace(TRACES / "h100-k-loader-workers-workers-8.jsonl.gz")
+    analyzer = InsightAnalyzer()
+    t0 = polls[0].timestamp
+    result = None
+    for poll in polls:
+        g = poll.gpus[0]
+        procs = [
+            p.model_copy(update={"cgroup": cgroup, "cgroup_cpu_seconds_total": 100.0 + 3.0 * (poll.timestamp - t0)})
+            for p in g.processes or ()
+        ]
+        poll = poll.model_copy(update={"gpus": [g.model_copy(update={"processes": procs})]})
+        result = insight_result(analyzer(poll, header.node))
+    assert result is not None and result.gpus[0].diagnosis is not None
+    evidence = {e.name: e.value for e in result.gpus[0].diagnosis.evidence}
+    if cores is not None:
+        assert evidence["job_cpu"] == pytest.approx(cores, rel=0.02)
+    else:
+        assert evidence["job_cpu"] > 6  # eight workers' CPU, not the cgroup's 3 cores

@@ -15,7 +15,7 @@ import functools
 import math
 import threading
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,7 +25,7 @@ from gpuwarden.insight import states as st
 from gpuwarden.insight.attribution import JobRef, attribute
 from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Diagnosis, GpuWindow, Health, diagnose
 from gpuwarden.insight.scores import imbalance, shortfalls, starved_ratio
-from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult
+from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult, ProcessReading
 
 #: At most this many jobs are reported (the ones holding most GPU memory): bounds ``gpu_job_*`` series.
 MAX_JOBS = 64
@@ -142,6 +142,10 @@ class _Interval:
     mem_total: int | None
     health: Health
 
+
+#: Job kinds whose cgroup is the job itself: its CPU is the cgroup's (cgroup v2 cpu.stat, v1 cpuacct). Other
+#: cgroups (a systemd unit, a session, a runner's shared cgroup) may hold unrelated processes.
+CGROUP_JOBS = frozenset({"kubernetes", "slurm", "container"})
 
 #: _Interval fields averaged over a window, weighted by the interval's seconds (None values skipped).
 _MEAN_FIELDS = (
@@ -405,7 +409,7 @@ class InsightAnalyzer:
         self.window_seconds = float(window_seconds)
         self.diagnosis_seconds = float(min(diagnosis_seconds, window_seconds))
         self._gpus: dict[str, _GpuState] = {}
-        self._proc_cpu: dict[int, tuple[float | None, float, float, float, int | None]] = {}
+        self._proc_cpu: dict[int, tuple[float | None, float, float, float, int | None, float | None]] = {}
         self._host: HostReading | None = None
         self._busy: float | None = None
         self._jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
@@ -426,25 +430,32 @@ class InsightAnalyzer:
                 self._busy = min(1.0, max(0.0, (total - idle) / total))
         return self._busy
 
-    def _process_rates(self, gpus: list[GpuReading]) -> dict[int, tuple[float, float, float | None]]:
-        """Per GPU process since the previous poll: (CPU cores of the process, CPU cores of the whole job - the
-        process with its descendants such as DataLoader workers, where recorded - and bytes read per second by
-        them, None where unknown). First sight: see FIRST_SIGHT_MAX_AGE."""
-        rates: dict[int, tuple[float, float, float | None]] = {}
-        seen: dict[int, tuple[float | None, float, float, float, int | None]] = {}
+    def _process_rates(self, gpus: list[GpuReading]) -> dict[int, tuple[float, float, float | None, float | None]]:
+        """Per GPU process since the previous poll: (CPU cores of the process, CPU cores of the process with its
+        descendants such as DataLoader workers, where recorded, bytes read per second by them, CPU cores of its
+        cgroup; None where unknown). First sight: see FIRST_SIGHT_MAX_AGE."""
+        rates: dict[int, tuple[float, float, float | None, float | None]] = {}
+        seen: dict[int, tuple[float | None, float, float, float, int | None, float | None]] = {}
         for g in gpus:
             for p in g.processes or ():
                 if p.cpu_seconds_total is None or p.pid in seen:
                     continue
                 tree = p.tree_cpu_seconds_total if p.tree_cpu_seconds_total is not None else p.cpu_seconds_total
-                seen[p.pid] = (p.create_time, p.cpu_seconds_total, g.timestamp, tree, p.tree_read_bytes_total)
+                seen[p.pid] = (
+                    p.create_time,
+                    p.cpu_seconds_total,
+                    g.timestamp,
+                    tree,
+                    p.tree_read_bytes_total,
+                    p.cgroup_cpu_seconds_total,
+                )
                 prev = self._proc_cpu.get(p.pid)
                 if prev is None or prev[0] != p.create_time:
                     # first sight of a young process: its mean since it started estimates this interval;
                     # an older one's lifetime mean says little about now, so it stays unknown until next poll
                     age = g.timestamp - p.create_time if p.create_time is not None else 0.0
                     if FIRST_SIGHT_MIN_AGE <= age <= FIRST_SIGHT_MAX_AGE:
-                        rates[p.pid] = (p.cpu_seconds_total / age, tree / age, None)
+                        rates[p.pid] = (p.cpu_seconds_total / age, tree / age, None, None)
                     continue
                 dt = g.timestamp - prev[2]
                 dc = p.cpu_seconds_total - prev[1]
@@ -453,9 +464,29 @@ class InsightAnalyzer:
                     read = None
                     if p.tree_read_bytes_total is not None and prev[4] is not None:
                         read = max(0.0, (p.tree_read_bytes_total - prev[4]) / dt)
-                    rates[p.pid] = (dc / dt, max(dtree, dc) / dt, read)
+                    group = None
+                    if p.cgroup_cpu_seconds_total is not None and prev[5] is not None:
+                        group = max(0.0, (p.cgroup_cpu_seconds_total - prev[5]) / dt)
+                    rates[p.pid] = (dc / dt, max(dtree, dc) / dt, read, group)
         self._proc_cpu = seen
         return rates
+
+    def _job_cpu(
+        self, procs: Sequence[ProcessReading], rates: dict[int, tuple[float, float, float | None, float | None]]
+    ) -> float:
+        """CPU cores of the GPU's jobs: a job that is its cgroup (Kubernetes pod, Slurm job, container) counts its
+        cgroup's CPU once; any other process counts itself and its descendants."""
+        groups: dict[str, float] = {}
+        total = 0.0
+        for p in procs:
+            r = rates.get(p.pid)
+            if r is None:
+                continue
+            if r[3] is not None and p.cgroup and self._job(p).kind in CGROUP_JOBS:
+                groups[p.cgroup] = r[3]
+            else:
+                total += r[1]
+        return total + sum(groups.values())
 
     def _job(self, p) -> JobRef:  # noqa: ANN001 - ProcessReading
         key = (p.pid, p.create_time, p.cgroup)
@@ -535,7 +566,7 @@ class InsightAnalyzer:
         self,
         g: GpuReading,
         s: GpuStatic | None,
-        rates: dict[int, tuple[float, float, float | None]],
+        rates: dict[int, tuple[float, float, float | None, float | None]],
         host_busy: float | None,
         job: JobRef | None,
     ) -> None:
@@ -562,7 +593,7 @@ class InsightAnalyzer:
         if start is None or not 0 < g.timestamp - start <= st.MAX_INTERVAL_SECONDS:
             return
         known = [rates[p.pid] for p in procs or () if p.pid in rates]
-        job_cpu = sum(k[1] for k in known) if known else None
+        job_cpu = self._job_cpu(procs or (), rates) if known else None
         reads = [k[2] for k in known if k[2] is not None]
         io_read = sum(reads) if reads else None
         blocked_counts = [p.tree_blocked for p in procs or () if p.tree_blocked is not None]
