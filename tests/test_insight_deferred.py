@@ -28,8 +28,8 @@ def test_a_deferred_result_read_after_later_polls_is_that_of_its_own_poll(name: 
 def test_a_result_is_built_once_and_only_when_read(monkeypatch: pytest.MonkeyPatch) -> None:
     header, polls = read_trace(trace("h100-idle"))
     built = []
-    real = an._result
-    monkeypatch.setattr(an, "_result", lambda *a: built.append(1) or real(*a))
+    real = an.build_result
+    monkeypatch.setattr(an, "build_result", lambda *a: built.append(1) or real(*a))
     analyzer = InsightAnalyzer()
     deferred = [analyzer.prepare(p, header.node) for p in polls]
     assert built == []

@@ -1,4 +1,4 @@
-"""The insight analyzer's running windows (gpuwarden.insight.analyzer._Running) equal the windows recomputed from
+"""The insight analyzer's running windows (gpuwarden.insight.windows.Running) equal the windows recomputed from
 scratch (``span_of`` + ``window_of``, the analyzer's original float computation, kept here as the oracle) at
 every poll: over real recordings with windows short enough that intervals leave them and jobs change, and over
 long synthetic streams (throttling, unknown values, values from 0 to 4e11, gaps). The running sums are exact
@@ -16,12 +16,13 @@ from collections.abc import Iterable, Sequence
 import pytest
 from conftest import H100_SCENARIOS, trace
 
-from gpuwarden.insight import analyzer as an
 from gpuwarden.insight import states as st
-from gpuwarden.insight.analyzer import InsightAnalyzer, _Interval
+from gpuwarden.insight import windows as an
+from gpuwarden.insight.analyzer import InsightAnalyzer
 from gpuwarden.insight.attribution import JobRef
 from gpuwarden.insight.diagnosis import GpuWindow, Health
 from gpuwarden.insight.scores import starved_ratio
+from gpuwarden.insight.windows import Interval as _Interval
 from gpuwarden.model import PollResult
 from gpuwarden.trace import read_trace
 
@@ -312,13 +313,13 @@ def test_running_windows_equal_the_reference_over_a_long_synthetic_stream(seed: 
     bursts of 1e10 and now holds zeros reads exactly 0."""
     ivs = _stream(12000, seed)
     runs = [
-        (an._Running(2.0, False), 2.0, False),
-        (an._Running(2.0, True), 2.0, True),
-        (an._Running(0.7, True), 0.7, True),
+        (an.Running(2.0, False), 2.0, False),
+        (an.Running(2.0, True), 2.0, True),
+        (an.Running(0.7, True), 0.7, True),
     ]
     zero_windows = 0
     for i, iv in enumerate(ivs):
-        terms = an._terms(iv)
+        terms = an.terms(iv)
         for running, seconds, same in runs:
             running.push(iv, terms)
             span = span_of(ivs[max(0, i - 200) : i + 1], seconds, same)
@@ -334,12 +335,12 @@ def test_the_sums_are_exact_after_any_number_of_removals() -> None:
     """After 20000 intervals through a 3 s window, the running sums are, bit for bit, the sums of what the window
     holds: no drift to bound, no rebuild."""
     ivs = _stream(20000, 3)
-    running = an._Running(3.0, False)
+    running = an.Running(3.0, False)
     for iv in ivs:
-        running.push(iv, an._terms(iv))
+        running.push(iv, an.terms(iv))
     fresh = an._Agg()
     for iv in running.intervals:
-        fresh.add(iv, an._terms(iv))
+        fresh.add(iv, an.terms(iv))
     assert running.agg.sums == fresh.sums
     assert +running.agg.reasons == +fresh.reasons
     assert len(running.intervals) <= 3.0 / 0.05 + 2
@@ -350,7 +351,7 @@ def test_a_push_computes_the_terms_of_the_intervals_that_leave_only(monkeypatch:
     re-reading the window (the terms of the entering interval are computed once, by the caller, for its three
     windows)."""
     calls = 0
-    terms = an._terms
+    terms = an.terms
 
     def counting(iv: _Interval) -> list[tuple[int, int]] | None:
         nonlocal calls
@@ -359,10 +360,10 @@ def test_a_push_computes_the_terms_of_the_intervals_that_leave_only(monkeypatch:
 
     ivs = [iv for iv in _stream(3000, 4) if iv.holder == "job"]
     ivs = [dataclasses.replace(iv, pids=frozenset({1}), end=1e9 + 0.1 * k, seconds=0.1) for k, iv in enumerate(ivs)]
-    running = an._Running(30.0, False)
+    running = an.Running(30.0, False)
     for iv in ivs:
         running.push(iv, terms(iv))
-    monkeypatch.setattr(an, "_terms", counting)
+    monkeypatch.setattr(an, "terms", counting)
     for k in range(1000):
         iv = dataclasses.replace(ivs[k], end=ivs[-1].end + 0.1 * (k + 1))
         running.push(iv, terms(iv))

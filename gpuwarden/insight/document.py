@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from gpuwarden.insight.analyzer import JobInsight, ProcessJob, insight_result
 from gpuwarden.insight.diagnosis import Diagnosis
+from gpuwarden.insight.result import JobInsight, ProcessJob, insight_result
 from gpuwarden.snapshot import NodeSnapshot
 
 

@@ -1,0 +1,114 @@
+"""What the insight analyzer derives after a poll: per-GPU insight, jobs, processes and the node's imbalance
+(``InsightResult``, frozen pydantic models), and the deferred result the poller stores (``DeferredInsight``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuwarden.insight.diagnosis import Diagnosis
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class GpuInsight(_Frozen):
+    """One GPU's time accounting, scores and verdict.
+
+    ``state_seconds_total``: seconds per state since the analyzer started (counters). ``window_state_seconds``:
+    the same over the last ``window_seconds``. ``starved_ratio``: starved / accounted seconds in the window.
+    ``activity_ratio``: mean GPM SM activity over the window (``activity_source`` "sm_activity"), else mean
+    util.gpu ("utilization_gpu"). ``diagnosis``: None until MIN_SECONDS of history or while the GPU is down.
+    """
+
+    gpu: int
+    uuid: str
+    state_seconds_total: dict[str, float]
+    idle_seconds_total: dict[str, float] = Field(
+        default_factory=dict,
+        description="seconds the GPU idled since the analyzer started, by cause (gpuwarden.insight.states."
+        "IDLE_CAUSES); with state busy they add up to the accounted wall time",
+    )
+    window_state_seconds: dict[str, float]
+    starved_ratio: float | None = None
+    activity_ratio: float | None = None
+    activity_source: str | None = None
+    shortfall_ratio: float | None = Field(
+        default=None, description="1 - activity / the busiest activity among the GPUs of its job (None: 1 GPU)"
+    )
+    diagnosis: Diagnosis | None = None
+
+
+class ProcessJob(_Frozen):
+    """One GPU process and its job (gpuwarden.insight.attribution)."""
+
+    gpu: int
+    uuid: str
+    pid: int
+    job: str
+    job_kind: str
+    container_id: str = ""
+    user: str = ""
+    command: str = Field(default="", description="process name (not the command line)")
+    gpu_memory_bytes: int | None = None
+    cpu_cores: float | None = Field(default=None, description="CPU seconds per second over the last poll interval")
+
+
+class JobInsight(_Frozen):
+    """A job on this node: the GPUs where it holds the most memory, and its imbalance over them.
+
+    ``imbalance_ratio`` is None for a job on one GPU (see gpuwarden.insight.scores.imbalance).
+    """
+
+    job: str
+    job_kind: str
+    gpus: list[int]
+    pids: list[int]
+    imbalance_ratio: float | None = None
+    activity_source: str | None = None
+
+
+class InsightResult(_Frozen):
+    """Everything the insight analyzer derived after one poll (what ``analyses["insight"]`` holds)."""
+
+    timestamp: float
+    window_seconds: float
+    diagnosis_window_seconds: float
+    gpus: list[GpuInsight]
+    processes: list[ProcessJob]
+    jobs: list[JobInsight]
+    node_imbalance_ratio: float | None = None
+    node_activity_source: str | None = None
+
+
+class DeferredInsight:
+    """The InsightResult of one poll, computed on the first call and kept (thread-safe): what the daemon's poller
+    stores in ``NodeSnapshot.analyses["insight"]``. A result costs more to build than the poll's accounting (windows,
+    scores, the diagnosis and its models); read once per scrape, most polls never build theirs.
+    """
+
+    __slots__ = ("_compute", "_result", "_lock")
+
+    def __init__(self, compute: Callable[[], InsightResult]) -> None:
+        self._compute: Callable[[], InsightResult] | None = compute
+        self._result: InsightResult | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> InsightResult:
+        """Return the result, computing it the first time."""
+        with self._lock:
+            if self._result is None:
+                assert self._compute is not None
+                self._result, self._compute = self._compute(), None
+            return self._result
+
+
+def insight_result(value: object) -> InsightResult | None:
+    """Return the InsightResult held in ``NodeSnapshot.analyses["insight"]`` (an InsightResult or a DeferredInsight),
+    None for anything else (no analysis yet)."""
+    if isinstance(value, DeferredInsight):
+        return value()
+    return value if isinstance(value, InsightResult) else None

@@ -1,0 +1,251 @@
+"""Running windows of a GPU's poll intervals: each interval's states and readings, summed exactly as intervals enter
+and leave a window, and the window's statistics (``GpuWindow``) computed from the sums at any later time.
+
+An ``Interval`` is one poll interval of one GPU as the analyzer accounted it; ``Running`` keeps the intervals of
+the last ``seconds`` (optionally only those of the current holder) and their sums; ``Captured`` is a copy of the
+sums after one poll, from which ``window()`` gives the ``GpuWindow`` the diagnosis reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from gpuwarden.insight import states as st
+from gpuwarden.insight.attribution import JobRef
+from gpuwarden.insight.diagnosis import GpuWindow, Health
+
+
+@dataclass(slots=True)
+class Interval:
+    """One poll interval of one GPU as the analyzer accounted it: its end (Unix s) and length, seconds per state,
+    who held the GPU, and the readings averaged over windows (None: unknown). Not changed once made."""
+
+    end: float
+    seconds: float
+    states: dict[str, float]
+    util_seconds: float
+    holder: str
+    pids: frozenset[int]
+    sm: float | None
+    tensor: float | None
+    pcie_rx: float | None
+    nvlink_rx: float | None
+    job_cpu: float | None
+    max_proc_cpu: float | None
+    dram: float | None
+    fp32: float | None
+    io_read: float | None
+    blocked: float | None
+    host_busy: float | None
+    clock_ratio: float | None
+    throttle: bool
+    severe: bool
+    reasons: frozenset[str]
+    power: float | None
+    power_limit: float | None
+    mem_used: int | None
+    mem_total: int | None
+    health: Health
+
+
+#: Interval fields averaged over a window, weighted by the interval's seconds (None values skipped).
+_MEAN_FIELDS = (
+    "sm",
+    "tensor",
+    "pcie_rx",
+    "nvlink_rx",
+    "job_cpu",
+    "max_proc_cpu",
+    "host_busy",
+    "power",
+    "dram",
+    "fp32",
+    "io_read",
+    "blocked",
+)
+
+# Slots of a window's sums: seconds per state, then the other sums, then a (value x seconds, seconds) pair per
+# mean field.
+_STATE_SLOT = {name: i for i, name in enumerate(st.STATES)}
+_UTIL_SECONDS, _SECONDS, _THROTTLED, _SEVERE, _CLOCK_NUM, _CLOCK_DEN = range(len(st.STATES), len(st.STATES) + 6)
+_MEAN_SLOT = {name: _CLOCK_DEN + 1 + 2 * i for i, name in enumerate(_MEAN_FIELDS)}
+_SLOTS = _CLOCK_DEN + 1 + 2 * len(_MEAN_FIELDS)
+
+#: Every finite double is an integer multiple of 2**-1074, so a sum held as an integer count of 2**-1074 is
+#: exact: adding an interval and later removing it restores the sum bit for bit (no drift, no rebuild, and a
+#: window holding only zeros reads exactly 0).
+_SHIFT = 1074
+
+
+def _exact(x: float) -> int:
+    """Return ``x`` (a finite float) as an integer count of 2**-1074, exactly."""
+    num, den = x.as_integer_ratio()  # den is a power of two, at most 2**1074
+    return num << (_SHIFT + 1 - den.bit_length())
+
+
+def finite(x: float | None) -> float | None:
+    """Return ``x``, or None when it is NaN or infinite: such a reading is unknown, not a value to average."""
+    return x if x is None or math.isfinite(x) else None
+
+
+def terms(iv: Interval) -> list[tuple[int, int]]:
+    """Return the (slot, exact integer) terms ``iv`` adds to a window's sums, zeros left out.
+
+    Computed when the interval enters the windows (once for all three) and again when it leaves one: keeping
+    them would cost about 4 KiB an interval held.
+    """
+    out = [(_STATE_SLOT[k], _exact(v)) for k, v in iv.states.items() if v]
+    w = iv.seconds
+    if iv.util_seconds:
+        out.append((_UTIL_SECONDS, _exact(iv.util_seconds)))
+    if w:
+        ew = _exact(w)
+        out.append((_SECONDS, ew))
+        if w > 0:
+            for name in _MEAN_FIELDS:
+                v = getattr(iv, name)
+                if v is not None:
+                    slot = _MEAN_SLOT[name]
+                    out.append((slot, _exact(v * w)))
+                    out.append((slot + 1, ew))
+            if iv.throttle and iv.clock_ratio is not None:
+                out.append((_CLOCK_NUM, _exact(iv.clock_ratio * w)))
+                out.append((_CLOCK_DEN, ew))
+        if iv.throttle:
+            out.append((_THROTTLED, ew))
+        if iv.severe:
+            out.append((_SEVERE, ew))
+    return out
+
+
+class _Agg:
+    """Exact sums over a set of intervals: everything a GpuWindow needs, so adding an interval and removing one
+    cost O(1) (reasons are counted, so their union survives removals)."""
+
+    __slots__ = ("sums", "reasons")
+
+    def __init__(self) -> None:
+        self.sums = [0] * _SLOTS
+        self.reasons: Counter[str] = Counter()
+
+    def add(self, iv: Interval, terms: list[tuple[int, int]]) -> None:
+        """Add ``iv``, whose terms are ``terms`` (``terms(iv)``), to the sums."""
+        sums = self.sums
+        for slot, v in terms:
+            sums[slot] += v
+        if iv.throttle and iv.reasons:
+            self.reasons.update(iv.reasons)
+
+    def remove(self, iv: Interval) -> None:
+        """Remove ``iv``, added before, from the sums."""
+        sums = self.sums
+        for slot, v in terms(iv):
+            sums[slot] -= v
+        if iv.throttle and iv.reasons:
+            self.reasons.subtract(iv.reasons)
+
+
+@dataclass(frozen=True, slots=True)
+class Captured:
+    """A running window as it stood after one poll: copies of its sums and reason counts, and its latest interval
+    (intervals are not changed once made). What an InsightResult is computed from, at any later time."""
+
+    sums: list[int]
+    reasons: dict[str, int]
+    last: Interval | None
+
+    def window(self, index: int, uuid: str, job: JobRef | None) -> GpuWindow:
+        """The GpuWindow of the intervals summed; equals the from-scratch computation to float rounding
+        (tests/test_insight_running.py)."""
+        sums, last = self.sums, self.last
+
+        def mean(name: str) -> float | None:
+            slot = _MEAN_SLOT[name]
+            return sums[slot] / sums[slot + 1] if sums[slot + 1] > 0 else None
+
+        one = 1 << _SHIFT
+        states = {k: sums[i] / one for k, i in _STATE_SLOT.items()}
+        total = sums[_SECONDS]
+        util_secs = sums[_UTIL_SECONDS]
+        held_job = job is not None and last is not None and last.holder == "job"
+        return GpuWindow(
+            index=index,
+            uuid=uuid,
+            seconds=sum(sums[i] for i in _STATE_SLOT.values()) / one,
+            states=states,
+            held=last is not None and last.holder != "none",
+            util=sums[_STATE_SLOT["busy"]] / util_secs if util_secs > 0 else None,
+            sm=mean("sm"),
+            tensor=mean("tensor"),
+            pcie_rx=mean("pcie_rx"),
+            nvlink_rx=mean("nvlink_rx"),
+            job_cpu_cores=mean("job_cpu"),
+            max_process_cpu_cores=mean("max_proc_cpu"),
+            dram=mean("dram"),
+            fp32=mean("fp32"),
+            io_read_bytes_per_second=mean("io_read"),
+            io_blocked_processes=mean("blocked"),
+            host_cpu_busy_ratio=mean("host_busy"),
+            memory_used_bytes=last.mem_used if last else None,
+            memory_total_bytes=last.mem_total if last else None,
+            sm_clock_ratio=sums[_CLOCK_NUM] / sums[_CLOCK_DEN] if sums[_CLOCK_DEN] > 0 else None,
+            throttle_fraction=sums[_THROTTLED] / total if total > 0 else 0.0,
+            severe_throttle_fraction=sums[_SEVERE] / total if total > 0 else 0.0,
+            throttle_reasons=tuple(sorted(r for r, n in self.reasons.items() if n > 0)),
+            power_watts=mean("power"),
+            power_limit_watts=last.power_limit if last else None,
+            health=last.health if last else Health(),
+            job=job.job if held_job else None,  # type: ignore[union-attr]
+            job_kind=job.kind if held_job else None,  # type: ignore[union-attr]
+            processes=tuple(sorted(last.pids)) if last else (),
+        )
+
+
+class Running:
+    """The trailing ``seconds`` of a GPU's intervals with their exact running sums (``same_holder``: only the
+    trailing run with the latest interval's holder and PIDs). A push costs the terms of the interval that enters
+    (computed once by the caller) and of those that leave, whatever the window holds."""
+
+    __slots__ = ("seconds", "same_holder", "intervals", "agg")
+
+    def __init__(self, seconds: float, same_holder: bool) -> None:
+        self.seconds = seconds
+        self.same_holder = same_holder
+        self.intervals: deque[Interval] = deque()
+        self.agg = _Agg()
+
+    def push(self, iv: Interval, terms: list[tuple[int, int]]) -> None:
+        """Add the newest interval (``terms``: ``terms(iv)``), then drop those that left the window (or the run,
+        when ``same_holder``)."""
+        ivs = self.intervals
+        if self.same_holder and ivs and (ivs[-1].holder != iv.holder or ivs[-1].pids != iv.pids):
+            ivs.clear()
+            self.agg = _Agg()
+        ivs.append(iv)
+        self.agg.add(iv, terms)
+        horizon = iv.end - self.seconds
+        while ivs[0].end - ivs[0].seconds < horizon - 1e-9:
+            self.agg.remove(ivs.popleft())
+
+    def capture(self) -> Captured:
+        """The window as it stands now (copies: later pushes leave the capture as it is)."""
+        return Captured(list(self.agg.sums), dict(self.agg.reasons), self.intervals[-1] if self.intervals else None)
+
+    def window(self, index: int, uuid: str, job: JobRef | None) -> GpuWindow:
+        """The GpuWindow of the intervals held now."""
+        return self.capture().window(index, uuid, job)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCapture:
+    """One GPU's windows and state totals as they stood after a poll (``job``, ``diag``: None when it was down)."""
+
+    index: int
+    uuid: str
+    node: Captured
+    job: Captured | None
+    diag: Captured | None
+    totals: dict[str, float]
+    idle: dict[str, float]
