@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 
@@ -38,6 +39,16 @@ def cmd_record(args: argparse.Namespace) -> int:
         meta = _meta(args.meta)
     except ValueError as exc:
         return _die(str(exc), EXIT_USAGE)
+    for flag, value, low, high in (
+        ("--duration", args.duration, 0.05, 7 * 86400.0),
+        ("--interval", args.interval, 0.05, 300.0),
+        ("--slow-interval", args.slow_interval, 1.0, 3600.0),
+    ):
+        if not (math.isfinite(value) and low <= value <= high):
+            return _die(f"{flag} must be a number of seconds from {low:g} to {high:g}, got {value!r}", EXIT_USAGE)
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        return _die(f"{out} exists: give another --out, or --force to overwrite it", EXIT_USAGE)
     # a trace is for analysis and replay: GPM and the util.gpu sample buffer at every poll, whatever they cost
     source = NvmlSource(
         slow_interval=args.slow_interval,
@@ -47,12 +58,15 @@ def cmd_record(args: argparse.Namespace) -> int:
         processes=not args.no_processes,
     )
     try:
-        n = record(source, Path(args.out), args.duration, args.interval, meta)
+        result = record(source, out, args.duration, args.interval, meta)
     except SourceError as exc:
         return _die(str(exc))
     except OSError as exc:
         return _die(f"cannot write {args.out}: {exc.strerror or exc}")
-    print(f"recorded {n} polls to {args.out}", file=sys.stderr)
+    if result.error is not None:  # a full disk: the polls written before it are readable
+        return _die(f"{args.out}: {result.error}; {result.polls} complete polls kept")
+    how = f" (stopped by {result.stopped_by})" if result.stopped_by else ""
+    print(f"recorded {result.polls} polls to {args.out}{how}", file=sys.stderr)
     return 0
 
 
@@ -218,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--slow-interval", type=float, default=10.0, help="seconds between energy/ECC reads (default 10)")
     r.add_argument("--no-processes", action="store_true", help="do not record GPU processes")
     r.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata for the header")
+    r.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     r.set_defaults(func=cmd_record)
     return p
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import IO, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuwarden.model import GpuReading, HostReading, NodeStatic, PollResult
+
+log = logging.getLogger(__name__)
 
 FORMAT: Final = "gpuwarden-trace"
 #: Version 2 adds the job-CPU and I/O facts of each process (ProcessReading.tree_*, cgroup_cpu_seconds_total);
@@ -49,12 +52,31 @@ def _open(path: Path, mode: str) -> IO[str]:
 
 
 class TraceWriter:
-    """Writes a trace: ``write(poll)`` appends one poll; use as a context manager or call ``close()``."""
+    """Writes a trace: ``write(poll)`` appends one poll; use as a context manager or call ``close()``.
 
-    def __init__(self, path: Path, header: TraceHeader) -> None:
-        self._file = _open(path, "w")
+    Each poll is flushed to the file as it is written (a gzip stream with a sync flush, so everything before it
+    decompresses), so a recording killed, or stopped by a full disk, keeps every complete poll readable
+    (``read_trace`` drops the incomplete end and says so). ``overwrite=False`` refuses an existing file
+    (FileExistsError). Raises OSError where the file cannot be created or written.
+    """
+
+    def __init__(self, path: Path, header: TraceHeader, overwrite: bool = True) -> None:
+        self._file = _open(path, "w" if overwrite else "x")
         self._seq = 0
+        self._broken = False
         self._file.write(header.model_dump_json(exclude_none=True) + "\n")
+        self._flush()
+
+    @property
+    def polls(self) -> int:
+        """Polls written so far."""
+        return self._seq
+
+    def _flush(self) -> None:
+        self._file.flush()
+        raw = getattr(self._file, "buffer", None)
+        if isinstance(raw, gzip.GzipFile):
+            raw.flush(zlib.Z_SYNC_FLUSH)
 
     def write(self, poll: PollResult) -> None:
         """Append the host record and one record per GPU of ``poll``."""
@@ -69,11 +91,21 @@ class TraceWriter:
             rec = {"type": "gpu", "poll": self._seq}
             rec.update(g.model_dump(mode="json", exclude_none=True))
             lines.append(json.dumps(rec))
-        self._file.write("\n".join(lines) + "\n")
+        try:
+            self._file.write("\n".join(lines) + "\n")
+            self._flush()
+        except OSError:
+            self._broken = True
+            raise
 
     def close(self) -> None:
-        """Flush and close the file."""
-        self._file.close()
+        """Flush and close the file (after a failed write, close what can be closed: the polls before it are on
+        disk already)."""
+        try:
+            self._file.close()
+        except OSError:
+            if not self._broken:
+                raise
 
     def __enter__(self) -> TraceWriter:
         return self
@@ -86,7 +118,21 @@ def read_trace(path: Path) -> tuple[TraceHeader, list[PollResult]]:
     """Read and validate a whole trace.
 
     Returns the header and the polls in order. Raises TraceError (file, line, what is wrong) for a
-    missing file, invalid JSON, a record that does not match the models, or a trace with no poll.
+    missing file, invalid JSON, a record that does not match the models, or a trace with no poll. A trace whose
+    end was cut off (a recording killed, a full disk: a compressed stream without its end, a last line without its
+    newline, a last poll without all its GPUs) is read up to its last complete poll, and the loss logged
+    (``read_trace_losses`` returns it).
+    """
+    header, polls, losses = read_trace_losses(path)
+    if losses is not None:
+        log.warning("%s: %s", path, losses)
+    return header, polls
+
+
+def read_trace_losses(path: Path) -> tuple[TraceHeader, list[PollResult], str | None]:
+    """Return what ``read_trace`` returns, and a sentence on what was dropped from a cut-off end (None: nothing).
+
+    Raises TraceError as ``read_trace`` does.
     """
     try:
         with _open(path, "r") as f:
@@ -101,25 +147,49 @@ def read_trace(path: Path) -> tuple[TraceHeader, list[PollResult]]:
         raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
 
 
-def _lines(f: IO[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    for n, line in enumerate(f, 1):
+class _Cut:
+    """What the end of a cut-off trace lost: set while reading it."""
+
+    def __init__(self) -> None:
+        self.stream = False  # the compressed stream ended early
+        self.line: int | None = None  # the number of a last line without its newline, dropped
+
+
+def _raw_lines(f: IO[str], cut: _Cut) -> Iterator[str]:
+    while True:
+        try:
+            line = f.readline()
+        except EOFError:  # a gzip stream without its end: what came before was decompressed
+            cut.stream = True
+            return
+        if not line:
+            return
+        yield line
+
+
+def _lines(f: IO[str], cut: _Cut) -> Iterator[tuple[int, dict[str, Any]]]:
+    for n, line in enumerate(_raw_lines(f, cut), 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
+            if not line.endswith("\n"):  # the file ends inside this line: a cut-off end, not damage
+                cut.line = n
+                return
             raise TraceError(f"line {n}: invalid JSON ({exc.msg})") from exc
         if not isinstance(obj, dict):
             raise TraceError(f"line {n}: a record must be a JSON object")
         yield n, obj
 
 
-def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult]]:
+def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult], str | None]:
     header: TraceHeader | None = None
     polls: list[PollResult] = []
     current: dict[str, Any] | None = None
+    cut = _Cut()
     try:
-        for n, obj in _lines(f):
+        for n, obj in _lines(f, cut):
             kind = obj.pop("type", None)
             try:
                 if header is None:
@@ -155,16 +225,27 @@ def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult]]:
                 raise TraceError(f"line {n}: {where}: {err['msg']}") from exc
     except TraceError as exc:
         raise TraceError(f"{path}: {exc}") from exc
+    losses: list[str] = []
+    if cut.stream:
+        losses.append("the compressed stream ends early")
+    if cut.line is not None:
+        losses.append(f"line {cut.line} is cut off")
     if current is not None:
-        try:
-            polls.append(_finish(current))
-        except TraceError as exc:
-            raise TraceError(f"{path}: {exc}") from exc
+        complete = header is not None and len(current["gpus"]) >= len(header.node.gpus)
+        if complete:
+            try:
+                polls.append(_finish(current))
+            except TraceError as exc:
+                raise TraceError(f"{path}: {exc}") from exc
+        else:
+            losses.append(f"poll {current['seq']} (from line {current['line']}) is incomplete")
+    why = f" ({'; '.join(losses)})" if losses else ""
     if header is None:
-        raise TraceError(f"{path}: empty trace (no header)")
+        raise TraceError(f"{path}: empty trace (no header){why}")
     if not polls:
-        raise TraceError(f"{path}: trace has a header but no poll")
-    return header, polls
+        raise TraceError(f"{path}: trace has a header but no poll{why}")
+    dropped = f"cut-off end dropped ({'; '.join(losses)}); {len(polls)} complete polls read" if losses else None
+    return header, polls, dropped
 
 
 def _finish(cur: dict[str, Any]) -> PollResult:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import H100_SCENARIOS, trace
 
-from gpuwarden.trace import TraceError, TraceHeader, TraceWriter, read_trace
+from gpuwarden.trace import TraceError, TraceHeader, TraceWriter, read_trace, read_trace_losses
 
 
 @pytest.mark.parametrize("scenario", H100_SCENARIOS)
@@ -83,9 +83,14 @@ def test_missing_and_truncated_files(tmp_path: Path) -> None:
         read_trace(tmp_path / "nope.jsonl")
     data = trace("h100-idle").read_bytes()
     cut = tmp_path / "cut.jsonl.gz"
-    cut.write_bytes(data[: len(data) // 2])
-    with pytest.raises(TraceError):
+    cut.write_bytes(data[:200])  # inside the header
+    with pytest.raises(TraceError, match="empty trace|no poll"):
         read_trace(cut)
+    cut.write_bytes(data[: len(data) // 2])  # a compressed trace cut off: its complete polls, the loss said
+    header, polls, losses = read_trace_losses(cut)
+    full = read_trace(trace("h100-idle"))
+    assert header == full[0] and 0 < len(polls) < len(full[1]) and polls == full[1][: len(polls)]
+    assert losses is not None and "compressed stream ends early" in losses
 
 
 def test_header_rejects_nonpositive_interval() -> None:
