@@ -80,6 +80,18 @@ class Config(BaseSettings):
 
     listen_address: str = Field(default=f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT to serve on")
     web_config_file: Path | None = Field(default=None, description="exporter-toolkit web config (TLS, basic auth)")
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        le=65536,
+        description="open HTTP connections at most; past it the one waiting longest for a request head is closed",
+    )
+    request_head_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=300, description="a request line and headers must arrive within this many seconds"
+    )
+    max_request_head_bytes: int = Field(
+        default=65536, ge=1024, le=2**24, description="request line and headers larger than this get 431"
+    )
     poll_interval_seconds: float = Field(default=1.0, ge=0.05, le=300)
     slow_interval_seconds: float = Field(
         default=SLOW_INTERVAL, ge=1, le=3600, description="energy, ECC, row remap, PCIe width and replay reads"

@@ -19,6 +19,7 @@ from gpuwarden.catalog import select_collectors
 from gpuwarden.collectors import CollectOptions
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.exposition import Exposition
+from gpuwarden.httplimits import HttpLimits, RateLimitFilter, bounded_protocol
 from gpuwarden.poller import Analyzer, Poller
 from gpuwarden.server import DateHeaderMiddleware, create_app, diagnosis_route
 from gpuwarden.source import Source
@@ -247,12 +248,20 @@ class Daemon:
         if self.web is not None:
             self._http_app = self.web.wrap(self.app)
             kwargs.update(self.web.uvicorn_kwargs())
+        self.http_limits = HttpLimits(
+            max_connections=self.cfg.max_connections,
+            head_timeout=self.cfg.request_head_timeout_seconds,
+            max_head_bytes=self.cfg.max_request_head_bytes,
+        )
+        for name in ("asyncio", "uvicorn.error"):  # the accept loop at the descriptor limit logs on every retry
+            logging.getLogger(name).addFilter(RateLimitFilter())
         config = uvicorn.Config(
             DateHeaderMiddleware(self._http_app),
             date_header=False,  # written by DateHeaderMiddleware, so the housekeeping loop can sleep
             log_level=self.cfg.log_level if self.cfg.log_level != "debug" else "debug",
             access_log=self.cfg.log_level == "debug",
-            http="httptools",  # a dependency: faster than h11 (docs/performance.md)
+            # uvicorn's httptools protocol (faster than h11, docs/performance.md) with the bounds it lacks
+            http=bounded_protocol(self.http_limits),
             **kwargs,
         )
         server = _Server(config, self.reload)

@@ -1,0 +1,158 @@
+"""The HTTP port under attack on the loopback: idle connections, slowloris, huge URLs and header floods leave
+/metrics answering and memory bounded (gpuwarden.httplimits). Bounded in count and time; loopback only."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+MAX_CONNECTIONS = 200
+HEAD_TIMEOUT = 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("limits") / "serve.log"
+    env = {
+        **os.environ,
+        "GPUWARDEN_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+        "GPUWARDEN_REQUEST_HEAD_TIMEOUT_SECONDS": str(HEAD_TIMEOUT),
+        "GPUWARDEN_MAX_REQUEST_HEAD_BYTES": "16384",
+    }
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.listen-address", f"127.0.0.1:{port}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("the daemon did not start")
+    yield url, proc, log
+    proc.terminate()
+    proc.wait(10)
+
+
+def _scrapes(url: str, n: int) -> list[float]:
+    """Scrape /metrics ``n`` times on new connections; return each latency (every scrape must succeed)."""
+    out = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        r = httpx.get(url + "/metrics", timeout=5, headers={"connection": "close"})
+        assert r.status_code == 200 and b"gpu_up" in r.content
+        out.append(time.monotonic() - t0)
+    return out
+
+
+def _rss_mib(proc: subprocess.Popen[bytes]) -> float:
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def test_idle_connection_flood_leaves_metrics_answering(daemon: tuple[str, subprocess.Popen[bytes], Path]) -> None:
+    url, proc, _ = daemon
+    idle = []
+    for _ in range(3 * MAX_CONNECTIONS):  # past the cap: the oldest idle ones are evicted, none refused to a scraper
+        s = socket.create_connection(("127.0.0.1", _port(url)), timeout=5)
+        idle.append(s)
+    try:
+        latencies = _scrapes(url, 20)
+        assert max(latencies) < 1.0, latencies
+    finally:
+        time.sleep(HEAD_TIMEOUT + 1.0)
+        closed = 0
+        for s in idle:
+            s.settimeout(0.5)
+            try:
+                closed += s.recv(1) == b""
+            except ConnectionResetError:
+                closed += 1
+            except TimeoutError:
+                pass  # still open
+            s.close()
+    assert closed == len(idle)  # evicted or timed out: none kept open without a request
+    assert proc.poll() is None
+
+
+def test_slowloris_is_cut_at_the_head_deadline(daemon: tuple[str, subprocess.Popen[bytes], Path]) -> None:
+    url, proc, _ = daemon
+    slow = []
+    for _ in range(100):
+        s = socket.create_connection(("127.0.0.1", _port(url)), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        slow.append(s)
+    start = time.monotonic()
+    alive = list(slow)
+    while alive and time.monotonic() - start < HEAD_TIMEOUT + 3:
+        for s in list(alive):
+            try:
+                s.sendall(b"X-a: b\r\n")  # one more header line now and then, never the end of the head
+            except OSError:
+                alive.remove(s)
+        assert max(_scrapes(url, 1)) < 1.0
+        time.sleep(0.2)
+    elapsed = time.monotonic() - start
+    for s in slow:
+        s.close()
+    assert not alive, f"{len(alive)} slow connections still open after {elapsed:.1f} s"
+    assert proc.poll() is None
+
+
+@pytest.mark.parametrize("what", ["url", "headers"])
+def test_huge_request_heads_get_431_and_memory_stays_bounded(
+    daemon: tuple[str, subprocess.Popen[bytes], Path], what: str
+) -> None:
+    url, proc, _ = daemon
+    if what == "url":
+        head = b"GET /metrics?" + b"a" * (100 * 2**20) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    else:
+        head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-a: b\r\n" * 1_000_000 + b"\r\n"
+    for _ in range(4):
+        with socket.create_connection(("127.0.0.1", _port(url)), timeout=5) as s:
+            try:
+                s.sendall(head)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server closed before all was sent: fine
+            s.settimeout(5)
+            try:
+                reply = s.recv(200)
+            except ConnectionResetError:
+                reply = b""
+        assert reply == b"" or reply.startswith(b"HTTP/1.1 431"), reply
+    assert _rss_mib(proc) < 128
+    assert max(_scrapes(url, 5)) < 1.0
+
+
+def test_the_log_stays_small(daemon: tuple[str, subprocess.Popen[bytes], Path]) -> None:
+    _, _, log = daemon
+    assert log.stat().st_size < 1_000_000
