@@ -111,12 +111,20 @@ def _load(args: argparse.Namespace):  # noqa: ANN202 - returns Config
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon until SIGINT/SIGTERM."""
+    import signal
+    import threading
+
+    # First of all: a SIGHUP (systemctl reload) while the daemon starts is noted and applied once it serves,
+    # instead of ending the process (the signal's default).
+    hup_pending = threading.Event()
+    signal.signal(signal.SIGHUP, lambda sig, frame: hup_pending.set())
     from gpuwarden.config import ConfigError
     from gpuwarden.daemon import Daemon, StartupError, bind
 
     try:
         cfg = _load(args)
-        daemon = Daemon(cfg, reload=lambda: _load(args))  # a bad web config raises WebConfigError, a ConfigError
+        # a bad web config raises WebConfigError, a ConfigError
+        daemon = Daemon(cfg, reload=lambda: _load(args), hup_pending=hup_pending)
     except (ConfigError, ValueError) as exc:
         return _die(str(exc), EXIT_USAGE)
     logging.getLogger().setLevel(cfg.log_level.upper())

@@ -14,6 +14,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuwarden.catalog import select_collectors
 from gpuwarden.collectors import CollectOptions
@@ -97,9 +98,17 @@ class _Server(uvicorn.Server):
     SIGHUP calls ``on_hup`` (configuration reload).
     """
 
-    def __init__(self, config: uvicorn.Config, on_hup: Callable[[], object] | None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_hup: Callable[[], object] | None,
+        on_ready: Callable[[], object] | None = None,
+        hup_pending: threading.Event | None = None,
+    ) -> None:
         super().__init__(config)
         self._on_hup = on_hup
+        self._on_ready = on_ready
+        self._hup_pending = hup_pending
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exit: asyncio.Event | None = None
 
@@ -116,6 +125,12 @@ class _Server(uvicorn.Server):
         self._exit = asyncio.Event()
         if await self.on_tick(0):  # sets uvicorn's default headers
             return
+        # listening, and SIGHUP handled by capture_signals: now ready; a SIGHUP that came before is applied now
+        if self._on_ready is not None:
+            self._on_ready()
+        if self._hup_pending is not None and self._hup_pending.is_set() and self._on_hup is not None:
+            self._hup_pending.clear()
+            threading.Thread(target=self._on_hup, name="gpuwarden-reload", daemon=True).start()
         while not self.should_exit:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._exit.wait(), EXIT_CHECK_SECONDS)
@@ -150,6 +165,44 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+WebConfigLike = Any  # gpuwarden.webconfig.WebConfig, imported only where a web config is used
+
+
+def _listener(web: Any) -> tuple[Any, ...]:
+    """What of a web config the running listener holds: TLS settings (when on) and the response headers."""
+    if web is None:
+        return (None, {})
+    tls = web.tls_server_config.model_dump() if web.tls_enabled else None
+    return (tls, web.http_server_config.headers)
+
+
+class AuthGate:
+    """The app behind basic auth when users are configured, the app itself when not; ``set_users`` switches
+    between them at once (configuration reload), so auth can be turned on, changed and off by SIGHUP."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.inner: ASGIApp = app
+        self._auth: Any = None
+
+    def set_users(self, users: dict[str, bytes]) -> None:
+        """Use ``users`` from the next request on (empty: no auth). Raises ValueError on a hash that is not bcrypt."""
+        if not users:
+            self.inner = self.app
+            return
+        if self._auth is None:
+            from gpuwarden.webconfig import BasicAuthMiddleware  # bcrypt only where users are configured
+
+            self._auth = BasicAuthMiddleware(self.app, users)
+        else:
+            self._auth.set_users(users)
+        self.inner = self._auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the connection to the app, through auth when users are configured."""
+        await self.inner(scope, receive, send)
+
+
 class Daemon:
     """The running daemon: poller + exposition + app. ``start()`` raises SourceError or StartupError."""
 
@@ -158,12 +211,14 @@ class Daemon:
         cfg: Config,
         extra_routes: Callable[[FastAPI], list[str]] | None = None,
         reload: Callable[[], Config] | None = None,
+        hup_pending: threading.Event | None = None,
     ) -> None:
         self.cfg = cfg
         self._reload = reload
         # Raises WebConfigError (one line) for a bad web config file, before anything starts. Imported only when
         # used: bcrypt and ssl are not needed (nor loaded) by a daemon without a web config.
         self.web = None
+        self.hup_pending = hup_pending if hup_pending is not None else threading.Event()
         if cfg.web_config_file is not None:
             from gpuwarden.webconfig import load_web_config
 
@@ -186,6 +241,9 @@ class Daemon:
             cfg.stale_after,
             extra_routes or diagnosis_route(self.poller),
         )
+        # the users' hashes are checked (and the dummy hash made) here, before the daemon says it is ready
+        self.gate = AuthGate(self.app)
+        self.gate.set_users(self.web.users if self.web is not None else {})
 
     def start(self) -> None:
         """Open the source and take the first poll (raises SourceError).
@@ -194,7 +252,10 @@ class Daemon:
         collector's sight (``gc.freeze``): they live as long as the process, and a full collection would
         otherwise walk them all again and again over the daemon's life.
         """
-        self.poller.start()
+        if threading.current_thread() is threading.main_thread():
+            # until the server's own handler is in place, a SIGHUP is noted and applied once serving (not fatal)
+            signal.signal(signal.SIGHUP, lambda sig, frame: self.hup_pending.set())  # cmd_serve did it earlier
+        self.poller.start(ready=False)
         gc.collect()
         gc.freeze()
 
@@ -209,6 +270,7 @@ class Daemon:
             return False
         try:
             new = self._reload()
+            web = self._reload_web(new)
         except ConfigError as exc:
             log.error("reload refused, keeping the running configuration: %s", exc)
             return False
@@ -218,23 +280,31 @@ class Daemon:
         self.poller.interval = new.poll_interval_seconds
         self.poller.deadline = new.stale_after
         logging.getLogger().setLevel(new.log_level.upper())
-        restart_keys = ("listen_address", "web_config_file", "replay", "demo", "gpus", "xid_events", "wait_for_nvml")
+        restart_keys = ("listen_address", "replay", "demo", "gpus", "xid_events", "wait_for_nvml")
         for key in (*restart_keys, "slow_interval_seconds", "gpm_interval_seconds"):
             if getattr(new, key) != getattr(self.cfg, key):
                 log.warning("reload: %s changed; it takes effect after a restart", key)
         self.cfg = new
-        if self.web is not None and self.cfg.web_config_file is not None:
-            from gpuwarden.webconfig import BasicAuthMiddleware, WebConfigError, load_web_config
-
-            try:
-                fresh = load_web_config(self.cfg.web_config_file)
-                self.web.reload_certificates()
-                if isinstance(self._http_app, BasicAuthMiddleware):
-                    self._http_app.set_users(fresh.users)
-            except WebConfigError as exc:
-                log.error("reload of the web config refused, keeping the running one: %s", exc)
-        log.warning("configuration reloaded")
+        if self.web is not None:
+            self.web.reload_certificates()  # the same files, rotated on disk
+        self.gate.set_users(web.users if web is not None else {})
+        log.info("configuration reloaded")
         return True
+
+    def _reload_web(self, new: Config) -> WebConfigLike | None:
+        """Load the web config ``new`` names; raise ConfigError (the reload is refused whole) when it is invalid or
+        changes what a running listener cannot change: TLS on or off, its settings, the response headers."""
+        fresh = None
+        if new.web_config_file is not None:
+            from gpuwarden.webconfig import load_web_config
+
+            fresh = load_web_config(new.web_config_file)
+        if _listener(fresh) != _listener(self.web):
+            raise ConfigError(
+                "the web config's TLS settings or response headers changed; they apply after a restart "
+                "(users apply on reload)"
+            )
+        return fresh
 
     @property
     def scheme(self) -> str:
@@ -242,11 +312,10 @@ class Daemon:
         return "https" if self.web is not None and self.web.tls_enabled else "http"
 
     def serve(self, sock: socket.socket, uvicorn_kwargs: dict[str, object] | None = None) -> None:
-        """Serve HTTP on ``sock`` until SIGINT/SIGTERM; then stop the poller (nvmlShutdown)."""
+        """Serve HTTP on ``sock`` until SIGINT/SIGTERM; then stop the poller (nvmlShutdown). READY=1 is sent once
+        the server listens with its signal handlers in place."""
         kwargs: dict[str, Any] = dict(uvicorn_kwargs or {})
-        self._http_app: Any = self.app
         if self.web is not None:
-            self._http_app = self.web.wrap(self.app)
             kwargs.update(self.web.uvicorn_kwargs())
         self.http_limits = HttpLimits(
             max_connections=self.cfg.max_connections,
@@ -256,7 +325,7 @@ class Daemon:
         for name in ("asyncio", "uvicorn.error"):  # the accept loop at the descriptor limit logs on every retry
             logging.getLogger(name).addFilter(RateLimitFilter())
         config = uvicorn.Config(
-            DateHeaderMiddleware(self._http_app),
+            DateHeaderMiddleware(self.gate),
             date_header=False,  # written by DateHeaderMiddleware, so the housekeeping loop can sleep
             log_level=self.cfg.log_level if self.cfg.log_level != "debug" else "debug",
             access_log=self.cfg.log_level == "debug",
@@ -264,7 +333,12 @@ class Daemon:
             http=bounded_protocol(self.http_limits),
             **kwargs,
         )
-        server = _Server(config, self.reload)
+        server = _Server(
+            config,
+            self.reload,
+            on_ready=lambda: self.poller.notifier.ready(self.poller.ready_status()),
+            hup_pending=self.hup_pending,
+        )
         try:
             server.run(sockets=[sock])
         finally:

@@ -80,14 +80,17 @@ class Poller:
         self._static: NodeStatic | None = None
         self.poll_started: float | None = None
 
-    def start(self, thread: bool = True) -> NodeSnapshot:
-        """Open the source, poll once, start the thread (unless ``thread`` is False); return the first snapshot."""
+    def start(self, thread: bool = True, ready: bool = True) -> NodeSnapshot:
+        """Open the source, poll once, start the thread (unless ``thread`` is False); return the first snapshot.
+
+        Sends READY=1 unless ``ready`` is False (the daemon sends it once it also serves HTTP and takes SIGHUP).
+        """
         self._static = self.source.open()
         self._publish(None, source_up=False)
         self.poll_once()
         assert self.snapshot is not None
-        gpus = len(self.snapshot.static.gpus)
-        self.notifier.ready(f"serving {gpus} GPU(s) from {self.source.kind}")
+        if ready:
+            self.notifier.ready(self.ready_status())
         if not thread:
             return self.snapshot
         self._thread = threading.Thread(target=self._run, name="gpuwarden-poller", daemon=True)
@@ -95,6 +98,11 @@ class Poller:
         self._watchdog = threading.Thread(target=self._watch, name="gpuwarden-watchdog", daemon=True)
         self._watchdog.start()
         return self.snapshot
+
+    def ready_status(self) -> str:
+        """The status line sent with READY=1: how many GPUs from which source."""
+        gpus = len(self.snapshot.static.gpus) if self.snapshot is not None else 0
+        return f"serving {gpus} GPU(s) from {self.source.kind}"
 
     @property
     def effective_deadline(self) -> float:

@@ -46,6 +46,7 @@ import re
 import secrets
 import ssl
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -99,8 +100,14 @@ _ALLOWED_HEADERS = (
     "X-XSS-Protection",
     "Content-Security-Policy",
 )
-# Modular crypt format of bcrypt: $2a$/$2b$/$2x$/$2y$, two-digit cost, 22 salt + 31 hash characters.
-_BCRYPT = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
+# Modular crypt format of bcrypt as the bcrypt package verifies it: $2a$/$2b$/$2y$, two-digit cost, 22 salt + 31 hash
+# characters ($2$ and $2x$ hashes can never match: refused rather than locking their user out).
+_BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
+#: The highest bcrypt cost accepted. Each check doubles in time per cost step (about 0.2 s at 12 and 0.85 s at 14
+#: on a server core): above 14 a single login outlasts Prometheus's scrape timeout, and a cost of 31 hashes for days.
+MAX_BCRYPT_COST = 14
+# Header values exporter-toolkit allows where it restricts them (validateHeaderConfig).
+_HEADER_VALUES = {"X-Frame-Options": ("deny", "sameorigin"), "X-Content-Type-Options": ("nosniff",)}
 
 
 class WebConfigError(ConfigError):
@@ -154,9 +161,14 @@ class HTTPServerConfig(_Strict):
     @field_validator("headers")
     @classmethod
     def _known_headers(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
+        for name, text in value.items():
             if name not in _ALLOWED_HEADERS:
                 raise ValueError(f"header {name!r} is not one of {', '.join(_ALLOWED_HEADERS)}")
+            if any(ord(c) < 32 or ord(c) == 127 for c in text):
+                raise ValueError(f"header {name!r}: the value holds a control character (CR, LF, ...)")
+            allowed = _HEADER_VALUES.get(name)
+            if allowed is not None and text.lower() not in allowed:
+                raise ValueError(f"header {name!r}: the value must be one of {', '.join(allowed)}")
         return value
 
 
@@ -355,6 +367,11 @@ def _check(cfg: WebConfig) -> None:
         if ":" in user:
             raise WebConfigError(f"basic_auth_users: user {user!r} contains ':', which HTTP basic auth cannot carry")
         match = _BCRYPT.match(hashed or "")
+        if match and int(match.group(1)) > MAX_BCRYPT_COST:
+            raise WebConfigError(
+                f"basic_auth_users: the hash of {user!r} has bcrypt cost {int(match.group(1))}, above the "
+                f"{MAX_BCRYPT_COST} accepted (a login would outlast a scrape); hash it again with a lower cost"
+            )
         if not match or not 4 <= int(match.group(1)) <= 31:
             # Never echo the value: a plain-text password in this field is a secret.
             raise WebConfigError(
@@ -417,8 +434,11 @@ class BasicAuthMiddleware:
     * A successful check is cached under an HMAC-SHA256 of (user, hash, password) with a per-process random
       key, so a scraper pays bcrypt once, not every 15 s, and no password is kept in memory in the clear.
       The cache holds at most ``cache_size`` entries (least recently used evicted); failures are not cached.
-    * An unknown user is checked against a dummy hash of the same cost, so response time does not reveal
-      which user names exist.
+    * An unknown user is checked against a dummy hash of the highest cost in use, and every check that fails
+      or passes without the cache is padded to the time that cost takes, so response time does not reveal which
+      user names exist, whatever their costs.
+    * At most ``max_waiting`` checks wait for bcrypt; a request past that gets 401 at once, so a crowd of
+      password guessers cannot queue a real scraper behind them for longer than a few checks.
     * Nothing secret is logged: failures are logged at debug level with path and client address only.
     """
 
@@ -428,10 +448,14 @@ class BasicAuthMiddleware:
         users: dict[str, bytes],
         open_paths: set[str] | frozenset[str] = DEFAULT_OPEN_PATHS,
         cache_size: int = 256,
+        max_waiting: int = 4,
     ) -> None:
         self.app = app
         self.open_paths = frozenset(open_paths)
         self.cache_size = cache_size
+        self.max_waiting = max_waiting
+        self._waiting = 0
+        self.users: dict[str, bytes] = {}
         self._key = secrets.token_bytes(32)
         self._cache: OrderedDict[bytes, None] = OrderedDict()
         self._cache_lock = threading.Lock()
@@ -439,7 +463,10 @@ class BasicAuthMiddleware:
         self.set_users(users)
 
     def set_users(self, users: dict[str, bytes]) -> None:
-        """Replace the users (configuration reload) and empty the cache. Raises ValueError on a non-bcrypt hash."""
+        """Replace the users (configuration reload); the cache of verified credentials is kept when the users are
+        the same, emptied otherwise. Raises ValueError on a non-bcrypt hash. An empty ``users`` turns auth off."""
+        if users == self.users and hasattr(self, "_dummy"):
+            return
         costs = []
         for user, hashed in users.items():
             match = _BCRYPT.match(hashed.decode("ascii", "replace"))
@@ -447,7 +474,9 @@ class BasicAuthMiddleware:
                 raise ValueError(f"the password of {user!r} is not a bcrypt hash")
             costs.append(int(match.group(1)))
         # An unknown user is checked against this hash, at the highest cost in use: same time as a known one.
+        start = time.perf_counter()
         self._dummy = bcrypt.hashpw(secrets.token_bytes(16).hex().encode(), bcrypt.gensalt(max(costs, default=4)))
+        self._check_seconds = time.perf_counter() - start  # a hash at the highest cost: what a check at it takes
         self.users = dict(users)
         with self._cache_lock:
             self._cache.clear()
@@ -488,8 +517,18 @@ class BasicAuthMiddleware:
                 return known
         if self._bcrypt_lock is None:
             self._bcrypt_lock = asyncio.Lock()
-        async with self._bcrypt_lock:
-            ok = await asyncio.to_thread(_checkpw, password, hashed)
+        if self._waiting >= self.max_waiting:
+            return False  # a crowd of checks already waits: refuse at once rather than queue a real client
+        self._waiting += 1
+        try:
+            async with self._bcrypt_lock:
+                start = time.perf_counter()
+                ok = await asyncio.to_thread(_checkpw, password, hashed)
+                pad = self._check_seconds - (time.perf_counter() - start)
+            if pad > 0:  # a low-cost hash answers as slowly as the highest cost: no timing tells the users apart
+                await asyncio.sleep(pad)
+        finally:
+            self._waiting -= 1
         if ok and known:
             with self._cache_lock:
                 self._cache[key] = None

@@ -1,0 +1,184 @@
+"""Reload semantics of security (basic auth on, changed and off by SIGHUP; TLS changes refused whole), SIGHUP at
+any moment after start, stricter web config checks, and authentication that cannot be timed or crowded out."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+
+from gpuwarden.config import ConfigError
+from gpuwarden.webconfig import MAX_BCRYPT_COST, BasicAuthMiddleware, load_web_config
+
+HASH4 = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.listen-address", f"127.0.0.1:{port}", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the daemon exited"
+        try:
+            httpx.get(url + "/healthz", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    pytest.fail("the daemon did not start")
+
+
+def _status(url: str, auth: tuple[str, str] | None = None) -> int:
+    return httpx.get(url + "/metrics", auth=auth, timeout=5).status_code
+
+
+def _reload(proc: subprocess.Popen[bytes], log: Path, n: int) -> None:
+    """SIGHUP, then wait for the n-th reload's log line (applied or refused)."""
+    proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if text.count("configuration reloaded") + text.count("reload refused") >= n:
+            return
+        time.sleep(0.05)
+    pytest.fail("no reload line: " + log.read_text()[-2000:])
+
+
+def test_basic_auth_turns_on_changes_and_off_by_sighup_and_tls_changes_are_refused(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("")  # no users: open
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"web_config_file: {web}\nlog_level: info\n")
+    log = tmp_path / "serve.log"
+    proc, url = _start(["--config", str(cfg)], log)
+    try:
+        _wait(url, proc)
+        assert _status(url) == 200
+        web.write_text(f"basic_auth_users:\n  prometheus: '{HASH4}'\n")
+        _reload(proc, log, 1)
+        assert _status(url) == 401 and _status(url, ("prometheus", "pw")) == 200  # on at the next request
+        other = bcrypt.hashpw(b"new", bcrypt.gensalt(4)).decode()
+        web.write_text(f"basic_auth_users:\n  prometheus: '{other}'\n")
+        _reload(proc, log, 2)
+        assert _status(url, ("prometheus", "pw")) == 401 and _status(url, ("prometheus", "new")) == 200
+        web.write_text("tls_server_config:\n  cert_file: /nonexistent.pem\n  key_file: /nonexistent.key\n")
+        _reload(proc, log, 3)
+        assert "reload refused" in log.read_text()
+        assert _status(url, ("prometheus", "new")) == 200 and _status(url) == 401  # the running config kept whole
+        web.write_text("")
+        _reload(proc, log, 4)
+        assert _status(url) == 200  # every user removed: auth off, as at start-up
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_sighup_at_any_moment_after_start_is_survived(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    proc, url = _start([], log)
+    time.sleep(0.5)  # the interpreter itself starting: no program can take a signal before it runs
+    try:
+        deadline = time.monotonic() + 30
+        served = False
+        while time.monotonic() < deadline and not served:
+            time.sleep(0.02)
+            assert proc.poll() is None, "killed by a SIGHUP: " + log.read_text()[-2000:]
+            proc.send_signal(signal.SIGHUP)
+            try:
+                served = httpx.get(url + "/metrics", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                pass
+        assert served
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert proc.poll() is None and _status(url) == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('http_server_config:\n  headers:\n    X-Frame-Options: "deny\\r\\nX-Evil: 1"\n', "control character"),
+        ("http_server_config:\n  headers:\n    X-Frame-Options: allowall\n", "must be one of deny, sameorigin"),
+        ("basic_auth_users:\n  a: '$2$10$" + "a" * 53 + "'\n", "not a bcrypt hash"),
+        ("basic_auth_users:\n  a: x\nbasic_auth_users:\n  b: y\n", "duplicate key 'basic_auth_users'"),
+        (
+            f"basic_auth_users:\n  a: '$2b$15${'a' * 53}'\n",
+            f"bcrypt cost 15, above the {MAX_BCRYPT_COST} accepted",
+        ),
+    ],
+)
+def test_web_config_checks_as_strict_as_promtool(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("$", r"\$")) as info:
+        load_web_config(path)
+    assert "\n" not in str(info.value)
+    res = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.config.file", str(path)],
+        capture_output=True, text=True, timeout=30, env={**os.environ},
+    )
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_unknown_and_low_cost_users_take_the_same_time() -> None:
+    """A user whose hash has cost 4 answers as slowly as the highest cost in use (10), as does an unknown user."""
+    slow = bcrypt.hashpw(b"other", bcrypt.gensalt(10))
+    mw = BasicAuthMiddleware(None, {"fast": HASH4.encode(), "slow": slow})  # type: ignore[arg-type]
+
+    def timed(user: str) -> float:
+        import base64
+
+        header = b"Basic " + base64.b64encode(f"{user}:wrong".encode())
+        t0 = time.perf_counter()
+        assert asyncio.run(mw.authorized(header)) is False
+        return time.perf_counter() - t0
+
+    fast, ghost, slow_t = timed("fast"), timed("ghost"), timed("slow")
+    assert fast >= 0.7 * slow_t and ghost >= 0.7 * slow_t, (fast, ghost, slow_t)
+
+
+def test_guessers_cannot_queue_without_bound() -> None:
+    """Past ``max_waiting`` checks in line, a request is refused at once instead of waiting behind them."""
+    import base64
+
+    slow = bcrypt.hashpw(b"pw", bcrypt.gensalt(10))
+    mw = BasicAuthMiddleware(None, {"u": slow}, max_waiting=2)  # type: ignore[arg-type]
+    header = b"Basic " + base64.b64encode(b"u:wrong")
+
+    async def crowd() -> list[float]:
+        async def one() -> float:
+            t0 = time.perf_counter()
+            await mw.authorized(header)
+            return time.perf_counter() - t0
+
+        return list(await asyncio.gather(*(one() for _ in range(6))))
+
+    times = sorted(asyncio.run(crowd()))
+    assert times[0] < 0.02  # refused at once
+    assert sum(t > 0.02 for t in times) == 2  # only two were checked
