@@ -8,6 +8,7 @@ Unknown keys and bad values are refused with one line naming the key (``ConfigEr
 from __future__ import annotations
 
 import os
+import stat
 from contextvars import ContextVar
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -69,6 +70,13 @@ class InsightConfig(BaseModel):
 class _YamlFile(YamlConfigSettingsSource):
     """pydantic-settings' YAML source, reading the file through ``read_yaml`` (one-line errors, text keys only)."""
 
+    @staticmethod
+    def _existing_files(files: Any) -> list[Path | Traversable]:
+        # every file given is read: a missing or special file is an error, never an empty configuration
+        if files is None:
+            return []
+        return [Path(str(f)) for f in (files if isinstance(files, list | tuple) else [files])]
+
     def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
         return read_yaml(Path(str(file_path)))
 
@@ -127,7 +135,7 @@ class Config(BaseSettings):
         if isinstance(v, str):
             parts = [p.strip() for p in v.split(",") if p.strip()]
             if not all(p.isdigit() for p in parts):
-                raise ValueError(f"expects comma-separated GPU indices, got {v!r}")
+                raise ValueError("expects comma-separated GPU indices")
             return [int(p) for p in parts]
         return v
 
@@ -193,16 +201,39 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+#: A configuration or web config file larger than this is refused (they are a few hundred bytes).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_small_file(path: Path, limit: int, error: type[Exception]) -> str:
+    """Return the UTF-8 text of the regular file ``path`` of at most ``limit`` bytes.
+
+    Raises ``error`` (one line) for a file that cannot be read, is not a regular file (a FIFO would block for
+    ever, a device such as /dev/zero never ends), is larger than ``limit`` or is not UTF-8.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would block a plain open until a writer comes
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise error(f"{path}: not a regular file")
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if len(data) > limit:
+        raise error(f"{path}: larger than {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Return the mapping in the YAML file ``path``. Raises ConfigError (unreadable, invalid, not a mapping)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    text = read_small_file(path, MAX_CONFIG_BYTES, ConfigError)
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -243,6 +274,7 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     Raises ConfigError with one line such as ``poll_interval_seconds: Input should be greater than or equal
     to 0.05`` or ``unknown key 'pol_interval'``. Collector names are checked against the registry.
     """
+    _check_environment()
     token = _CONFIG_FILE.set(path)
     try:
         cfg = Config(**(overrides or {}))
@@ -250,6 +282,8 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         raise ConfigError(_one_line(exc, path, overrides or {})) from exc
     except SettingsError as exc:  # an environment variable that is not valid JSON for a list or mapping key
         raise ConfigError(_settings_error(exc)) from exc
+    except RecursionError as exc:  # JSON nested thousands deep in an environment variable
+        raise ConfigError("an environment variable GPUWARDEN_* holds JSON nested too deeply") from exc
     finally:
         _CONFIG_FILE.reset(token)
     try:
@@ -259,6 +293,22 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     if cfg.replay is not None and cfg.demo:
         raise ConfigError("replay and demo exclude each other: give one")
     return cfg
+
+
+def _check_environment() -> None:
+    """Raise ConfigError naming a ``GPUWARDEN_*`` environment variable that is no configuration key (a typo would
+    otherwise be ignored while unknown keys in the file are refused)."""
+    for name in sorted(os.environ):
+        if not name.upper().startswith("GPUWARDEN_"):
+            continue
+        parts = name[len("GPUWARDEN_") :].lower().split("__")
+        model: Any = Config
+        for part in parts:
+            fields = getattr(model, "model_fields", None)
+            if fields is None or part not in fields:
+                raise ConfigError(f"unknown environment variable {name} (no configuration key {'.'.join(parts)})")
+            model = fields[part].annotation
+            model = next((a for a in getattr(model, "__args__", ()) if hasattr(a, "model_fields")), model)
 
 
 def env_name(loc: tuple[str | int, ...]) -> str | None:
@@ -293,5 +343,7 @@ def _one_line(exc: ValidationError, path: Path | None, overrides: dict[str, Any]
     if err["type"] == "extra_forbidden":
         return f"{prefix}unknown key {key!r}"
     value = err.get("input")
-    shown = f" (got {value!r})" if isinstance(value, str | int | float | bool) else ""
+    text = repr(value)
+    text = text[:60] + "..." if len(text) > 60 else text
+    shown = f" (got {text})" if isinstance(value, str | int | float | bool) else ""
     return f"{prefix}{key}: {err['msg']}{shown}"

@@ -63,8 +63,24 @@ def build_analyzers(cfg: Config) -> dict[str, Analyzer]:
         from gpuwarden.insight.analyzer import InsightAnalyzer
     except ImportError:  # the insight package is optional at this stage
         return {}
+    window = cfg.insight.window_seconds
+    if window / cfg.poll_interval_seconds > MAX_WINDOW_POLLS:
+        bounded = MAX_WINDOW_POLLS * cfg.poll_interval_seconds
+        log.warning(
+            "insight.window_seconds %g at a %g s poll would hold %d polls per GPU in memory; the window is %g s",
+            window,
+            cfg.poll_interval_seconds,
+            int(window / cfg.poll_interval_seconds),
+            bounded,
+        )
+        window = bounded
     # prepare: the result of a poll is computed when a scrape or an API call first reads it (DeferredInsight)
-    return {"insight": InsightAnalyzer(window_seconds=cfg.insight.window_seconds).prepare}
+    return {"insight": InsightAnalyzer(window_seconds=window).prepare}
+
+
+#: The insight window holds at most this many polls per GPU (an interval is a few hundred bytes in each of three
+#: windows): 300 s at a 0.05 s poll; a longer window at a fast poll is shortened, with a warning.
+MAX_WINDOW_POLLS = 6000
 
 
 def bind(cfg: Config) -> socket.socket:
@@ -73,6 +89,8 @@ def bind(cfg: Config) -> socket.socket:
         infos = socket.getaddrinfo(cfg.host, cfg.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise StartupError(f"cannot listen on {cfg.listen_address}: {exc.strerror}") from exc
+    except UnicodeError as exc:  # a host name label over 63 characters, or not encodable (IDNA)
+        raise StartupError(f"cannot listen on {cfg.listen_address}: not a valid host name") from exc
     family, stype, proto, _, addr = infos[0]
     sock = socket.socket(family, stype, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
+import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +137,8 @@ def read_trace_losses(path: Path) -> tuple[TraceHeader, list[PollResult], str | 
     Raises TraceError as ``read_trace`` does.
     """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO blocks, a device such as /dev/zero never ends
+            raise TraceError(f"{path}: not a regular file")
         with _open(path, "r") as f:
             return _parse(path, f)
     except OSError as exc:
@@ -155,10 +159,14 @@ class _Cut:
         self.line: int | None = None  # the number of a last line without its newline, dropped
 
 
+#: A trace line longer than this is refused (a poll of 8 GPUs with processes is a few KiB per line).
+MAX_LINE_CHARS = 1 << 22
+
+
 def _raw_lines(f: IO[str], cut: _Cut) -> Iterator[str]:
     while True:
         try:
-            line = f.readline()
+            line = f.readline(MAX_LINE_CHARS + 1)
         except EOFError:  # a gzip stream without its end: what came before was decompressed
             cut.stream = True
             return
@@ -169,10 +177,14 @@ def _raw_lines(f: IO[str], cut: _Cut) -> Iterator[str]:
 
 def _lines(f: IO[str], cut: _Cut) -> Iterator[tuple[int, dict[str, Any]]]:
     for n, line in enumerate(_raw_lines(f, cut), 1):
+        if len(line) > MAX_LINE_CHARS:
+            raise TraceError(f"line {n}: longer than {MAX_LINE_CHARS} characters")
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
+        except RecursionError as exc:
+            raise TraceError(f"line {n}: JSON nested too deeply") from exc
         except json.JSONDecodeError as exc:
             if not line.endswith("\n"):  # the file ends inside this line: a cut-off end, not damage
                 cut.line = n
