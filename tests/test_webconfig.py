@@ -591,3 +591,50 @@ def test_real_daemon_behind_web_config(pki: PKI, hashed: str, tmp_path: Path) ->
             assert c.get(url + "/readyz").status_code == 200
     finally:
         daemon.poller.stop()
+
+
+def test_a_tls_handshake_that_never_comes_is_dropped_at_the_head_deadline(pki: PKI, tmp_path: Path) -> None:
+    """Connections that never start their TLS handshake are closed after request_head_timeout_seconds (not
+    asyncio's 60 s), while a real client is served."""
+    import os
+    import sys
+
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.config.file", str(web),
+         "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "GPUWARDEN_REQUEST_HEAD_TIMEOUT_SECONDS": "1"},
+    )
+    try:
+        url = f"https://127.0.0.1:{port}"
+        with httpx.Client(verify=client_ctx(pki), timeout=5) as c:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    c.get(url + "/healthz")
+                    break
+                except httpx.HTTPError:
+                    assert time.monotonic() < deadline, "the daemon did not start"
+                    time.sleep(0.1)
+            silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
+            time.sleep(2.5)
+            closed = 0
+            for s in silent:
+                s.settimeout(1)
+                try:
+                    closed += s.recv(1) == b""
+                except ConnectionResetError:
+                    closed += 1
+                except TimeoutError:
+                    pass
+                s.close()
+            assert closed == len(silent)
+            assert c.get(url + "/metrics").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
