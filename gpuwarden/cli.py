@@ -181,6 +181,20 @@ def cmd_collectors(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``record`` reads the slow readings (energy, ECC, PCIe width and replays) every 10 s by default, more often than
+#: ``serve`` (gpuwarden.config.SLOW_INTERVAL): a trace is for analysis, and its size barely changes.
+RECORD_SLOW_INTERVAL = 10.0
+
+
+def _setting_help(key: str) -> str:
+    """The help of the flag for configuration key ``key``: its description and default, from the Config model."""
+    from gpuwarden.config import Config
+
+    field = Config.model_fields[key]
+    default = "all" if field.default is None and key == "gpus" else field.default
+    return f"{field.description or key} (default {default}; config key {key})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of every subcommand."""
     p = argparse.ArgumentParser(prog="gpuwarden", description="NVIDIA GPU monitoring daemon and Prometheus exporter")
@@ -192,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--web.listen-address",
         dest="listen_address",
         metavar="HOST:PORT",
-        help="address to serve on (default 0.0.0.0:10400)",
+        help=_setting_help("listen_address"),
     )
     s.add_argument(
         "--web.config.file",
@@ -200,10 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="exporter-toolkit web config: TLS and basic auth",
     )
-    s.add_argument("--poll-interval", type=float, metavar="S", help="seconds between polls (default 1)")
-    s.add_argument("--slow-interval", type=float, metavar="S", help="seconds between energy/ECC reads (default 30)")
-    s.add_argument("--gpm-interval", type=float, metavar="S", help="seconds GPM metrics average over (default 10)")
-    s.add_argument("--gpus", metavar="I,J", help="NVML indices to watch (default all)")
+    s.add_argument("--poll-interval", type=float, metavar="S", help=_setting_help("poll_interval_seconds"))
+    s.add_argument("--slow-interval", type=float, metavar="S", help=_setting_help("slow_interval_seconds"))
+    s.add_argument("--gpm-interval", type=float, metavar="S", help=_setting_help("gpm_interval_seconds"))
+    s.add_argument("--gpus", metavar="I,J", help=_setting_help("gpus"))
     s.add_argument("--no-processes", action="store_true", help="do not read GPU processes")
     s.add_argument("--replay", metavar="FILE", help="serve a recorded trace (looping) instead of live NVML")
     s.add_argument("--demo", action="store_true", help="serve the real trace shipped in the package (no GPU needed)")
@@ -237,7 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--duration", type=float, required=True, help="seconds to record")
     r.add_argument("--out", required=True, help="trace file to write (.jsonl, or .jsonl.gz)")
     r.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
-    r.add_argument("--slow-interval", type=float, default=10.0, help="seconds between energy/ECC reads (default 10)")
+    r.add_argument(
+        "--slow-interval",
+        type=float,
+        default=RECORD_SLOW_INTERVAL,
+        help=f"seconds between the slow readings (default {RECORD_SLOW_INTERVAL:g}: a trace keeps more of them than "
+        "serve, whose default is its slow_interval_seconds)",
+    )
     r.add_argument("--no-processes", action="store_true", help="do not record GPU processes")
     r.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata for the header")
     r.add_argument("--force", action="store_true", help="overwrite --out if it exists")

@@ -100,7 +100,7 @@ class Config(BaseSettings):
     max_request_head_bytes: int = Field(
         default=65536, ge=1024, le=2**24, description="request line and headers larger than this get 431"
     )
-    poll_interval_seconds: float = Field(default=1.0, ge=0.05, le=300)
+    poll_interval_seconds: float = Field(default=1.0, ge=0.05, le=300, description="seconds between polls")
     slow_interval_seconds: float = Field(
         default=SLOW_INTERVAL, ge=1, le=3600, description="energy, ECC, row remap, PCIe width and replay reads"
     )

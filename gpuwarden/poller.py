@@ -38,9 +38,9 @@ class Poller:
     takes the first poll synchronously, so the first scrape already has data. ``snapshot`` is the
     latest NodeSnapshot. ``stop()`` ends the loop and closes the source.
 
-    A source may expose ``up`` (bool: False while it cannot read, e.g. NVML re-initialising; such a poll
-    counts as a failure and is published with ``source_up`` False) and ``static`` (NodeStatic: replaces the
-    static facts when it changes, e.g. when a waited-for driver appears). ``deadline`` (seconds, default
+    The source's ``up`` False (it cannot read, e.g. NVML re-initialising) makes a poll count as a failure,
+    published with ``source_up`` False; its ``static`` replaces the static facts when it changes (a waited-for
+    driver appears). ``deadline`` (seconds, default
     max(3 intervals, 5 s)) is how long a poll may run before the watchdog marks the data stale.
     ``notifier`` sends systemd notifications (default: from the environment, a no-op outside systemd).
     ``on_publish(snapshot)`` is called in the poll thread with the snapshot of each successful poll just
@@ -168,10 +168,10 @@ class Poller:
             self._publish(None, source_up=False)
             return
         self._finished(started)
-        static = getattr(self.source, "static", None)
+        static = self.source.static
         if isinstance(static, NodeStatic) and static is not self._static:
             self._static = static
-        if not getattr(self.source, "up", True):
+        if not self.source.up:
             self._failures += 1
             self._publish(poll, source_up=False)
             return

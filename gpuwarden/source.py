@@ -21,10 +21,23 @@ class Source(Protocol):
     ``open()`` returns the node's static facts (raises SourceError when the source cannot start);
     ``poll()`` returns one PollResult and must not raise for a single GPU's failure (that GPU is
     reported with ``up=False``); ``errors()`` returns cumulative error counts keyed by
-    (call, error name); ``close()`` releases everything (nvmlShutdown for NVML).
+    (call, error name); ``close()`` releases everything (nvmlShutdown for NVML). ``up`` is False while the
+    source cannot read at all (NVML re-initialising: such a poll counts as failed); ``static`` is the node's
+    static facts as they stand now (they change once when a driver that was waited for appears), None before
+    ``open()``.
     """
 
     kind: str
+
+    @property
+    def up(self) -> bool:
+        """False while the source cannot read (its polls report every GPU down)."""
+        ...
+
+    @property
+    def static(self) -> NodeStatic | None:
+        """The node's static facts now; None before ``open()``."""
+        ...
 
     def open(self) -> NodeStatic:
         """Start the source and return the node's static facts; raises SourceError."""

@@ -64,6 +64,16 @@ class ReplaySource:
         self._gpu_span: dict[int, dict[str, float]] = {}
         self._host_span: dict[str, float] = {}
 
+    @property
+    def up(self) -> bool:
+        """Always True: a recorded trace can always be read once opened."""
+        return True
+
+    @property
+    def static(self) -> NodeStatic | None:
+        """The recorded node's static facts; None before ``open()``."""
+        return self.header.node if self.header is not None else None
+
     def open(self) -> NodeStatic:
         """Read the trace and return its node's static facts."""
         try:
