@@ -19,12 +19,14 @@ Reads ``snapshot.analyses["insight"]`` (an ``InsightResult``); definitions in do
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client.core import InfoMetricFamily, Metric
 
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family
-from gpuwarden.insight.analyzer import InsightResult, insight_result
 from gpuwarden.insight.diagnosis import REASONS
+from gpuwarden.insight.result import GpuInsight, InsightResult, insight_result
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -35,71 +37,61 @@ def _result(snap: NodeSnapshot) -> InsightResult | None:
     return insight_result(snap.analyses.get("insight"))
 
 
-@builds("gpu_state_seconds_total")
-def state_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
-    """Return the seconds each GPU spent in each state (every state, 0 included)."""
+#: A GPU's samples of one family: (extra label values, value) pairs.
+Samples = Callable[[GpuInsight], Iterable[tuple[list[str], float]]]
+
+
+def _per_gpu(snap: NodeSnapshot, fam: Family, samples: Samples, doc: str | None = None) -> Metric | None:
+    """Return ``fam`` with each GPU's ``samples`` (GPU labels first), None before the first analysis or without
+    any sample. ``doc`` is a help text other than the declared one."""
     res = _result(snap)
     if res is None:
         return None
-    states = new_family(fam)
+    metric = new_family(fam, doc)
+    add = metric.add_metric  # type: ignore[attr-defined]
     for g in res.gpus:
-        for s in STATES:
-            states.add_metric([str(g.gpu), g.uuid, s], g.state_seconds_total.get(s, 0.0))  # type: ignore[attr-defined]
-    return states if states.samples else None
+        for labels, value in samples(g):
+            add([str(g.gpu), g.uuid, *labels], value)
+    return metric if metric.samples else None
+
+
+@builds("gpu_state_seconds_total")
+def state_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the seconds each GPU spent in each state (every state, 0 included)."""
+    return _per_gpu(snap, fam, lambda g: (([s], g.state_seconds_total.get(s, 0.0)) for s in STATES))
 
 
 @builds("gpu_idle_seconds_total")
 def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the seconds each GPU idled by cause (every cause, 0 included)."""
-    res = _result(snap)
-    if res is None:
-        return None
-    idle = new_family(fam)
-    for g in res.gpus:
-        for cause in IDLE_CAUSES:
-            idle.add_metric([str(g.gpu), g.uuid, cause], g.idle_seconds_total.get(cause, 0.0))  # type: ignore[attr-defined]
-    return idle if idle.samples else None
+    return _per_gpu(snap, fam, lambda g: (([c], g.idle_seconds_total.get(c, 0.0)) for c in IDLE_CAUSES))
 
 
 @builds("gpu_starved_ratio")
 def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return each GPU's starved share of the analyzer window (help text names the window)."""
     res = _result(snap)
-    if res is None:
-        return None
-    starved = new_family(fam, fam.help.format(window=f"{res.window_seconds:g}"))
-    for g in res.gpus:
-        if g.starved_ratio is not None:
-            starved.add_metric([str(g.gpu), g.uuid], g.starved_ratio)  # type: ignore[attr-defined]
-    return starved if starved.samples else None
+    doc = fam.help.format(window=f"{res.window_seconds:g}") if res is not None else None
+    return _per_gpu(snap, fam, lambda g: [] if g.starved_ratio is None else [([], g.starved_ratio)], doc)
 
 
 @builds("gpu_diagnosis")
 def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return 1 for each GPU's verdict and findings and 0 for every other reason of the fixed set."""
-    res = _result(snap)
-    if res is None:
-        return None
-    metric = new_family(fam)
-    for g in res.gpus:
-        if g.diagnosis is not None:
-            found = set(g.diagnosis.findings)
-            for r in REASONS:
-                metric.add_metric([str(g.gpu), g.uuid, r], 1.0 if r in found else 0.0)  # type: ignore[attr-defined]
-    return metric if metric.samples else None
+
+    def samples(g: GpuInsight) -> list[tuple[list[str], float]]:
+        if g.diagnosis is None:
+            return []
+        found = set(g.diagnosis.findings)
+        return [([r], 1.0 if r in found else 0.0) for r in REASONS]
+
+    return _per_gpu(snap, fam, samples)
 
 
 @builds("gpu_job_shortfall_ratio")
 def job_shortfall(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return each GPU's shortfall against the busiest GPU of its job (GPUs of jobs on 2+ GPUs)."""
-    res = _result(snap)
-    if res is None:
-        return None
-    metric = new_family(fam)
-    for g in res.gpus:
-        if g.shortfall_ratio is not None:
-            metric.add_metric([str(g.gpu), g.uuid], g.shortfall_ratio)  # type: ignore[attr-defined]
-    return metric if metric.samples else None
+    return _per_gpu(snap, fam, lambda g: [] if g.shortfall_ratio is None else [([], g.shortfall_ratio)])
 
 
 @builds("gpu_node_imbalance_ratio")
