@@ -164,3 +164,24 @@ def test_job_cpu_is_the_cgroups_where_the_cgroup_is_the_job(cgroup: str, cores: 
         assert evidence["job_cpu"] == pytest.approx(cores, rel=0.02)
     else:
         assert evidence["job_cpu"] > 6  # eight workers' CPU, not the cgroup's 3 cores
+
+
+def test_a_lost_gpu_is_diagnosed_lost() -> None:
+    """GPU 1 of the DDP recording falls off the bus at poll 10: its diagnosis is gpu_lost (critical), the other
+    GPU keeps its own."""
+    from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
+    from gpuwarden.trace import read_trace
+
+    header, polls = read_trace(TRACES / "h200x2-ddp_straggler.jsonl.gz")
+    analyzer = InsightAnalyzer()
+    result = None
+    for n, poll in enumerate(polls[:15]):
+        if n >= 10:
+            g0, g1 = poll.gpus
+            g1 = g1.model_construct(index=g1.index, uuid=g1.uuid, timestamp=g1.timestamp, up=False, error="gpu_is_lost")
+            poll = poll.model_copy(update={"gpus": [g0, g1]})
+        result = insight_result(analyzer(poll, header.node))
+    assert result is not None
+    d0, d1 = (g.diagnosis for g in result.gpus)
+    assert d1 is not None and d1.verdict == "gpu_lost" and d1.severity == "critical" and "gpu_is_lost" in d1.summary
+    assert d0 is not None and d0.verdict != "gpu_lost"

@@ -4,7 +4,7 @@ its job's other GPUs as peers), the jobs and their imbalance and shortfalls, the
 from __future__ import annotations
 
 from gpuwarden.insight.attribution import JobRef
-from gpuwarden.insight.diagnosis import GpuWindow, diagnose
+from gpuwarden.insight.diagnosis import GpuWindow, diagnose, lost
 from gpuwarden.insight.result import GpuInsight, InsightResult, JobInsight, ProcessJob
 from gpuwarden.insight.scores import imbalance, shortfalls, starved_ratio
 from gpuwarden.insight.windows import GpuCapture
@@ -30,9 +30,11 @@ def build_result(
     up: list[str],
     processes: list[ProcessJob],
     primary: dict[str, JobRef],
+    down: dict[str, str] | None = None,
 ) -> InsightResult:
     """The InsightResult of one poll from what the analyzer captured after it (``up``: UUIDs of the GPUs up, in the
-    poll's order; ``primary``: each GPU's job, the one holding most of its memory)."""
+    poll's order; ``primary``: each GPU's job, the one holding most of its memory; ``down``: the GPUs that could not
+    be read this poll, with NVML's error)."""
     diag_w: dict[str, GpuWindow] = {}
     job_w: dict[str, GpuWindow] = {}
     node_w: dict[str, GpuWindow] = {}
@@ -82,6 +84,8 @@ def build_result(
                 diag_w[u] for u, ref in primary.items() if u != uuid and job is not None and ref == job and u in diag_w
             ]
             diagnosis = diagnose(diag_w[uuid], peers)
+        elif down and uuid in down:
+            diagnosis = lost(c.index, uuid, down[uuid])
         activity = w.sm if w.sm is not None else w.util
         source = "sm_activity" if w.sm is not None else "utilization_gpu"
         gpus.append(

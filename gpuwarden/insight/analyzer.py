@@ -221,6 +221,7 @@ class InsightAnalyzer:
                 [g.uuid for g in up],
                 processes,
                 primary,
+                {g.uuid: g.error or "unknown" for g in poll.gpus if not g.up},
             )
         )
 

@@ -27,6 +27,8 @@ also reported as findings next to any verdict.
 9. ``memory_bound``      utilized and DRAM activity >= MEMORY_BOUND_DRAM (most of HBM's peak bandwidth in use).
 10. ``compute_bound``    utilized (and SM activity >= LAUNCH_SM_PER_UTIL x util.gpu where GPM exists).
 11. ``underutilized``    none of the above: the time is split with no dominant cause.
+
+A GPU that cannot be read at all (lost, off the bus) gets ``gpu_lost`` (``lost``), critical.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ REASONS = (
     "row_remap_failed",
     "underutilized",
     "blind",
+    "gpu_lost",
     "free",
 )
 
@@ -135,6 +138,7 @@ SEVERITY = {
     "row_remap_pending": "warning",
     "row_remap_failed": "critical",
     "blind": "info",
+    "gpu_lost": "critical",
 }
 
 REMEDIES: dict[str, tuple[str, ...]] = {
@@ -217,6 +221,10 @@ REMEDIES: dict[str, tuple[str, ...]] = {
     "underutilized": (
         "No single cause dominates: profile a few steps (torch.profiler, Nsight Systems) to see where the "
         "step time goes.",
+    ),
+    "gpu_lost": (
+        "The GPU does not answer (NVML_ERROR_GPU_IS_LOST: fallen off the bus, XID 79): drain the node, check "
+        "dmesg for XID 79 and PCIe/power errors, reset the GPU (nvidia-smi -r) or reboot; replace it if it recurs.",
     ),
     "blind": (
         "gpuwarden cannot see this GPU's processes or their CPU: run it in the host PID namespace (hostPID: true, "
@@ -439,6 +447,21 @@ def _health(w: GpuWindow) -> list[tuple[str, str]]:
     elif h.remap_pending:
         out.append(("row_remap_pending", "A row remap is pending (needs a GPU reset)."))
     return out
+
+
+def lost(index: int, uuid: str, error: str) -> Diagnosis:
+    """Return the diagnosis of a GPU that could not be read at all this poll (``error``: NVML's, e.g. gpu_is_lost)."""
+    return Diagnosis(
+        gpu=index,
+        uuid=uuid,
+        verdict="gpu_lost",
+        severity=SEVERITY["gpu_lost"],
+        summary=f"The GPU could not be read ({error}): it is lost to the node until it is reset.",
+        findings=["gpu_lost"],
+        evidence=[],
+        remedies=list(REMEDIES["gpu_lost"]),
+        window_seconds=0.0,
+    )
 
 
 def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
