@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -141,7 +142,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     assert snap is not None  # start() took the first poll
     print(
         f"gpuwarden {__version__} serving {len(snap.static.gpus)} GPU(s) "
-        f"from {daemon.poller.source.kind} on {daemon.scheme}://{cfg.listen_address}/metrics",
+        f"from {daemon.poller.source.kind} on {daemon.scheme}://{cfg.listen_address.rpartition(':')[0] or '0.0.0.0'}"
+        f":{cfg.port}/metrics",
         file=sys.stderr,
     )
     daemon.serve(sock)
@@ -158,6 +160,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             from gpuwarden.webconfig import load_web_config
 
             load_web_config(cfg.web_config_file)
+        if cfg.replay is not None:  # what serve would refuse at start
+            from gpuwarden.trace import TraceError, read_trace_losses
+
+            try:
+                read_trace_losses(cfg.replay)
+            except TraceError as exc:
+                raise ConfigError(f"replay: {exc}") from exc
     except ConfigError as exc:
         return _die(str(exc), EXIT_USAGE)
     print(f"{args.file}: OK")
@@ -195,10 +204,53 @@ def _setting_help(key: str) -> str:
     return f"{field.description or key} (default {default}; config key {key})"
 
 
+def _version() -> str:
+    """``gpuwarden --version``: the version and the build's runtime (Python, nvidia-ml-py, prometheus-client, and the
+    NVIDIA driver where one answers)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    driver = "none found"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            raw = pynvml.nvmlSystemGetDriverVersion()
+            driver = raw.decode() if isinstance(raw, bytes) else str(raw)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, no library: say so, never fail --version
+        pass
+    return (
+        f"gpuwarden {__version__}\n  python: {platform.python_version()}\n  nvidia-ml-py: {installed('nvidia-ml-py')}"
+        f"\n  prometheus-client: {installed('prometheus-client')}\n  NVIDIA driver: {driver}"
+    )
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print ``_version()`` (computed only when asked: it may load NVML) and exit 0."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=str(kwargs.get("help", "")))
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: object, values: object, option: object = None
+    ) -> None:
+        print(_version())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of every subcommand."""
     p = argparse.ArgumentParser(prog="gpuwarden", description="NVIDIA GPU monitoring daemon and Prometheus exporter")
-    p.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
+    p.add_argument("--version", action=_VersionAction, help="print the version and the runtime, then exit")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the daemon: poll the GPUs and serve /metrics")
     s.add_argument("--config", metavar="FILE", help="YAML configuration file")
@@ -273,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (check-config FILE | head -1): nothing more to say to it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

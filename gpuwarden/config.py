@@ -137,6 +137,8 @@ class Config(BaseSettings):
             if not all(p.isdigit() for p in parts):
                 raise ValueError("expects comma-separated GPU indices")
             return [int(p) for p in parts]
+        if isinstance(v, list) and any(isinstance(i, int) and i < 0 for i in v):
+            raise ValueError("GPU indices are 0 or more")
         return v
 
     @field_validator("listen_address")
@@ -292,6 +294,8 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         raise ConfigError(f"collectors: {exc}") from exc
     if cfg.replay is not None and cfg.demo:
         raise ConfigError("replay and demo exclude each other: give one")
+    if cfg.gpus is not None and (cfg.replay is not None or cfg.demo):
+        raise ConfigError("gpus selects NVML devices: it cannot apply to a replay or the demo (they serve the trace's)")
     return cfg
 
 

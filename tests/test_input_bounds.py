@@ -103,3 +103,33 @@ def test_an_insight_window_too_long_for_the_poll_is_bounded_with_a_warning(caplo
     assert "the window is" in caplog.text
     analyzer = analyzers["insight"].__self__  # type: ignore[attr-defined]
     assert analyzer.window_seconds == pytest.approx(MAX_WINDOW_POLLS * 0.05)
+
+
+def test_check_config_refuses_what_serve_would(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"replay: {tmp_path / 'missing.jsonl'}\n")
+    _one_line(gw("check-config", str(cfg)), 2, "replay:")
+    cfg.write_text("gpus: [0, -1]\n")
+    _one_line(gw("check-config", str(cfg)), 2, "GPU indices are 0 or more")
+    _one_line(gw("serve", "--demo", "--gpus", "0"), 2, "cannot apply to a replay or the demo")
+
+
+def test_version_says_the_runtime() -> None:
+    res = gw("--version")
+    assert res.returncode == 0
+    for part in ("gpuwarden ", "python: ", "nvidia-ml-py: ", "prometheus-client: ", "NVIDIA driver: "):
+        assert part in res.stdout, res.stdout
+
+
+def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("poll_interval_seconds: 2\n")
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "check-config", str(cfg)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        proc.stdout.close()  # the reader goes away before the output is written
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0 and b"Traceback" not in err, err
