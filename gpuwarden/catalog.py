@@ -665,8 +665,13 @@ COLLECTORS: dict[str, CollectorInfo] = {
 }
 
 
-def select_collectors(enable: tuple[str, ...] | list[str] = (), disable: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """Return the names of the collectors to run, sorted: enabled by default, plus ``enable``, minus ``disable``.
+def select_collectors(
+    enable: tuple[str, ...] | list[str] = (),
+    disable: tuple[str, ...] | list[str] = (),
+    disable_defaults: bool = False,
+) -> list[str]:
+    """Return the names of the collectors to run, sorted: enabled by default (none but ``exporter`` with
+    ``disable_defaults``, as node_exporter's ``--collector.disable-defaults``), plus ``enable``, minus ``disable``.
 
     Raises ValueError naming an unknown collector, or when ``exporter`` (self-metrics) is disabled.
     """
@@ -676,4 +681,5 @@ def select_collectors(enable: tuple[str, ...] | list[str] = (), disable: tuple[s
         raise ValueError(f"unknown collector {unknown[0]!r} (known: {', '.join(sorted(COLLECTORS))})")
     if "exporter" in off:
         raise ValueError("collector 'exporter' (self-metrics) cannot be disabled")
-    return [name for name, c in sorted(COLLECTORS.items()) if (c.enabled_by_default or name in on) and name not in off]
+    defaults = {"exporter"} if disable_defaults else {n for n, c in COLLECTORS.items() if c.enabled_by_default}
+    return [name for name in sorted(COLLECTORS) if (name in defaults or name in on) and name not in off]

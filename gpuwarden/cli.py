@@ -99,8 +99,12 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, object]:
         out["processes"] = {"enabled": False}
     enable = [n for n in COLLECTORS if getattr(args, f"collector_{n}", None) is True]
     disable = [n for n in COLLECTORS if getattr(args, f"collector_{n}", None) is False]
-    if enable or disable:
-        out["collectors"] = {"enable": enable, "disable": disable}
+    if enable or disable or args.collectors_disable_defaults:
+        out["collectors"] = {
+            "enable": enable,
+            "disable": disable,
+            "disable_defaults": bool(args.collectors_disable_defaults),
+        }
     return out
 
 
@@ -281,15 +285,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from gpuwarden.catalog import COLLECTORS
 
+    s.add_argument(
+        "--collector.disable-defaults",
+        dest="collectors_disable_defaults",
+        action="store_true",
+        help="turn off every collector that is on by default (but exporter); turn some back on with --collector.NAME",
+    )
     for name, spec in sorted(COLLECTORS.items()):
         s.add_argument(
             f"--collector.{name}",
             dest=f"collector_{name}",
-            action="store_true",
+            action=argparse.BooleanOptionalAction,  # also --no-collector.NAME, as node_exporter spells them
             default=None,
-            help=f"enable: {spec.help}" + ("" if spec.enabled_by_default else " (off by default)"),
+            help=f"{spec.help} (default: {'on' if spec.enabled_by_default else 'off'})",
         )
-        s.add_argument(f"--no-collector.{name}", dest=f"collector_{name}", action="store_false", help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_serve)
     c = sub.add_parser("check-config", help="validate a configuration file")
     c.add_argument("file")

@@ -58,6 +58,9 @@ class CollectorsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enable: list[str] = Field(default_factory=list)
     disable: list[str] = Field(default_factory=list)
+    disable_defaults: bool = Field(
+        default=False, description="turn off every collector on by default (but exporter); enable adds some back"
+    )
 
 
 class InsightConfig(BaseModel):
@@ -289,7 +292,7 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     finally:
         _CONFIG_FILE.reset(token)
     try:
-        select_collectors(cfg.collectors.enable, cfg.collectors.disable)
+        select_collectors(cfg.collectors.enable, cfg.collectors.disable, cfg.collectors.disable_defaults)
     except ValueError as exc:
         raise ConfigError(f"collectors: {exc}") from exc
     if cfg.replay is not None and cfg.demo:

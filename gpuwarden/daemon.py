@@ -267,7 +267,7 @@ class Daemon:
             extra_info=info,
             deadline=cfg.stale_after,
         )
-        collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable)
+        collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable, cfg.collectors.disable_defaults)
         options = CollectOptions(max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0)
         self.exposition = Exposition(self.poller, collectors, options)
         self.poller.on_publish = self.exposition.prerender
@@ -310,7 +310,7 @@ class Daemon:
         except ConfigError as exc:
             log.error("reload refused, keeping the running configuration: %s", exc)
             return False
-        collectors = select_collectors(new.collectors.enable, new.collectors.disable)
+        collectors = select_collectors(new.collectors.enable, new.collectors.disable, new.collectors.disable_defaults)
         options = CollectOptions(max_processes_per_gpu=new.processes.max_per_gpu if new.processes.enabled else 0)
         self.exposition.reconfigure(collectors, options)
         self.poller.interval = new.poll_interval_seconds

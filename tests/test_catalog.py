@@ -67,3 +67,22 @@ def test_every_collector_of_the_catalogue_is_selectable() -> None:
         select_collectors(enable=("nope",))
     with pytest.raises(ValueError, match="cannot be disabled"):
         select_collectors(disable=("exporter",))
+
+
+def test_disable_defaults_keeps_only_the_self_metrics_and_what_is_enabled() -> None:
+    assert select_collectors(disable_defaults=True) == ["exporter"]
+    assert select_collectors(enable=("gpm",), disable_defaults=True) == ["exporter", "gpm"]
+
+
+def test_collector_flags_both_forms_are_shown_and_work() -> None:
+    import subprocess
+    import sys
+
+    help_text = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "serve", "--help"], capture_output=True, text=True, timeout=30
+    ).stdout
+    assert "--collector.gpm, --no-collector.gpm" in help_text and "--collector.disable-defaults" in help_text
+    from gpuwarden.cli import _serve_overrides, build_parser
+
+    args = build_parser().parse_args(["serve", "--no-collector.gpm", "--collector.disable-defaults", "--collector.xid"])
+    assert _serve_overrides(args)["collectors"] == {"enable": ["xid"], "disable": ["gpm"], "disable_defaults": True}
