@@ -598,6 +598,18 @@ FAMILIES: tuple[Family, ...] = (
         "exporter",
         per_gpu=False,
     ),
+    _g(
+        "gpuwarden_config_last_reload_successful",
+        "1 when the last configuration reload (SIGHUP) applied, 0 when it was refused (as Prometheus's own).",
+        "exporter",
+        per_gpu=False,
+    ),
+    _g(
+        "gpuwarden_config_last_reload_success_timestamp_seconds",
+        "Unix time the configuration last loaded, at start or on a reload.",
+        "exporter",
+        per_gpu=False,
+    ),
     _c(
         "gpuwarden_nvml_errors_total",
         "NVML calls that failed, by call and NVML error.",

@@ -10,6 +10,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -309,6 +310,7 @@ class Daemon:
             web = self._reload_web(new)
         except ConfigError as exc:
             log.error("reload refused, keeping the running configuration: %s", exc)
+            self.poller.reload_successful = False
             return False
         collectors = select_collectors(new.collectors.enable, new.collectors.disable, new.collectors.disable_defaults)
         options = CollectOptions(max_processes_per_gpu=new.processes.max_per_gpu if new.processes.enabled else 0)
@@ -324,6 +326,8 @@ class Daemon:
         if self.web is not None:
             self.web.reload_certificates()  # the same files, rotated on disk
         self.gate.set_users(web.users if web is not None else {})
+        self.poller.reload_successful = True
+        self.poller.reload_success_timestamp = time.time()
         log.info("configuration reloaded")
         return True
 

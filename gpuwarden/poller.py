@@ -79,6 +79,8 @@ class Poller:
         self.snapshot: NodeSnapshot | None = None
         self._static: NodeStatic | None = None
         self.poll_started: float | None = None
+        self.reload_successful = True
+        self.reload_success_timestamp: float | None = time.time()  # the configuration loaded at start
 
     def start(self, thread: bool = True, ready: bool = True) -> NodeSnapshot:
         """Open the source, poll once, start the thread (unless ``thread`` is False); return the first snapshot.
@@ -229,6 +231,8 @@ class Poller:
             xid={i: dict(c) for i, c in self._xid.items()},
             analyses=dict(self._analyses),
             extra_info=self._extra_info,
+            reload_successful=self.reload_successful,
+            reload_success_timestamp=self.reload_success_timestamp,
         )
 
     def stop(self) -> None:

@@ -27,7 +27,9 @@ class NodeSnapshot:
     deadline. ``source_up`` is False when the last poll failed, the source reported itself down (NVML not
     initialised: every GPU ``up=False``) or a poll hangs. ``xid`` maps GPU index -> XID code -> XidTotal.
     ``errors`` maps (call, error) -> count. ``analyses`` holds what analyzers (``gpuwarden.insight``)
-    derived from the history, keyed by analyzer name.
+    derived from the history, keyed by analyzer name. ``reload_successful`` says whether the last configuration
+    reload applied (True before any), ``reload_success_timestamp`` when the configuration last loaded (start or
+    reload, Unix s).
     """
 
     seq: int
@@ -43,6 +45,8 @@ class NodeSnapshot:
     xid: dict[int, dict[int, XidTotal]] = field(default_factory=dict)
     analyses: dict[str, Any] = field(default_factory=dict)
     extra_info: dict[str, str] = field(default_factory=dict)
+    reload_successful: bool = True
+    reload_success_timestamp: float | None = None
 
     def fresh(self, now: float, max_age_seconds: float) -> bool:
         """True when the last successful poll is at most ``max_age_seconds`` old at ``now``."""

@@ -55,6 +55,14 @@ def _status(url: str, auth: tuple[str, str] | None = None) -> int:
     return httpx.get(url + "/metrics", auth=auth, timeout=5).status_code
 
 
+def _eventually(url: str, text: str, auth: tuple[str, str] | None = None) -> None:
+    """Scrape until ``text`` shows (a value changes with the next poll's snapshot), at most 5 s."""
+    deadline = time.monotonic() + 5
+    while text not in httpx.get(url + "/metrics", auth=auth, timeout=5).text:
+        assert time.monotonic() < deadline, f"{text!r} never showed"
+        time.sleep(0.2)
+
+
 def _reload(proc: subprocess.Popen[bytes], log: Path, n: int) -> None:
     """SIGHUP, then wait for the n-th reload's log line (applied or refused)."""
     proc.send_signal(signal.SIGHUP)
@@ -88,9 +96,11 @@ def test_basic_auth_turns_on_changes_and_off_by_sighup_and_tls_changes_are_refus
         _reload(proc, log, 3)
         assert "reload refused" in log.read_text()
         assert _status(url, ("prometheus", "new")) == 200 and _status(url) == 401  # the running config kept whole
+        _eventually(url, "gpuwarden_config_last_reload_successful 0.0", ("prometheus", "new"))  # from the next poll
         web.write_text("")
         _reload(proc, log, 4)
         assert _status(url) == 200  # every user removed: auth off, as at start-up
+        _eventually(url, "gpuwarden_config_last_reload_successful 1.0")
     finally:
         proc.terminate()
         proc.wait(10)

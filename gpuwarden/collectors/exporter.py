@@ -83,6 +83,18 @@ def last_success(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metri
     return _value(fam, snap.last_success_timestamp) if snap.last_success_timestamp is not None else None
 
 
+@builds("gpuwarden_config_last_reload_successful")
+def reload_successful(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+    """Return 1 when the last reload applied (or there was none), 0 when it was refused."""
+    return _value(fam, 1.0 if snap.reload_successful else 0.0)
+
+
+@builds("gpuwarden_config_last_reload_success_timestamp_seconds")
+def reload_timestamp(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return when the configuration last loaded, Unix seconds."""
+    return _value(fam, snap.reload_success_timestamp) if snap.reload_success_timestamp is not None else None
+
+
 @builds("gpuwarden_nvml_errors_total")
 def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
     """Return the NVML failures by call and error (the family is there, empty, while there are none)."""
