@@ -84,6 +84,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, object]:
         "gpm_interval_seconds": args.gpm_interval,
         "replay": args.replay,
         "log_level": args.log_level,
+        "log_format": args.log_format,
     }
     out.update({k: v for k, v in simple.items() if v is not None})
     if args.demo:
@@ -132,7 +133,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         daemon = Daemon(cfg, reload=lambda: _load(args), hup_pending=hup_pending)
     except (ConfigError, ValueError) as exc:
         return _die(str(exc), EXIT_USAGE)
-    logging.getLogger().setLevel(cfg.log_level.upper())
+    from gpuwarden.logs import setup
+
+    setup(cfg.log_level, cfg.log_format)
     try:
         sock = bind(cfg)
     except StartupError as exc:
@@ -144,11 +147,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _die(str(exc))
     snap = daemon.poller.snapshot
     assert snap is not None  # start() took the first poll
-    print(
-        f"gpuwarden {__version__} serving {len(snap.static.gpus)} GPU(s) "
-        f"from {daemon.poller.source.kind} on {daemon.scheme}://{cfg.listen_address.rpartition(':')[0] or '0.0.0.0'}"
-        f":{cfg.port}/metrics",
-        file=sys.stderr,
+    host = cfg.listen_address.rpartition(":")[0] or "0.0.0.0"
+    logging.getLogger("gpuwarden").info(
+        "serving",
+        extra={
+            "version": __version__,
+            "gpus": len(snap.static.gpus),
+            "source": daemon.poller.source.kind,
+            "url": f"{daemon.scheme}://{host}:{cfg.port}/metrics",
+        },
     )
     daemon.serve(sock)
     return 0
@@ -277,7 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-processes", action="store_true", help="do not read GPU processes")
     s.add_argument("--replay", metavar="FILE", help="serve a recorded trace (looping) instead of live NVML")
     s.add_argument("--demo", action="store_true", help="serve the real trace shipped in the package (no GPU needed)")
-    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--log.level", "--log-level", dest="log_level", choices=["debug", "info", "warning", "error"],
+        help=_setting_help("log_level"),
+    )
+    s.add_argument("--log.format", dest="log_format", choices=["logfmt", "json"], help=_setting_help("log_format"))
     s.add_argument(
         "--wait-for-nvml",
         action="store_true",
@@ -328,7 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpuwarden`` console script; returns the exit status."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gpuwarden.logs import setup
+
+    setup("warning")  # serve sets its configured level and format once it has read them
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -129,7 +129,8 @@ class Config(BaseSettings):
         default=False,
         description="when NVML is missing at start, serve gpuwarden_source_up 0 and retry instead of exiting 1",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="log level")
+    log_format: Literal["logfmt", "json"] = Field(default="logfmt", description="log line format")
 
     @field_validator("gpus", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from gpuwarden.collectors import CollectOptions
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.exposition import Exposition
 from gpuwarden.httplimits import HttpLimits, RateLimitFilter, bounded_protocol
+from gpuwarden.logs import setup as setup_logs
 from gpuwarden.poller import Analyzer, Poller
 from gpuwarden.server import DateHeaderMiddleware, create_app, diagnosis_route
 from gpuwarden.source import Source
@@ -317,7 +318,7 @@ class Daemon:
         self.exposition.reconfigure(collectors, options)
         self.poller.interval = new.poll_interval_seconds
         self.poller.deadline = new.stale_after
-        logging.getLogger().setLevel(new.log_level.upper())
+        setup_logs(new.log_level, new.log_format)
         restart_keys = ("listen_address", "replay", "demo", "gpus", "xid_events", "wait_for_nvml")
         for key in (*restart_keys, "slow_interval_seconds", "gpm_interval_seconds"):
             if getattr(new, key) != getattr(self.cfg, key):
@@ -367,7 +368,8 @@ class Daemon:
         config = uvicorn.Config(
             DateHeaderMiddleware(self.gate),
             date_header=False,  # written by DateHeaderMiddleware, so the housekeeping loop can sleep
-            log_level=self.cfg.log_level if self.cfg.log_level != "debug" else "debug",
+            log_config=None,  # uvicorn's records go through the daemon's log (gpuwarden.logs)
+            log_level=self.cfg.log_level,
             access_log=self.cfg.log_level == "debug",
             # uvicorn's httptools protocol (faster than h11, docs/performance.md) with the bounds it lacks
             http=bounded_protocol(self.http_limits),

@@ -1,0 +1,80 @@
+"""One log for the daemon and uvicorn, in the formats the Prometheus exporters use: logfmt (the default) or JSON.
+
+``setup(level, fmt)`` gives the root logger one handler on standard error with the chosen formatter and makes
+uvicorn's loggers write through it (uvicorn runs with ``log_config=None``). A record's structured fields - the
+``extra={...}`` of a logging call, for example ``gpu``, ``call``, ``error`` - become keys of the line, as
+``--log.format`` of node_exporter writes them: ``ts=... level=info logger=gpuwarden.daemon msg="..." gpu=0``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+#: Attributes every LogRecord has: anything else on a record is a structured field of the call.
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
+
+LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("logfmt", "json")
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+        "level": record.levelname.lower(),
+        "logger": record.name,
+        "msg": record.getMessage(),
+    }
+    for key, value in record.__dict__.items():
+        if key not in _STANDARD and not key.startswith("_"):
+            out[key] = value
+    if record.exc_info:
+        out["error"] = logging.Formatter().formatException(record.exc_info).splitlines()[-1]
+    return out
+
+
+def _logfmt_value(value: Any) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' "=\\') and all(c.isprintable() for c in text):
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+class LogfmtFormatter(logging.Formatter):
+    """A record as one logfmt line: ``key=value`` pairs, values quoted (JSON string rules) where they need it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Return the record's line (a traceback shrinks to its last line, in ``error``)."""
+        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in _fields(record).items())
+
+
+class JsonFormatter(logging.Formatter):
+    """A record as one JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Return the record's JSON line."""
+        return json.dumps(_fields(record), ensure_ascii=False, default=str)
+
+
+def setup(level: str = "info", fmt: str = "logfmt") -> None:
+    """Send every log record (gpuwarden's, uvicorn's, asyncio's) to standard error as ``fmt`` lines at ``level``.
+
+    Raises ValueError for a level or format that is not one of LEVELS / FORMATS. Idempotent: a second call replaces
+    the handler (configuration reload).
+    """
+    if level not in LEVELS or fmt not in FORMATS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)} and format one of {', '.join(FORMATS)}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
