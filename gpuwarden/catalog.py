@@ -610,6 +610,18 @@ FAMILIES: tuple[Family, ...] = (
         "exporter",
         per_gpu=False,
     ),
+    # the process itself, as every Prometheus client library exports it (prometheus_client's ProcessCollector)
+    _g("process_virtual_memory_bytes", "Virtual memory size in bytes.", "exporter", per_gpu=False),
+    _g("process_resident_memory_bytes", "Resident memory size in bytes.", "exporter", per_gpu=False),
+    _g(
+        "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds.",
+        "exporter",
+        per_gpu=False,
+    ),
+    _c("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", "exporter", per_gpu=False),
+    _g("process_open_fds", "Number of open file descriptors.", "exporter", per_gpu=False),
+    _g("process_max_fds", "Maximum number of open file descriptors.", "exporter", per_gpu=False),
     _c(
         "gpuwarden_nvml_errors_total",
         "NVML calls that failed, by call and NVML error.",

@@ -78,6 +78,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {}
     simple = {
         "listen_address": args.listen_address,
+        "telemetry_path": args.telemetry_path,
         "web_config_file": args.web_config_file,
         "poll_interval_seconds": args.poll_interval,
         "slow_interval_seconds": args.slow_interval,
@@ -154,7 +155,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "version": __version__,
             "gpus": len(snap.static.gpus),
             "source": daemon.poller.source.kind,
-            "url": f"{daemon.scheme}://{host}:{cfg.port}/metrics",
+            "url": f"{daemon.scheme}://{host}:{cfg.port}{cfg.telemetry_path}",
         },
     )
     daemon.serve(sock)
@@ -270,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="listen_address",
         metavar="HOST:PORT",
         help=_setting_help("listen_address"),
+    )
+    s.add_argument(
+        "--web.telemetry-path", dest="telemetry_path", metavar="PATH", help=_setting_help("telemetry_path")
     )
     s.add_argument(
         "--web.config.file",

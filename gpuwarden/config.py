@@ -90,6 +90,11 @@ class Config(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUWARDEN_", env_nested_delimiter="__", extra="forbid")
 
     listen_address: str = Field(default=f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT to serve on")
+    telemetry_path: str = Field(
+        default="/metrics",
+        pattern=r"^/[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*$",
+        description="path of the Prometheus exposition",
+    )
     web_config_file: Path | None = Field(default=None, description="exporter-toolkit web config (TLS, basic auth)")
     max_connections: int = Field(
         default=1000,
@@ -296,6 +301,9 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         select_collectors(cfg.collectors.enable, cfg.collectors.disable, cfg.collectors.disable_defaults)
     except ValueError as exc:
         raise ConfigError(f"collectors: {exc}") from exc
+    taken = ("/healthz", "/readyz", "/docs", "/redoc", "/openapi.json")
+    if cfg.telemetry_path in taken or cfg.telemetry_path.startswith("/api/"):
+        raise ConfigError(f"telemetry_path: {cfg.telemetry_path} is taken by another endpoint")
     if cfg.replay is not None and cfg.demo:
         raise ConfigError("replay and demo exclude each other: give one")
     if cfg.gpus is not None and (cfg.replay is not None or cfg.demo):

@@ -278,6 +278,7 @@ class Daemon:
             self.exposition,
             cfg.stale_after,
             extra_routes or diagnosis_route(self.poller),
+            telemetry_path=cfg.telemetry_path,
         )
         # the users' hashes are checked (and the dummy hash made) here, before the daemon says it is ready
         self.gate = AuthGate(self.app)

@@ -6,6 +6,7 @@ answered at once even while a poll hangs.
 
 from __future__ import annotations
 
+import html
 import time
 from collections.abc import Callable
 from email.utils import formatdate
@@ -122,7 +123,7 @@ class DateHeaderMiddleware:
 
 _LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>gpuwarden</title></head>
 <body><h1>gpuwarden {version}</h1><p>NVIDIA GPU monitoring daemon and Prometheus exporter ({source}).</p>
-<ul><li><a href="metrics">/metrics</a> Prometheus metrics</li><li><a href="healthz">/healthz</a> liveness</li>
+<ul><li><a href="{metrics}">/{metrics}</a> Prometheus metrics</li><li><a href="healthz">/healthz</a> liveness</li>
 <li><a href="readyz">/readyz</a> readiness</li><li><a href="api/v1/gpus">/api/v1/gpus</a> latest readings (JSON)</li>
 {extra}<li><a href="docs">/docs</a> API reference</li></ul></body></html>"""
 
@@ -132,8 +133,10 @@ def create_app(
     exposition: Exposition,
     stale_after: float,
     extra_routes: Callable[[FastAPI], list[str]] | None = None,
+    telemetry_path: str = "/metrics",
 ) -> FastAPI:
-    """Return the FastAPI app serving the latest snapshot of ``holder`` (the poller).
+    """Return the FastAPI app serving the latest snapshot of ``holder`` (the poller), the exposition at
+    ``telemetry_path``.
 
     ``extra_routes(app)`` may add routes (e.g. /api/v1/diagnosis) and returns their paths for the landing page.
     """
@@ -155,7 +158,7 @@ def create_app(
             return Response(exposition.gzipped(body), headers={"content-type": fmt.content_type, **_GZIP})
         return Response(body, headers={"content-type": fmt.content_type})
 
-    app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    app.add_route(telemetry_path, metrics, methods=["GET"], include_in_schema=False)
 
     @app.get("/healthz", summary="Liveness: the process answers")
     def healthz() -> dict[str, str]:
@@ -190,7 +193,12 @@ def create_app(
         snap = holder.snapshot
         links = "".join(f'<li><a href="{p.lstrip("/")}">{p}</a></li>' for p in extra)
         return HTMLResponse(
-            _LANDING.format(version=__version__, source=snap.source if snap else "starting", extra=links)
+            _LANDING.format(
+                version=__version__,
+                source=snap.source if snap else "starting",
+                extra=links,
+                metrics=html.escape(telemetry_path.lstrip("/")),
+            )
         )
 
     return app

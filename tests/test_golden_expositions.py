@@ -30,6 +30,7 @@ _MASKED = (
     "gpuwarden_scrape_collector_duration_seconds",
     "gpu_xid_last_event_timestamp_seconds",
     "gpuwarden_config_last_reload_success_timestamp_seconds",
+    "process_[a-z_]+",  # the test process's own memory, CPU and descriptors
 )
 _VOLATILE = re.compile(r"^((?:" + "|".join(_MASKED) + r")(?:\{[^}]*\})?) .*$", re.M)
 PATHS = [demo_trace_path(), *sorted(TRACES.glob("*.jsonl.gz"))]

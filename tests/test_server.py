@@ -61,3 +61,23 @@ def test_api_gpus_matches_the_schema() -> None:
     assert body["gpus"][0]["reading"]["gpm"]["sm_activity"] >= 0
     schema = client.get("/openapi.json").json()
     assert "GpusDocument" in schema["components"]["schemas"]
+
+
+def test_telemetry_path_moves_the_exposition() -> None:
+    p = replay_poller(trace("h100-idle"), 2)
+    exp = Exposition(p, select_collectors(), CollectOptions())
+    client = TestClient(create_app(p, exp, 5.0, telemetry_path="/custom/metrics"))
+    assert client.get("/custom/metrics").status_code == 200 and b"gpu_up" in client.get("/custom/metrics").content
+    assert client.get("/metrics").status_code == 404
+    assert 'href="custom/metrics"' in client.get("/").text
+
+
+def test_telemetry_path_is_checked() -> None:
+    import pytest
+
+    from gpuwarden.config import ConfigError, load_config
+
+    for bad in ("metrics", "/healthz", "/api/v1/x", "/a b"):
+        with pytest.raises(ConfigError, match="telemetry_path"):
+            load_config(None, {"telemetry_path": bad})
+    assert load_config(None, {"telemetry_path": "/x/metrics"}).telemetry_path == "/x/metrics"

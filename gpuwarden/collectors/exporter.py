@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import platform
 
+from prometheus_client import ProcessCollector
 from prometheus_client.core import InfoMetricFamily, Metric
 
 from gpuwarden import __version__
@@ -93,6 +94,31 @@ def reload_successful(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> 
 def reload_timestamp(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return when the configuration last loaded, Unix seconds."""
     return _value(fam, snap.reload_success_timestamp) if snap.reload_success_timestamp is not None else None
+
+
+_PROCESS = ProcessCollector(registry=None)
+_process_cache: tuple[int, dict[str, Metric]] = (-1, {})
+
+
+def _process_family(snap: NodeSnapshot, fam: Family) -> Metric | None:
+    """The ``process_*`` family ``fam`` from prometheus_client's ProcessCollector (/proc/self), read once a render."""
+    global _process_cache
+    seq, families = _process_cache
+    if seq != snap.seq:
+        families = {f.name: f for f in _PROCESS.collect()}
+        _process_cache = (snap.seq, families)
+    return families.get(fam.base_name)
+
+
+for _name in (
+    "process_virtual_memory_bytes",
+    "process_resident_memory_bytes",
+    "process_start_time_seconds",
+    "process_cpu_seconds_total",
+    "process_open_fds",
+    "process_max_fds",
+):
+    builds(_name)(lambda snap, opts, fam: _process_family(snap, fam))
 
 
 @builds("gpuwarden_nvml_errors_total")
