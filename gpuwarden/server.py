@@ -144,7 +144,10 @@ def create_app(
         title="gpuwarden",
         version=__version__,
         description="NVIDIA GPU monitoring daemon: Prometheus metrics and JSON readings.",
+        docs_url=None,  # FastAPI's pages load Swagger UI and ReDoc from CDNs: blank on an air-gapped node
+        redoc_url=None,
     )
+    add_docs(app)
 
     async def metrics(request: Request) -> Response:
         # A plain Starlette route (no FastAPI dependency solving or response validation). The
@@ -202,6 +205,28 @@ def create_app(
         )
 
     return app
+
+
+def add_docs(app: FastAPI) -> None:
+    """Serve the API reference at ``/docs`` with Swagger UI's files from the swagger-ui-bundle package (under
+    ``/docs/assets``), so the page works with no network; nothing on it is fetched from elsewhere (no favicon, no
+    validator badge)."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from starlette.staticfiles import StaticFiles
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount("/docs/assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="openapi.json",
+            title="gpuwarden API",
+            swagger_js_url="docs/assets/swagger-ui-bundle.js",
+            swagger_css_url="docs/assets/swagger-ui.css",
+            swagger_favicon_url="data:,",
+            swagger_ui_parameters={"validatorUrl": None},
+        )
 
 
 def diagnosis_route(holder: SnapshotHolder) -> Callable[[FastAPI], list[str]]:

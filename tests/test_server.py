@@ -81,3 +81,25 @@ def test_telemetry_path_is_checked() -> None:
         with pytest.raises(ConfigError, match="telemetry_path"):
             load_config(None, {"telemetry_path": bad})
     assert load_config(None, {"telemetry_path": "/x/metrics"}).telemetry_path == "/x/metrics"
+
+
+def test_docs_page_loads_nothing_from_elsewhere() -> None:
+    """/docs is Swagger UI from local files: every script, style and link of the page is served by the daemon
+    itself (so it works with the network unreachable), and /redoc, which only loads from a CDN, is gone."""
+    import re
+
+    p = replay_poller(trace("h100-idle"), 2)
+    client = TestClient(create_app(p, Exposition(p, select_collectors(), CollectOptions()), 5.0))
+    page = client.get("/docs")
+    assert page.status_code == 200 and "swagger" in page.text.lower()
+    urls = re.findall(r"""(?:src|href|url)\s*[:=]\s*['"]([^'"]+)['"]""", page.text)
+    assert urls and not [u for u in urls if re.match(r"(https?:)?//", u)], urls
+    for url in urls:
+        if url.startswith("data:"):
+            continue
+        r = client.get("/" + url.lstrip("/"))
+        assert r.status_code == 200, url
+    assert client.get("/docs/assets/swagger-ui-bundle.js").headers["content-type"].startswith(
+        ("application/javascript", "text/javascript")
+    )
+    assert client.get("/redoc").status_code == 404
