@@ -346,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpuwarden.logs import setup
 
     setup("warning")  # serve sets its configured level and format once it has read them
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # --version prints here
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130

