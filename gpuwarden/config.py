@@ -311,11 +311,16 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     return cfg
 
 
+#: ``GPUWARDEN_*`` variables that are not configuration keys: the systemd unit passes its flags in GPUWARDEN_ARGS
+#: (deploy/systemd/gpuwarden.env).
+NOT_CONFIG_VARIABLES = frozenset({"GPUWARDEN_ARGS"})
+
+
 def _check_environment() -> None:
     """Raise ConfigError naming a ``GPUWARDEN_*`` environment variable that is no configuration key (a typo would
     otherwise be ignored while unknown keys in the file are refused)."""
     for name in sorted(os.environ):
-        if not name.upper().startswith("GPUWARDEN_"):
+        if not name.upper().startswith("GPUWARDEN_") or name.upper() in NOT_CONFIG_VARIABLES:
             continue
         parts = name[len("GPUWARDEN_") :].lower().split("__")
         model: Any = Config

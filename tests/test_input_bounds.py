@@ -85,6 +85,8 @@ def test_unknown_environment_variables_are_refused(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("GPUWARDEN_POL_INTERVAL_SECONDS")
     monkeypatch.setenv("GPUWARDEN_PROCESSES__MAX_PER_GPU", "3")
     assert load_config(None).processes.max_per_gpu == 3
+    monkeypatch.setenv("GPUWARDEN_ARGS", "--web.config.file /etc/gpuwarden/web-config.yml")  # the unit's flags
+    assert load_config(None).processes.max_per_gpu == 3
     monkeypatch.setenv("GPUWARDEN_PROCESSES__NOPE", "3")
     with pytest.raises(ConfigError, match="no configuration key processes.nope"):
         load_config(None)
