@@ -8,6 +8,7 @@ Unknown keys and bad values are refused with one line naming the key (``ConfigEr
 from __future__ import annotations
 
 import os
+import re
 import stat
 from contextvars import ContextVar
 from importlib.resources.abc import Traversable
@@ -314,13 +315,18 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
 #: ``GPUWARDEN_*`` variables that are not configuration keys: the systemd unit passes its flags in GPUWARDEN_ARGS
 #: (deploy/systemd/gpuwarden.env).
 NOT_CONFIG_VARIABLES = frozenset({"GPUWARDEN_ARGS"})
+#: The variables Kubernetes gives every pod for a Service named gpuwarden in its namespace (service links).
+_SERVICE_LINK = re.compile(
+    r"^GPUWARDEN_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)$"
+)
 
 
 def _check_environment() -> None:
     """Raise ConfigError naming a ``GPUWARDEN_*`` environment variable that is no configuration key (a typo would
     otherwise be ignored while unknown keys in the file are refused)."""
     for name in sorted(os.environ):
-        if not name.upper().startswith("GPUWARDEN_") or name.upper() in NOT_CONFIG_VARIABLES:
+        upper = name.upper()
+        if not upper.startswith("GPUWARDEN_") or upper in NOT_CONFIG_VARIABLES or _SERVICE_LINK.match(upper):
             continue
         parts = name[len("GPUWARDEN_") :].lower().split("__")
         model: Any = Config

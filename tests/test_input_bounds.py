@@ -86,6 +86,9 @@ def test_unknown_environment_variables_are_refused(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("GPUWARDEN_PROCESSES__MAX_PER_GPU", "3")
     assert load_config(None).processes.max_per_gpu == 3
     monkeypatch.setenv("GPUWARDEN_ARGS", "--web.config.file /etc/gpuwarden/web-config.yml")  # the unit's flags
+    for link in ("GPUWARDEN_SERVICE_HOST", "GPUWARDEN_SERVICE_PORT", "GPUWARDEN_SERVICE_PORT_METRICS",
+                 "GPUWARDEN_PORT", "GPUWARDEN_PORT_10400_TCP", "GPUWARDEN_PORT_10400_TCP_ADDR"):
+        monkeypatch.setenv(link, "10.0.0.1")  # what Kubernetes sets for a Service named gpuwarden
     assert load_config(None).processes.max_per_gpu == 3
     monkeypatch.setenv("GPUWARDEN_PROCESSES__NOPE", "3")
     with pytest.raises(ConfigError, match="no configuration key processes.nope"):
