@@ -291,10 +291,7 @@ class Daemon:
         collector's sight (``gc.freeze``): they live as long as the process, and a full collection would
         otherwise walk them all again and again over the daemon's life.
         """
-        if threading.current_thread() is threading.main_thread():
-            # until the server's own handler is in place, a SIGHUP is noted and applied once serving (not fatal)
-            signal.signal(signal.SIGHUP, lambda sig, frame: self.hup_pending.set())  # cmd_serve did it earlier
-        self.poller.start(ready=False)
+        self.poller.start(ready=False)  # a SIGHUP meanwhile sets hup_pending (cmd_serve's handler)
         gc.collect()
         gc.freeze()
 

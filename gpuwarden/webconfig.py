@@ -48,7 +48,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -276,12 +276,6 @@ class WebConfig(_Strict):
         for context in self._contexts:
             _load_chain(context, tls)
         return len(self._contexts)
-
-    def wrap(self, app: ASGIApp, open_paths: Iterable[str] = DEFAULT_OPEN_PATHS) -> ASGIApp:
-        """Return ``app`` behind :class:`BasicAuthMiddleware` when users are configured, else ``app`` itself."""
-        if not self.basic_auth_users:
-            return app
-        return BasicAuthMiddleware(app, self.users, set(open_paths))
 
 
 def _uvicorn_config() -> Callable[..., Any]:

@@ -33,6 +33,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fastapi import FastAPI
 
 from gpuwarden import webconfig
+from gpuwarden.daemon import AuthGate
 from gpuwarden.webconfig import (
     DEFAULT_OPEN_PATHS,
     BasicAuthMiddleware,
@@ -175,7 +176,7 @@ def serve(web: WebConfig, app: object | None = None) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     port = sock.getsockname()[1]
-    asgi = app if app is not None else web.wrap(tiny_app())
+    asgi = app if app is not None else _gate(web, tiny_app())
     config = uvicorn.Config(asgi, log_config=None, log_level="warning", **web.uvicorn_kwargs())
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -191,6 +192,13 @@ def serve(web: WebConfig, app: object | None = None) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def _gate(web: WebConfig, app: FastAPI) -> AuthGate:
+    """``app`` behind the daemon's auth gate with ``web``'s users, as ``gpuwarden serve`` puts it."""
+    gate = AuthGate(app)
+    gate.set_users(web.users)
+    return gate
 
 
 def client_ctx(pki: PKI, cert: Pair | None = None, max_version: ssl.TLSVersion | None = None) -> ssl.SSLContext:
@@ -411,7 +419,8 @@ def test_headers_from_http_server_config(pki: PKI, hashed: str, tmp_path: Path) 
         "    Strict-Transport-Security: max-age=31536000\n",
     )
     web = load_web_config(path)
-    assert not web.tls_enabled and web.wrap(tiny_app()).__class__ is FastAPI
+    app = tiny_app()
+    assert not web.tls_enabled and _gate(web, app).inner is app  # no users: no auth layer
     with serve(web) as url:
         r = httpx.get(url + "/metrics", timeout=10)
     assert r.status_code == 200
@@ -581,7 +590,7 @@ def test_real_daemon_behind_web_config(pki: PKI, hashed: str, tmp_path: Path) ->
     daemon = Daemon(cfg)
     daemon.start()
     try:
-        with serve(web, app=web.wrap(daemon.app)) as url, httpx.Client(verify=client_ctx(pki), timeout=10) as c:
+        with serve(web, app=daemon.gate) as url, httpx.Client(verify=client_ctx(pki), timeout=10) as c:
             assert c.get(url + "/metrics").status_code == 401
             assert c.get(url + "/api/v1/gpus").status_code == 401
             r = c.get(url + "/metrics", auth=("prometheus", PASSWORD))
