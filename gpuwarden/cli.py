@@ -58,8 +58,29 @@ def cmd_record(args: argparse.Namespace) -> int:
         host_min_gap=0.0,
         processes=not args.no_processes,
     )
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    bar = Progress(
+        TextColumn(f"recording {out.name}"),
+        BarColumn(),
+        TextColumn("{task.fields[polls]} polls"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,  # a log file or a pipe gets the last line only
+    )
+    task = bar.add_task("record", total=args.duration, polls=0)
     try:
-        result = record(source, out, args.duration, args.interval, meta)
+        with bar:
+            result = record(
+                source,
+                out,
+                args.duration,
+                args.interval,
+                meta,
+                progress=lambda polls, seconds: bar.update(task, completed=seconds, polls=polls),
+            )
     except SourceError as exc:
         return _die(str(exc))
     except OSError as exc:

@@ -1,9 +1,10 @@
-"""``gpuwarden diagnose``: a one-shot report of why each GPU of this node is (not) working.
+"""``gpuwarden diagnose``: why each GPU of this node is (not) working.
 
-Live (NVML, sampling for ``--seconds``) or over a recorded trace (``--replay FILE``), every poll goes
-through ``InsightAnalyzer``; the report shows, per GPU, the verdict, the numbers behind it and remedies,
-then the jobs and the node's imbalance, and for a replay the verdicts over time. ``--json`` prints the
-same as JSON.
+Live (NVML, sampling for ``--seconds``), over a recorded trace (``--replay FILE``), or as a running daemon sees it
+(``--url``: its /api/v1/diagnosis, over the daemon's own window). Every poll goes through ``InsightAnalyzer``; the
+report shows one line per GPU (verdict, starved share, first remedy), then per GPU the numbers behind the verdict and
+every remedy, the jobs and the node's imbalance, and for a replay the verdicts over time. ``--brief`` stops after
+the first table, ``--watch`` redraws it live, ``--json`` prints the report as JSON.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gpuwarden.insight.analyzer import InsightAnalyzer, InsightResult
-from gpuwarden.insight.document import DiagnosisDocument, diagnosis_document
+from gpuwarden.insight.document import DiagnosisDocument, GpuDiagnosisDocument, diagnosis_document
 from gpuwarden.model import NodeStatic, PollResult
 from gpuwarden.snapshot import NodeSnapshot
 from gpuwarden.source import SourceError
@@ -34,12 +35,15 @@ class VerdictSpan(BaseModel):
 
 
 class DiagnoseReport(BaseModel):
-    """What ``gpuwarden diagnose`` reports: the source, the final diagnosis and the verdicts over time."""
+    """What ``gpuwarden diagnose`` reports: the source, the final diagnosis and the verdicts over time.
+
+    ``polls`` and ``seconds`` are None for a daemon's diagnosis (``--url``): its window is the document's.
+    """
 
     source: str
     scenario: str | None = None
-    polls: int
-    seconds: float
+    polls: int | None
+    seconds: float | None
     diagnosis: DiagnosisDocument
     timeline: list[VerdictSpan]
 
@@ -72,15 +76,8 @@ def analyze(
                         gpu=g.gpu, verdict=verdict, start_seconds=round(at, 3), end_seconds=round(at, 3), polls=1
                     )
                 )
-    snap = NodeSnapshot(
-        seq=len(polls),
-        source=source,
-        static=static,
-        poll=polls[-1],
-        interval_seconds=0.0,
-        analyses={"insight": res},
-    )
-    return diagnosis_document(snap), [s for gpu in sorted(spans) for s in spans[gpu]]
+    assert res is not None
+    return _document(polls[-1], static, res, source, len(polls)), [s for gpu in sorted(spans) for s in spans[gpu]]
 
 
 def replay_report(path: Path) -> DiagnoseReport:
@@ -101,6 +98,46 @@ def replay_report(path: Path) -> DiagnoseReport:
         diagnosis=doc,
         timeline=timeline,
     )
+
+
+class LiveSampler:
+    """Live NVML polls through one InsightAnalyzer: ``step()`` polls once and returns the report so far (what
+    ``--watch`` redraws). Opening raises SourceError (one line) when NVML cannot start; ``close()`` ends it."""
+
+    def __init__(self, window_seconds: float = 300.0) -> None:
+        from gpuwarden.nvml import NvmlSource
+
+        self.source = NvmlSource(slow_interval=10.0, xid_events=False)
+        self.static = self.source.open()
+        self.analyzer = InsightAnalyzer(window_seconds=window_seconds)
+        self.polls = 0
+        self.t0: float | None = None
+
+    def step(self) -> DiagnoseReport:
+        """Poll once and return the report of every poll so far (no timeline). Raises SourceError."""
+        poll = self.source.poll()
+        self.static = getattr(self.source, "static", self.static)
+        self.polls += 1
+        self.t0 = poll.timestamp if self.t0 is None else self.t0
+        res = self.analyzer(poll, self.static)
+        return DiagnoseReport(
+            source="live NVML",
+            polls=self.polls,
+            seconds=round(poll.timestamp - self.t0, 3),
+            diagnosis=_document(poll, self.static, res, "nvml", self.polls),
+            timeline=[],
+        )
+
+    def close(self) -> None:
+        """Shut NVML down."""
+        self.source.close()
+
+
+def _document(poll: PollResult, static: NodeStatic, res: InsightResult, source: str, seq: int) -> DiagnosisDocument:
+    snap = NodeSnapshot(
+        seq=seq, source=source, static=static, poll=poll, interval_seconds=0.0, analyses={"insight": res}
+    )
+    return diagnosis_document(snap)
 
 
 def live_report(seconds: float, interval: float, status: Any = None) -> DiagnoseReport:
@@ -138,12 +175,39 @@ def live_report(seconds: float, interval: float, status: Any = None) -> Diagnose
     )
 
 
+def url_report(url: str, timeout: float = 10.0) -> DiagnoseReport:
+    """The diagnosis of a running daemon: ``GET URL/api/v1/diagnosis`` (credentials as ``http://user:pass@host``;
+    https verifies against the system's CAs, or SSL_CERT_FILE). Raises SourceError (one line) when the daemon
+    cannot be reached, refuses, has no diagnosis endpoint, or answers something that is not its document."""
+    import httpx
+    from pydantic import ValidationError
+
+    base = url if "://" in url else f"http://{url}"
+    target = base.rstrip("/") + "/api/v1/diagnosis"
+    try:
+        resp = httpx.get(target, timeout=timeout, headers={"accept": "application/json"})
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # a URL httpx cannot use
+        raise SourceError(f"cannot reach {target}: {exc or type(exc).__name__}") from None
+    if resp.status_code == 401:
+        raise SourceError(f"{target} wants credentials (401): give them in the URL, http://USER:PASSWORD@HOST:PORT")
+    if resp.status_code == 404:
+        raise SourceError(f"{target}: not found (404): not a gpuwarden, or its insight collector is off")
+    if resp.status_code != 200:
+        raise SourceError(f"{target} answered HTTP {resp.status_code}")
+    try:
+        doc = DiagnosisDocument.model_validate_json(resp.content)
+    except ValidationError as exc:
+        raise SourceError(f"{target} did not answer a diagnosis document ({exc.error_count()} errors)") from None
+    return DiagnoseReport(source=f"daemon at {base}", polls=None, seconds=None, diagnosis=doc, timeline=[])
+
+
 # -- rendering -------------------------------------------------------------------------------------------
 
-_STYLE = {"ok": "green", "info": "cyan", "warning": "yellow"}
+_STYLE = {"ok": "green", "info": "cyan", "warning": "yellow", "critical": "red"}
 
 
 def _fmt(value: float, unit: str) -> str:
+    """A value for people: ratios as percent, bytes in GB (10**9), rates in GB/s or MB/s."""
     if unit == "ratio":
         return f"{value:.1%}" if value < 0.1 else f"{value:.0%}"
     if unit == "bytes_per_second":
@@ -156,54 +220,89 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:.0f} W"
     if unit == "seconds":
         return f"{value:.0f} s"
+    if unit == "celsius":
+        return f"{value:.0f} °C"
     return f"{value:g}"
 
 
-def render(report: DiagnoseReport, console: Any) -> None:
-    """Print ``report`` on a rich ``console``: one panel per GPU, then jobs, imbalance and the timeline."""
+def _verdict_text(g: GpuDiagnosisDocument) -> Any:
+    from rich.text import Text
+
+    d = g.diagnosis
+    if d is None:
+        return Text("no verdict yet", style="dim")
+    style = _STYLE.get(d.severity, "white")
+    t = Text(d.verdict.replace("_", " "), style=f"bold {style}")
+    also = [f for f in d.findings if f != d.verdict]
+    if also:
+        t.append(" + " + ", ".join(f.replace("_", " ") for f in also), style=style)
+    return t
+
+
+def _head(report: DiagnoseReport) -> str:
+    doc = report.diagnosis
+    head = f"[bold]gpuwarden diagnose[/] · {doc.hostname} · {report.source}"
+    if report.scenario:
+        head += f" (scenario [bold]{report.scenario}[/])"
+    if report.polls is not None and report.seconds is not None:
+        head += f" · {report.polls} polls over {report.seconds:.0f} s"
+    if doc.diagnosis_window_seconds:
+        head += f" · verdicts on the last {doc.diagnosis_window_seconds:.0f} s of each GPU's current job"
+    return head
+
+
+def summary_table(doc: DiagnosisDocument) -> Any:
+    """A rich Table with one row per GPU: verdict (and other findings), starved share, activity, first remedy."""
+    from rich.table import Table
+
+    t = Table(header_style="bold", expand=True, show_lines=False, pad_edge=False)
+    t.add_column("GPU", justify="right", no_wrap=True)
+    t.add_column("verdict", ratio=2)
+    t.add_column("starved", justify="right", no_wrap=True)
+    t.add_column("active", justify="right", no_wrap=True)
+    t.add_column("what to do first", ratio=5)
+    for g in doc.gpus:
+        starved = "-" if g.starved_ratio is None else f"{g.starved_ratio:.0%}"
+        active = "-" if g.activity_ratio is None else f"{g.activity_ratio:.0%}"
+        remedy = g.diagnosis.remedies[0] if g.diagnosis and g.diagnosis.remedies else ""
+        t.add_row(str(g.gpu), _verdict_text(g), starved, active, remedy)
+    return t
+
+
+def renderables(report: DiagnoseReport, brief: bool = False) -> list[Any]:
+    """What ``render`` prints, as rich renderables: the header, the one-line-per-GPU table, and unless ``brief``
+    each GPU's evidence and remedies, the jobs, the node's imbalance and (replays) the verdicts over time."""
     from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
     from rich.text import Text
 
     doc = report.diagnosis
-    head = f"[bold]gpuwarden diagnose[/] · {doc.hostname} · {report.source}"
-    if report.scenario:
-        head += f" (scenario [bold]{report.scenario}[/])"
-    console.print(head)
-    console.print(
-        f"{report.polls} polls over {report.seconds:.0f} s; verdicts over the last "
-        f"{doc.diagnosis_window_seconds or 0:.0f} s of each GPU's current processes.\n"
-    )
+    out: list[Any] = [_head(report)]
     if not doc.available:
-        console.print(f"[red]no diagnosis:[/] {doc.reason}")
-        return
+        out.append(f"[red]no diagnosis:[/] {doc.reason}")
+        return out
+    out.append(summary_table(doc))
+    if doc.node_imbalance_ratio is not None:
+        out.append(
+            f"node imbalance [bold]{doc.node_imbalance_ratio:.0%}[/] on {doc.node_activity_source} "
+            "(0% balanced, 100% one GPU does all the work)"
+        )
+    if brief:
+        return out
     for g in doc.gpus:
         d = g.diagnosis
         title = f"GPU {g.gpu} · {g.name or ''} · {g.uuid}"
         if d is None:
-            console.print(Panel("not enough history for a verdict yet", title=title, border_style="dim"))
+            out.append(Panel("not enough history for a verdict yet", title=title, border_style="dim"))
             continue
         style = _STYLE.get(d.severity, "white")
-        parts: list[Any] = []
-        verdict = Text(d.verdict.upper().replace("_", " "), style=f"bold {style}")
-        also = [f for f in d.findings if f != d.verdict]
-        if also:
-            verdict.append("  + " + ", ".join(also), style=style)
-        parts.append(verdict)
-        parts.append(Text(d.summary))
+        parts: list[Any] = [_verdict_text(g), Text(d.summary)]
         states = g.window_state_seconds
         total = sum(states.values())
         if total > 0:
-            split = "  ".join(f"{k} {v / total:.0%}" for k, v in states.items() if v > 0)
-            sr = "n/a" if g.starved_ratio is None else f"{g.starved_ratio:.0%}"
-            parts.append(
-                Text(
-                    f"score window (last {total:.0f} s, at most {doc.window_seconds or 0:.0f}): {split}; "
-                    f"starved ratio {sr}",
-                    style="dim",
-                )
-            )
+            split = ", ".join(f"{k} {v / total:.0%}" for k, v in states.items() if v > 0)
+            parts.append(Text(f"states over the last {total:.0f} s: {split}", style="dim"))
         if d.job:
             parts.append(Text(f"job: {d.job} ({d.job_kind})", style="dim"))
         ev = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
@@ -214,22 +313,16 @@ def render(report: DiagnoseReport, console: Any) -> None:
             ev.add_row(e.name, _fmt(e.value, e.unit), e.rule or "")
         parts.append(ev)
         parts.append(Text("what to do:", style="bold"))
-        for r in d.remedies:
-            parts.append(Text(f"  • {r}"))
-        console.print(Panel(Group(*parts), title=title, title_align="left", border_style=style))
+        parts.extend(Text(f"  • {r}") for r in d.remedies)
+        out.append(Panel(Group(*parts), title=title, title_align="left", border_style=style))
     if doc.jobs:
         jt = Table(title="jobs", title_justify="left", header_style="bold")
         for col in ("job", "kind", "GPUs", "PIDs", "imbalance"):
-            jt.add_column(col)
+            jt.add_column(col, overflow="fold")
         for j in doc.jobs:
-            imb = "n/a (1 GPU)" if j.imbalance_ratio is None else f"{j.imbalance_ratio:.2f} ({j.activity_source})"
+            imb = "- (1 GPU)" if j.imbalance_ratio is None else f"{j.imbalance_ratio:.0%} ({j.activity_source})"
             jt.add_row(j.job, j.job_kind, ",".join(map(str, j.gpus)) or "-", ",".join(map(str, j.pids)), imb)
-        console.print(jt)
-    if doc.node_imbalance_ratio is not None:
-        console.print(
-            f"node imbalance: [bold]{doc.node_imbalance_ratio:.2f}[/] on {doc.node_activity_source} "
-            "(0 balanced, 1 one GPU does all the work)"
-        )
+        out.append(jt)
     if len({(s.gpu, s.verdict) for s in report.timeline if s.verdict is not None}) > len(doc.gpus):
         tt = Table(title="verdicts over time", title_justify="left", header_style="bold")
         for col in ("GPU", "from s", "to s", "polls", "verdict"):
@@ -238,21 +331,67 @@ def render(report: DiagnoseReport, console: Any) -> None:
             if s.verdict is None:
                 continue  # polls before a verdict was possible (kept in --json)
             tt.add_row(str(s.gpu), f"{s.start_seconds:.0f}", f"{s.end_seconds:.0f}", str(s.polls), s.verdict or "-")
-        console.print(tt)
+        out.append(tt)
+    return out
+
+
+def render(report: DiagnoseReport, console: Any, brief: bool = False) -> None:
+    """Print ``report`` on a rich ``console`` (``renderables``)."""
+    for r in renderables(report, brief):
+        console.print(r)
+
+
+def _watch(args: argparse.Namespace, console: Any) -> int:
+    """``--watch``: redraw the report every ``--interval`` s until interrupted (exit 0); one line and 1 when the
+    source fails."""
+    from rich.console import Group
+    from rich.live import Live
+
+    sampler: LiveSampler | None = None
+    if args.url:
+
+        def step() -> DiagnoseReport:
+            return url_report(args.url)
+
+    else:
+        sampler = LiveSampler()
+        step = sampler.step
+    try:
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            while True:
+                report = step()
+                live.update(Group(*renderables(report, args.brief)), refresh=True)
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if sampler is not None:
+            sampler.close()
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    """Run ``gpuwarden diagnose``; returns the exit status (1 with one line on stderr when the source fails)."""
+    """Run ``gpuwarden diagnose``; returns the exit status (2 for flags that cannot apply, 1 with one line on stderr
+    when the source fails)."""
     from rich.console import Console
 
+    if args.replay and args.url:
+        print("gpuwarden: --replay and --url cannot apply together: give one source", file=sys.stderr)
+        return 2
+    if args.watch and (args.replay or args.json):
+        print("gpuwarden: --watch redraws a live view: not with --replay or --json", file=sys.stderr)
+        return 2
+    if args.seconds <= 0 or args.interval <= 0:
+        print("gpuwarden: --seconds and --interval must be positive", file=sys.stderr)
+        return 2
     err = Console(stderr=True)
     try:
+        if args.watch:
+            return _watch(args, Console())
         if args.replay:
             report = replay_report(Path(args.replay))
+        elif args.url:
+            report = url_report(args.url)
         else:
-            if args.seconds <= 0 or args.interval <= 0:
-                print("gpuwarden: --seconds and --interval must be positive", file=sys.stderr)
-                return 2
             with err.status("sampling the GPUs") as st:
                 report = live_report(args.seconds, args.interval, status=st.update if not args.json else None)
     except SourceError as exc:
@@ -261,7 +400,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
-        render(report, Console())
+        render(report, Console(), brief=args.brief)
     return 0
 
 
@@ -269,12 +408,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``diagnose`` subcommand on ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
     p = subparsers.add_parser(
         "diagnose",
-        help="one-shot report: why each GPU is (not) working, with evidence and remedies",
-        description=__doc__.splitlines()[0],
+        help="why each GPU is (not) working: verdict, evidence and remedies",
+        description="Why each GPU of this node is (not) working: one line per GPU (verdict, starved share, what to "
+        "do first), then the evidence and every remedy. Samples NVML for --seconds, or reads a recorded trace "
+        "(--replay), or asks a running daemon for its diagnosis over its own window (--url).",
     )
-    p.add_argument("--replay", metavar="FILE", help="diagnose a recorded trace instead of live NVML")
+    src = p.add_argument_group("source (one; default: sample this node's GPUs)")
+    src.add_argument("--replay", metavar="FILE", help="diagnose a recorded trace")
+    src.add_argument(
+        "--url", metavar="URL", help="ask a running daemon, e.g. http://NODE:10412 (credentials: http://USER:PW@...)"
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="live: seconds to sample (default 10)")
-    p.add_argument("--interval", type=float, default=1.0, help="live: seconds between polls (default 1)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument(
+        "--interval", type=float, default=1.0, help="live: seconds between polls; --watch: between redraws (default 1)"
+    )
+    p.add_argument("--brief", action="store_true", help="only the one-line-per-GPU table")
+    p.add_argument("--watch", action="store_true", help="redraw live until Ctrl-C (live NVML or --url)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_diagnose)
     return p

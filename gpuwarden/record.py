@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,21 @@ class Recorded:
 
 
 def record(
-    source: Source, out: Path, duration: float, interval: float, metadata: dict[str, Any], overwrite: bool = True
+    source: Source,
+    out: Path,
+    duration: float,
+    interval: float,
+    metadata: dict[str, Any],
+    overwrite: bool = True,
+    progress: Callable[[int, float], None] | None = None,
 ) -> Recorded:
     """Open ``source``, poll it every ``interval`` s for ``duration`` s, write the trace to ``out``.
 
     SIGTERM and SIGINT (in the main thread) end the recording after the poll in hand, the trace closed and complete.
     A write that fails after the header (ENOSPC) ends it with the polls before it kept. Raises SourceError when the
     source cannot open, OSError when ``out`` cannot be created, FileExistsError when it exists and not
-    ``overwrite``. Every poll is flushed as it is written (gpuwarden.trace.TraceWriter), so a kill keeps the
+    ``overwrite``. ``progress(polls, seconds)``, if given, is called after each poll written. Every poll is
+    flushed as it is written (gpuwarden.trace.TraceWriter), so a kill keeps the
     complete polls readable.
     """
     stop = threading.Event()
@@ -55,6 +63,8 @@ def record(
                     writer.write(source.poll())
                 except OSError as exc:
                     return Recorded(writer.polls - 1, error=f"write failed: {exc.strerror or exc}")
+                if progress is not None:
+                    progress(writer.polls, time.monotonic() - start)
                 next_at += interval
                 if next_at - start > duration:
                     break

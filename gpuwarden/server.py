@@ -121,11 +121,44 @@ class DateHeaderMiddleware:
         await self.app(scope, receive, send_dated)
 
 
-_LANDING = """<!doctype html><html><head><meta charset="utf-8"><title>gpuwarden</title></head>
-<body><h1>gpuwarden {version}</h1><p>NVIDIA GPU monitoring daemon and Prometheus exporter ({source}).</p>
-<ul><li><a href="{metrics}">/{metrics}</a> Prometheus metrics</li><li><a href="healthz">/healthz</a> liveness</li>
-<li><a href="readyz">/readyz</a> readiness</li><li><a href="api/v1/gpus">/api/v1/gpus</a> latest readings (JSON)</li>
-{extra}<li><a href="docs">/docs</a> API reference</li></ul></body></html>"""
+#: The node page's Content-Security-Policy: its script and style sheet come from the daemon, nothing else loads.
+PAGE_CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+
+_PAGE_TYPES = {"node.js": "text/javascript; charset=utf-8", "node.css": "text/css; charset=utf-8"}
+
+
+def node_page(telemetry_path: str = "/metrics") -> str:
+    """Return the HTML of the node page served at ``/`` (gpuwarden/page/node.html, package data) with the version
+    and the metrics path filled in; its script (``page/node.js``) reads /api/v1/gpus and /api/v1/diagnosis."""
+    from importlib.resources import files
+    from string import Template
+
+    text = files("gpuwarden.page").joinpath("node.html").read_text(encoding="utf-8")
+    return Template(text).substitute(
+        version=html.escape(__version__), metrics=html.escape(telemetry_path.lstrip("/"), quote=True)
+    )
+
+
+def add_page(app: FastAPI, telemetry_path: str) -> None:
+    """Serve the node page at ``/`` and its assets under ``/page/`` (read once, from the package), each with
+    PAGE_CSP."""
+    from importlib.resources import files
+
+    page = node_page(telemetry_path)
+    assets = {name: files("gpuwarden.page").joinpath(name).read_bytes() for name in _PAGE_TYPES}
+    csp = {"content-security-policy": PAGE_CSP, "x-content-type-options": "nosniff"}
+
+    async def landing(request: Request) -> Response:
+        return HTMLResponse(page, headers=csp)
+
+    async def asset(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in assets:
+            return Response("not found\n", status_code=404, media_type="text/plain")
+        return Response(assets[name], headers={"content-type": _PAGE_TYPES[name], **csp})
+
+    app.add_route("/", landing, methods=["GET"], include_in_schema=False)
+    app.add_route("/page/{name}", asset, methods=["GET"], include_in_schema=False)
 
 
 def create_app(
@@ -138,7 +171,7 @@ def create_app(
     """Return the FastAPI app serving the latest snapshot of ``holder`` (the poller), the exposition at
     ``telemetry_path``.
 
-    ``extra_routes(app)`` may add routes (e.g. /api/v1/diagnosis) and returns their paths for the landing page.
+    ``extra_routes(app)`` may add routes (e.g. /api/v1/diagnosis); ``/`` serves the node page (``add_page``).
     """
     app = FastAPI(
         title="gpuwarden",
@@ -189,21 +222,9 @@ def create_app(
             return JSONResponse({"detail": "no snapshot yet"}, status_code=503)
         return gpus_document(snap, stale_after)
 
-    extra = extra_routes(app) if extra_routes is not None else []
-
-    @app.get("/", include_in_schema=False)
-    def landing() -> HTMLResponse:
-        snap = holder.snapshot
-        links = "".join(f'<li><a href="{p.lstrip("/")}">{p}</a></li>' for p in extra)
-        return HTMLResponse(
-            _LANDING.format(
-                version=__version__,
-                source=snap.source if snap else "starting",
-                extra=links,
-                metrics=html.escape(telemetry_path.lstrip("/")),
-            )
-        )
-
+    if extra_routes is not None:
+        extra_routes(app)
+    add_page(app, telemetry_path)
     return app
 
 

@@ -120,3 +120,15 @@ def test_a_full_disk_keeps_the_polls_written_before_it(tmp_path: Path, monkeypat
     assert result.polls == 3 and result.error is not None and "No space left" in result.error
     _, polls = read_trace(out)
     assert len(polls) == 3
+
+
+def test_progress_is_reported_after_each_poll_written(tmp_path: Path) -> None:
+    from gpuwarden.record import record
+    from gpuwarden.replay import ReplaySource
+
+    seen: list[tuple[int, float]] = []
+    result = record(
+        ReplaySource(trace("h100-idle")), tmp_path / "t.jsonl", 0.2, 0.05, {}, progress=lambda n, s: seen.append((n, s))
+    )
+    assert [n for n, _ in seen] == list(range(1, result.polls + 1)) and result.polls >= 4
+    assert all(b[1] >= a[1] for a, b in zip(seen, seen[1:], strict=False)) and seen[-1][1] <= 0.5

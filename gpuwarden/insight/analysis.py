@@ -100,6 +100,7 @@ def build_result(
                 activity_source=None if activity is None else source,
                 shortfall_ratio=shortfall.get(uuid),
                 diagnosis=diagnosis,
+                state_runs=list(c.runs),
             )
         )
     node_act = activities([node_w[u] for u in up if u in node_w])

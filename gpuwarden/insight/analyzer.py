@@ -12,6 +12,7 @@ analyzer itself returns the result at once. Definitions are in docs/scores.md.
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from gpuwarden.insight import states as st
 from gpuwarden.insight.analysis import build_result
 from gpuwarden.insight.attribution import JobRef, attribute
 from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Health
-from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, insight_result
+from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
 from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, terms
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult, ProcessReading
 
@@ -54,6 +55,7 @@ class _GpuState:
     gpm_changes: int = 0  # new GPM computations since the current job appeared
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.STATES, 0.0))
     idle: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.IDLE_CAUSES, 0.0))
+    runs: deque[StateRun] = field(default_factory=deque)  # the node window's intervals, by main state
 
 
 class InsightAnalyzer:
@@ -208,6 +210,7 @@ class InsightAnalyzer:
                 diag=state.diag.capture() if uuid in up_uuids else None,
                 totals=dict(state.totals),
                 idle=dict(state.idle),
+                runs=tuple(state.runs),
             )
             for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index)
         ]
@@ -317,3 +320,18 @@ class InsightAnalyzer:
         added = terms(iv)
         for running in (state.node, state.job, state.diag):
             running.push(iv, added)
+        _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
+
+
+def _extend_runs(runs: deque[StateRun], secs: dict[str, float], start: float, end: float, window: float) -> None:
+    """Add the interval ``start``..``end`` (Unix s) under its main state (the one with most of ``secs``) to
+    ``runs``, merging it into the last run when that has the same state and ends where it starts; drop the runs
+    that ended more than ``window`` seconds before ``end``."""
+    main = max(secs, key=secs.__getitem__)
+    last = runs[-1] if runs else None
+    if last is not None and last.state == main and abs(last.end - start) < 1e-6:
+        runs[-1] = StateRun.model_construct(state=main, start=last.start, end=end)
+    else:
+        runs.append(StateRun.model_construct(state=main, start=start, end=end))
+    while runs and runs[0].end <= end - window:
+        runs.popleft()

@@ -346,17 +346,17 @@ def _evidence(w: GpuWindow) -> list[Evidence]:
         if value is not None:
             ev.append(Evidence(name=name, value=round(float(value), 6), unit=unit, rule=rule))
 
-    add("utilization_gpu", w.util, "ratio", f"utilized at >= {BUSY_UTIL:g}")
+    add("utilization_gpu", w.util, "ratio", f"utilized at >= {BUSY_UTIL:.0%}")
     add("sm_activity", w.sm, "ratio", f"launch bound below {LAUNCH_SM_PER_UTIL:g} x utilization_gpu")
-    add("tensor_activity", w.tensor, "ratio", f"tensor cores idle below {TENSOR_IDLE_MAX:g}")
-    add("dram_activity", w.dram, "ratio", f"memory bound at >= {MEMORY_BOUND_DRAM:g}")
-    add("fp32_activity", w.fp32, "ratio", f"FP32 pipes busy at >= {FP32_BUSY_MIN:g}")
+    add("tensor_activity", w.tensor, "ratio", f"tensor cores idle below {TENSOR_IDLE_MAX:.0%}")
+    add("dram_activity", w.dram, "ratio", f"memory bound at >= {MEMORY_BOUND_DRAM:.0%}")
+    add("fp32_activity", w.fp32, "ratio", f"FP32 pipes busy at >= {FP32_BUSY_MIN:.0%}")
     add("busy_share", w.share("busy"), "ratio")
-    add("starved_share", w.share("starved"), "ratio", f"input starved at >= {STARVED_MIN:g}")
-    add("paused_share", w.share("paused"), "ratio", f"job paused at >= {PAUSED_MIN:g}")
-    add("held_idle_share", w.share("held_idle"), "ratio", f"held idle at >= {HELD_IDLE_MIN:g}")
+    add("starved_share", w.share("starved"), "ratio", f"input starved at >= {STARVED_MIN:.0%}")
+    add("paused_share", w.share("paused"), "ratio", f"job paused at >= {PAUSED_MIN:.0%}")
+    add("held_idle_share", w.share("held_idle"), "ratio", f"held idle at >= {HELD_IDLE_MIN:.0%}")
     add("job_cpu", w.job_cpu_cores, "cores", f"job working at >= {JOB_CPU_BUSY_CORES:g} cores")
-    add("max_process_cpu", w.max_process_cpu_cores, "cores", f"a launching thread at >= {LAUNCH_CPU_CORES:g}")
+    add("max_process_cpu", w.max_process_cpu_cores, "cores", f"a launching thread at >= {LAUNCH_CPU_CORES:g} cores")
     add("job_read_rate", w.io_read_bytes_per_second, "bytes_per_second")
     add("job_processes_in_io_wait", w.io_blocked_processes, "processes")
     add("host_cpu_busy", w.host_cpu_busy_ratio, "ratio")
@@ -364,16 +364,16 @@ def _evidence(w: GpuWindow) -> list[Evidence]:
         "pcie_rx",
         w.pcie_rx,
         "bytes_per_second",
-        f"copy bound at >= {H2D_RX_BYTES_PER_SECOND / 2**30:g} GiB/s with SMs < {H2D_SM_MAX:g}",
+        f"copy bound at >= {H2D_RX_BYTES_PER_SECOND / 1e9:.2f} GB/s with SM activity < {H2D_SM_MAX:.0%}",
     )
     add("nvlink_rx", w.nvlink_rx, "bytes_per_second")
     add("memory_used", w.memory_used_bytes, "bytes")
-    add("memory_used_ratio", w.memory_used_ratio, "ratio", f"nearly full above {MEMORY_FULL_RATIO:g}")
-    add("sm_clock_of_max", w.sm_clock_ratio, "ratio", f"throttled below {THROTTLE_CLOCK_RATIO:g}")
-    add("throttle_share", w.throttle_fraction, "ratio", f"throttled at >= {THROTTLE_MIN_FRACTION:g}")
+    add("memory_used_ratio", w.memory_used_ratio, "ratio", f"nearly full above {MEMORY_FULL_RATIO:.0%}")
+    add("sm_clock_of_max", w.sm_clock_ratio, "ratio", f"throttled below {THROTTLE_CLOCK_RATIO:.0%}")
+    add("throttle_share", w.throttle_fraction, "ratio", f"throttled at >= {THROTTLE_MIN_FRACTION:.0%}")
     h = w.health
     add("temperature", h.temperature_celsius, "celsius")
-    add("slowdown_threshold", h.slowdown_celsius, "celsius", f"hot within {HOT_MARGIN_CELSIUS:g} of it")
+    add("slowdown_threshold", h.slowdown_celsius, "celsius", f"hot within {HOT_MARGIN_CELSIUS:g} °C of it")
     add("memory_temperature", h.memory_temperature_celsius, "celsius")
     add("uncorrected_ecc_errors", h.uncorrected_ecc, "errors")
     add("power", w.power_watts, "watts")

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gpuwarden.insight.diagnosis import Diagnosis
-from gpuwarden.insight.result import JobInsight, ProcessJob, insight_result
+from gpuwarden.insight.result import JobInsight, ProcessJob, StateRun, insight_result
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -23,6 +23,9 @@ class GpuDiagnosisDocument(BaseModel):
     state_seconds_total: dict[str, float] = Field(default_factory=dict)
     window_state_seconds: dict[str, float] = Field(default_factory=dict)
     diagnosis: Diagnosis | None = None
+    state_runs: list[StateRun] = Field(
+        default_factory=list, description="the window's poll intervals by main state, oldest first (Unix s)"
+    )
 
 
 class DiagnosisDocument(BaseModel):
@@ -78,6 +81,7 @@ def diagnosis_document(snapshot: NodeSnapshot) -> DiagnosisDocument:
                 state_seconds_total=g.state_seconds_total,
                 window_state_seconds=g.window_state_seconds,
                 diagnosis=g.diagnosis,
+                state_runs=g.state_runs,
             )
             for g in res.gpus
         ],

@@ -15,11 +15,21 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+class StateRun(_Frozen):
+    """A stretch of consecutive poll intervals of one GPU whose time went mostly to one state
+    (gpuwarden.insight.states.STATES): from ``start`` to ``end``, Unix seconds."""
+
+    state: str
+    start: float
+    end: float
+
+
 class GpuInsight(_Frozen):
     """One GPU's time accounting, scores and verdict.
 
     ``state_seconds_total``: seconds per state since the analyzer started (counters). ``window_state_seconds``:
     the same over the last ``window_seconds``. ``starved_ratio``: starved / accounted seconds in the window.
+    ``state_runs``: the window as a strip, each interval under the state that took most of it.
     ``activity_ratio``: mean GPM SM activity over the window (``activity_source`` "sm_activity"), else mean
     util.gpu ("utilization_gpu"). ``diagnosis``: None until MIN_SECONDS of history or while the GPU is down.
     """
@@ -40,6 +50,10 @@ class GpuInsight(_Frozen):
         default=None, description="1 - activity / the busiest activity among the GPUs of its job (None: 1 GPU)"
     )
     diagnosis: Diagnosis | None = None
+    state_runs: list[StateRun] = Field(
+        default_factory=list,
+        description="the window's poll intervals by main state, oldest first (gaps: time not accounted)",
+    )
 
 
 class ProcessJob(_Frozen):

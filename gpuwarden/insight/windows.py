@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gpuwarden.insight import states as st
 from gpuwarden.insight.attribution import JobRef
 from gpuwarden.insight.diagnosis import GpuWindow, Health
+from gpuwarden.insight.result import StateRun
 
 
 @dataclass(slots=True)
@@ -249,3 +250,4 @@ class GpuCapture:
     diag: Captured | None
     totals: dict[str, float]
     idle: dict[str, float]
+    runs: tuple[StateRun, ...] = ()

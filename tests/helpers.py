@@ -1,0 +1,62 @@
+"""Helpers for tests that run the real daemon as a process: a free port, waiting for HTTP, a daemon context."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30, proc: subprocess.Popen | None = None) -> None:
+    """Wait until ``url`` answers below 500; AssertionError after ``timeout`` s or when ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the process serving {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer within {timeout} s")
+
+
+@contextmanager
+def daemon(*args: str, log: Path | None = None) -> Iterator[str]:
+    """Run ``gpuwarden serve ARGS`` on a free port of 127.0.0.1 until the block ends; yield its base URL."""
+    port = free_port()
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "serve", "--web.listen-address", f"127.0.0.1:{port}", *args],
+        cwd=REPO,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/healthz", proc=proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if log is not None:
+            out.close()  # type: ignore[union-attr]

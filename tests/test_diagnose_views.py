@@ -1,0 +1,120 @@
+"""``gpuwarden diagnose`` views: the one-line-per-GPU table first, ``--brief`` on one screen, ``--url`` against a real
+daemon, ``--watch``, and the errors of flags that cannot apply."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import trace
+from tests.helpers import REPO, daemon, free_port
+
+ENV = {**os.environ, "COLUMNS": "120", "LINES": "50", "TERM": "dumb"}
+
+
+def _diagnose(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "diagnose", *args],
+        capture_output=True, text=True, timeout=60, env=ENV, cwd=REPO,
+    )  # fmt: skip
+
+
+def test_brief_on_8_gpus_fits_one_screen_and_names_every_verdict() -> None:
+    out = _diagnose("--replay", str(trace("derived-8gpu")), "--brief")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) <= 40, len(lines)  # a 120 x 50 terminal, with room for the prompt
+    rows = [ln for ln in lines if ln.startswith("│") and ln.split("│")[1].strip().isdigit()]
+    assert [int(r.split("│")[1]) for r in rows] == list(range(8))
+    assert all(("waiting on peers" in r) or ("input starved" in r) for r in rows)
+    assert "what to do first" in out.stdout and "evidence" not in out.stdout
+
+
+def test_the_full_report_starts_with_the_table_then_the_details() -> None:
+    out = _diagnose("--replay", str(trace("h100-starved_dataloader")))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.index("what to do first") < text.index("evidence") < text.index("what to do:")
+    assert "94%" in text and "input starved at >= 25%" in text  # ratios and their rules both in percent
+
+
+def test_url_shows_the_running_daemons_diagnosis() -> None:
+    with daemon("--replay", str(trace("derived-8gpu"))) as url:
+        deadline = time.monotonic() + 30
+        while True:
+            doc = httpx.get(url + "/api/v1/diagnosis").json()
+            if doc["gpus"] and all(g["diagnosis"] for g in doc["gpus"]):
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        out = _diagnose("--url", url, "--json")
+        brief = _diagnose("--url", url.removeprefix("http://"), "--brief")
+    assert out.returncode == 0, out.stderr
+    import json
+
+    report = json.loads(out.stdout)
+    assert report["source"] == f"daemon at {url}" and report["polls"] is None
+    assert [g["gpu"] for g in report["diagnosis"]["gpus"]] == [g["gpu"] for g in doc["gpus"]]
+    assert report["diagnosis"]["window_seconds"] == doc["window_seconds"] == 300
+    assert brief.returncode == 0 and "daemon at http://127.0.0.1" in brief.stdout and "what to do first" in brief.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--url", f"http://127.0.0.1:{free_port()}"], 1, "cannot reach http://127.0.0.1:"),
+        (["--url", "http://[::1"], 1, "cannot reach"),
+        (["--replay", "x.jsonl", "--url", "http://h:1"], 2, "--replay and --url cannot apply together"),
+        (["--replay", "x.jsonl", "--watch"], 2, "--watch redraws a live view"),
+        (["--watch", "--json"], 2, "--watch redraws a live view"),
+        (["--interval", "0"], 2, "must be positive"),
+    ],
+)
+def test_flags_that_cannot_apply_are_one_line(args: list[str], code: int, message: str) -> None:
+    out = _diagnose(*args)
+    assert out.returncode == code and message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_url_that_is_not_a_gpuwarden_is_one_line() -> None:
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from threading import Thread
+
+    class Other(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            code = 404 if "nothere" in self.path else 200
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b'{"hello": "world"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Other)
+    Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        wrong = _diagnose("--url", f"http://127.0.0.1:{srv.server_port}")
+        missing = _diagnose("--url", f"http://127.0.0.1:{srv.server_port}/nothere")
+    finally:
+        srv.shutdown()
+    assert wrong.returncode == 1 and "did not answer a diagnosis document" in wrong.stderr
+    assert missing.returncode == 1 and "not found (404)" in missing.stderr
+
+
+def test_watch_redraws_until_interrupted() -> None:
+    with daemon("--replay", str(trace("derived-8gpu"))) as url:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "diagnose", "--url", url, "--watch", "--brief", "--interval", "0.3"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO,
+        )  # fmt: skip
+        time.sleep(4)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "what to do first" in out and "Traceback" not in err

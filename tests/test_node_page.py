@@ -1,0 +1,158 @@
+"""The node page at ``/`` in a real browser: headless Chromium (Debian's package, installed by .ci/run) loads the
+page from a daemon replaying recorded traces, with every host but 127.0.0.1 unresolvable, and the test reads the
+DOM the page's script built. A screenshot of each page lands in build/screenshots (or $GPUWARDEN_SCREENSHOTS)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpuwarden.server import PAGE_CSP
+from tests.conftest import trace
+from tests.helpers import REPO, daemon
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+SHOTS = Path(os.environ.get("GPUWARDEN_SCREENSHOTS", REPO / "build" / "screenshots"))
+
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (.ci/run installs Debian's)")
+
+
+def _chromium(url: str, *args: str) -> str:
+    """Run headless Chromium on ``url`` with the network cut off but for 127.0.0.1; return its stdout."""
+    assert CHROMIUM is not None
+    cmd = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--virtual-time-budget=6000",
+        "--window-size=1400,1000", *args, url,
+    ]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout
+
+
+class _Dom(HTMLParser):
+    """The elements of a dumped DOM as (tag, attributes, text inside) - enough to find cards and their text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str], list[str]]] = []
+        self._open: list[int] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, {k: v or "" for k, v in attrs}, []))
+        if tag not in ("link", "meta", "br", "img", "input"):
+            self._open.append(len(self.elements) - 1)
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._open:
+            i = self._open.pop()
+            if self.elements[i][0] == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        for i in self._open:
+            self.elements[i][2].append(data)
+
+    def find(self, **attrs: str) -> list[tuple[str, dict[str, str], str]]:
+        """Elements whose attributes include ``attrs`` (``class_`` matches one class), with their text."""
+        out = []
+        for tag, a, text in self.elements:
+            if all(
+                (v in a.get("class", "").split()) if k == "class_" else a.get(k.replace("_", "-")) == v
+                for k, v in attrs.items()
+            ):
+                out.append((tag, a, "".join(text)))
+        return out
+
+
+def _dom(url: str) -> _Dom:
+    d = _Dom()
+    d.feed(_chromium(url, "--dump-dom"))
+    return d
+
+
+def _verdicts(url: str) -> dict[str, str]:
+    doc = httpx.get(url + "/api/v1/diagnosis", timeout=5).json()
+    return {str(g["gpu"]): g["diagnosis"]["verdict"] for g in doc["gpus"] if g["diagnosis"]}
+
+
+def _wait_verdicts(url: str, gpus: int) -> dict[str, str]:
+    deadline = time.monotonic() + 30
+    while len(v := _verdicts(url)) < gpus:
+        assert time.monotonic() < deadline, f"only {len(v)} of {gpus} GPUs have a verdict"
+        time.sleep(0.3)
+    return v
+
+
+def test_page_and_assets_are_self_contained() -> None:
+    """Nothing on the page comes from elsewhere: the CSP allows only the daemon, and no asset names a URL."""
+    from fastapi.testclient import TestClient
+
+    from gpuwarden.poller import Poller
+    from gpuwarden.replay import ReplaySource
+    from gpuwarden.server import create_app
+
+    class _NoExposition:
+        pass
+
+    p = Poller(ReplaySource(trace("h100-idle")), 1.0)
+    app = create_app(p, _NoExposition(), 60.0, telemetry_path="/custom-metrics")  # type: ignore[arg-type]
+    client = TestClient(app)
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-security-policy"] == PAGE_CSP
+    assert 'href="custom-metrics"' in page.text and "$" not in page.text
+    for name, ctype in (("node.js", "text/javascript"), ("node.css", "text/css")):
+        r = client.get(f"/page/{name}")
+        assert r.status_code == 200 and r.headers["content-type"].startswith(ctype)
+        assert "http://" not in r.text and "https://" not in r.text and "innerHTML" not in r.text
+    assert client.get("/page/../server.py").status_code == 404
+    assert client.get("/page/nope.js").status_code == 404
+
+
+@needs_chromium
+def test_page_shows_every_gpu_verdict_readings_and_strip() -> None:
+    with daemon("--replay", str(trace("derived-8gpu"))) as url:
+        before = _wait_verdicts(url, 8)
+        time.sleep(2)  # some history for the strip
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        _chromium(url + "/", f"--screenshot={SHOTS / 'node-page-8gpu.png'}")
+        dom = _dom(url + "/")
+        after = _verdicts(url)
+        jobs = [j["job"] for j in httpx.get(url + "/api/v1/diagnosis", timeout=5).json()["jobs"]]
+    cards = dom.find(class_="gpu")
+    assert [a["data-gpu"] for _, a, _ in cards] == [str(i) for i in range(8)]
+    shown = {a["data-gpu"]: a["data-verdict"] for _, a, _ in cards}
+    for gpu, verdict in shown.items():
+        assert verdict in (before[gpu], after[gpu]), (gpu, verdict, before[gpu], after[gpu])
+    for _, _, text in cards:
+        assert "What to do:" in text and " °C" in text and " W of " in text and " GB of " in text
+    meters = {a["data-meter"] for _, a, _ in dom.find() if "data-meter" in a}
+    assert {"SM activity", "memory", "temperature", "power", "SM clock", "starved"} <= meters
+    states = {a["data-state"] for _, a, _ in dom.find() if "data-state" in a}
+    assert states & {"busy", "starved"}, states
+    assert dom.find(id="banner")[0][1].get("hidden") is not None  # fresh data: no warning shown
+    rows = [t for tag, _, t in dom.find() if tag == "tr"][1:]
+    assert rows and all(jobs[0] in r for r in rows[:1]), rows
+    assert (SHOTS / "node-page-8gpu.png").stat().st_size > 10_000
+
+
+@needs_chromium
+def test_page_of_the_demo() -> None:
+    """The screenshot of the page with the demo running (the README's first command)."""
+    with daemon("--demo") as url:
+        _wait_verdicts(url, 1)
+        time.sleep(2)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        _chromium(url + "/", f"--screenshot={SHOTS / 'node-page-demo.png'}")
+        dom = _dom(url + "/")
+        hostname = httpx.get(url + "/api/v1/gpus", timeout=5).json()["hostname"]
+    assert dom.find(id="hostname")[0][2] == hostname
+    (card,) = dom.find(class_="gpu")
+    assert card[1]["data-verdict"] and "GPU 0 · NVIDIA H100" in card[2]
+    assert (SHOTS / "node-page-demo.png").stat().st_size > 10_000
