@@ -172,6 +172,23 @@ READINGS: tuple[Reading, ...] = (
         cadence="slow",
     ),
     Reading("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", cadence="slow", integer=True),
+    Reading("recovery_action", "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", cadence="slow", integer=True),
+    Reading(
+        "nvlink_errors_total",
+        "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        key="crc_flit",
+        cadence="slow",
+        integer=True,
+        only_if="nvlink_link_count",
+    ),
+    Reading(
+        "nvlink_errors_total",
+        "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        key="crc_data",
+        cadence="slow",
+        integer=True,
+        only_if="nvlink_link_count",
+    ),
     Reading("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption", scale=_MILLI, cadence="slow"),
     *(
         Reading(
@@ -395,6 +412,21 @@ FAMILIES: tuple[Family, ...] = (
         "pcie",
         reading="pcie_replay_total",
     ),
+    _g(
+        "gpu_recovery_action",
+        "The recovery the driver asks for (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset, 2 node reboot, "
+        "3 drain peer-to-peer traffic, 4 drain and reset.",
+        "ecc",
+        reading="recovery_action",
+    ),
+    _c(
+        "gpu_nvlink_errors_total",
+        "NVLink CRC errors summed over the GPU's links, by type (crc_flit, crc_data), since the driver loaded.",
+        "pcie",
+        labels=("type",),
+        reading="nvlink_errors_total",
+        only_if="nvlink_link_count",
+    ),
     # gpm
     _g(
         "gpu_graphics_engine_activity_ratio",
@@ -566,9 +598,10 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_process_job_info",
         "info",
-        "The job of a GPU process: Kubernetes pod UID, Slurm job, container, systemd unit, cgroup or user/command.",
+        "The job of a GPU process: Kubernetes pod UID, Slurm job, container, systemd unit, cgroup or user/command; "
+        "job_scope cluster: the id means the same job on every node (Kubernetes, Slurm), node: only on this node.",
         "insight",
-        labels=("pid", "job_id", "job_kind", "container_id", "user", "command"),
+        labels=("pid", "job_id", "job_kind", "job_scope", "container_id", "user", "process_name"),
     ),
     # exporter (the daemon's own)
     Family(
@@ -665,7 +698,9 @@ COLLECTORS: dict[str, CollectorInfo] = {
         CollectorInfo("clock_events", True, "Clock event (throttle) reasons as 0/1 per reason, and seconds per reason"),
         CollectorInfo("clocks", True, "Current and maximum clocks (SM, memory, graphics, video) and P-state"),
         CollectorInfo("device", True, "GPU identity (gpu_info), driver versions, up/down per GPU, GPU count"),
-        CollectorInfo("ecc", True, "ECC mode and error counters, remapped rows, row-remap pending/failure"),
+        CollectorInfo(
+            "ecc", True, "ECC mode and error counters, remapped rows, row-remap pending/failure, recovery action"
+        ),
         CollectorInfo(
             "exporter", True, "gpuwarden's own metrics: build info, polls, poll duration, freshness, NVML errors"
         ),
@@ -677,7 +712,9 @@ COLLECTORS: dict[str, CollectorInfo] = {
         ),
         CollectorInfo("memory", True, "Device memory total/used/free/reserved (nvmlDeviceGetMemoryInfo v2)"),
         CollectorInfo("mig", True, "MIG mode, and memory and GPM activity per MIG device"),
-        CollectorInfo("pcie", True, "PCIe link generation/width, RX/TX bytes per second (GPM), replay errors"),
+        CollectorInfo(
+            "pcie", True, "PCIe link generation/width, RX/TX bytes per second (GPM), replay errors; NVLink CRC errors"
+        ),
         CollectorInfo("power", True, "Power draw, enforced/default power limits, energy counter"),
         CollectorInfo("processes", True, "Compute process count and GPU memory per process (top N per GPU)"),
         CollectorInfo(

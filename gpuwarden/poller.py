@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuwarden.model import NodeStatic, PollResult
+from gpuwarden.model import GpuReading, NodeStatic, PollResult
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.snapshot import NodeSnapshot, XidTotal
 from gpuwarden.source import Source
@@ -71,6 +71,7 @@ class Poller:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._xid: dict[int, dict[int, XidTotal]] = {}
+        self._last_up: dict[int, GpuReading] = {}
         self._polls = 0
         self._failures = 0
         self._last_success: float | None = None
@@ -180,6 +181,8 @@ class Poller:
         self._polls += 1
         self._last_success = poll.timestamp
         for g in poll.gpus:
+            if g.up:
+                self._last_up[g.index] = g
             for e in g.xid_events:
                 codes = self._xid.setdefault(g.index, {})
                 prev = codes.get(e.xid)
@@ -229,6 +232,7 @@ class Poller:
             source_up=source_up and poll is not None,
             errors=self.source.errors(),
             xid={i: dict(c) for i, c in self._xid.items()},
+            last_up=dict(self._last_up),
             analyses=dict(self._analyses),
             extra_info=self._extra_info,
             reload_successful=self.reload_successful,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuwarden.model import NodeStatic, PollResult
+from gpuwarden.model import GpuReading, NodeStatic, PollResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,8 @@ class NodeSnapshot:
 
     ``poll`` is None until the first poll succeeds, after a poll that raised, and while a poll hangs past the
     deadline. ``source_up`` is False when the last poll failed, the source reported itself down (NVML not
-    initialised: every GPU ``up=False``) or a poll hangs. ``xid`` maps GPU index -> XID code -> XidTotal.
+    initialised: every GPU ``up=False``) or a poll hangs. ``xid`` maps GPU index -> XID code -> XidTotal;
+    ``last_up`` GPU index -> that GPU's last reading while it was up (what is still known of a GPU now lost).
     ``errors`` maps (call, error) -> count. ``analyses`` holds what analyzers (``gpuwarden.insight``)
     derived from the history, keyed by analyzer name. ``reload_successful`` says whether the last configuration
     reload applied (True before any), ``reload_success_timestamp`` when the configuration last loaded (start or
@@ -43,6 +44,7 @@ class NodeSnapshot:
     source_up: bool = True
     errors: dict[tuple[str, str], int] = field(default_factory=dict)
     xid: dict[int, dict[int, XidTotal]] = field(default_factory=dict)
+    last_up: dict[int, GpuReading] = field(default_factory=dict)
     analyses: dict[str, Any] = field(default_factory=dict)
     extra_info: dict[str, str] = field(default_factory=dict)
     reload_successful: bool = True

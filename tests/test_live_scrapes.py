@@ -93,8 +93,10 @@ def test_live_starved_dataloader_is_starved_and_attributed() -> None:
     assert ratio.value > 0.5
     assert [s.labels["reason"] for s in f["gpu_diagnosis"] if s.value == 1] == ["input_starved"]
     [job] = f["gpu_process_job_info"]
-    # recorded before the label was renamed from job to job_id (a job label clashes with Prometheus's own)
-    assert job.labels["command"] == "python3" and (job.labels.get("job_id") or job.labels.get("job"))
+    # recorded before the labels were renamed from job to job_id (a job label clashes with Prometheus's own) and from
+    # command to process_name (the name gpu_process_memory_used_bytes uses)
+    name = job.labels.get("process_name", job.labels.get("command"))
+    assert name == "python3" and (job.labels.get("job_id") or job.labels.get("job"))
     [gpu] = _diag("h100-starved_dataloader")["gpus"]
     assert gpu["diagnosis"]["verdict"] == "input_starved" and gpu["starved_ratio"] > 0.5
 

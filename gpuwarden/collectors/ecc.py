@@ -2,7 +2,7 @@
 
 Sources: nvmlDeviceGetTotalEccErrors (volatile: since the driver loaded; aggregate: lifetime) and
 nvmlDeviceGetRemappedRows, both read at the slow cadence. ECC mode and the remap pending/failure flags are
-declared families of ``gpuwarden.catalog``.
+declared families of ``gpuwarden.catalog``. A lost GPU keeps its last counters and flags (``health_readings``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, readings
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, health_readings, new_family
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -18,7 +18,7 @@ from gpuwarden.snapshot import NodeSnapshot
 def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the ECC counters split into labels ``type`` (corrected, uncorrected) and ``counter``."""
     errors = new_family(fam)
-    for g in readings(snap):
+    for g in health_readings(snap):
         labels = gpu_label_values(g)
         for key, value in sorted(g.ecc_errors_total.items()):
             etype, _, ctype = key.partition("_")
@@ -30,7 +30,7 @@ def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric 
 def remapped_rows(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the rows remapped for corrected and for uncorrected errors (label ``type``)."""
     rows = new_family(fam)
-    for g in readings(snap):
+    for g in health_readings(snap):
         for t in ("corrected", "uncorrected"):
             if t in g.remapped_rows:
                 rows.add_metric([*gpu_label_values(g), t], g.remapped_rows[t])  # type: ignore[attr-defined]

@@ -12,7 +12,8 @@ Reads ``snapshot.analyses["insight"]`` (an ``InsightResult``); definitions in do
 - ``gpu_diagnosis{gpu,uuid,reason}``: 1 for the verdict and for each extra finding (throttled,
   memory_nearly_full), 0 for every other reason of the fixed set (``gpuwarden.insight.diagnosis.REASONS``);
   absent until the analyzer has 2 s of history for the GPU.
-- ``gpu_process_job_info{gpu,uuid,pid,job_id,job_kind,container_id,user,command}`` = 1: the job of each GPU process
+- ``gpu_process_job_info{gpu,uuid,pid,job_id,job_kind,job_scope,container_id,user,process_name}`` = 1: the job of
+  each GPU process (``job_scope``: cluster for ids that mean the same job on every node, else node)
   (the ``max_processes_per_gpu`` largest by GPU memory per GPU); series end with their process. Join on
   ``gpu``/``uuid`` to put job labels on per-GPU series without making them part of those series.
 """
@@ -25,6 +26,7 @@ from prometheus_client.core import InfoMetricFamily, Metric
 
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family
+from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.diagnosis import REASONS
 from gpuwarden.insight.result import GpuInsight, InsightResult, insight_result
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
@@ -138,9 +140,10 @@ def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
                 "pid": str(p.pid),
                 "job_id": p.job,
                 "job_kind": p.job_kind,
+                "job_scope": job_scope(p.job_kind),
                 "container_id": p.container_id,
                 "user": p.user,
-                "command": p.command,
+                "process_name": p.command,
             },
         )
     return info if info.samples else None

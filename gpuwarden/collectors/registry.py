@@ -89,6 +89,10 @@ def new_family(fam: Family, doc: str | None = None) -> Metric:
     return GaugeMetricFamily(fam.base_name, text, labels=list(fam.all_labels))
 
 
+#: Collectors whose families keep a lost GPU's last readings (``health_readings``): memory errors and remaps.
+KEPT_WHEN_LOST = frozenset({"ecc"})
+
+
 def gpu_label_values(g: GpuReading | GpuStatic) -> list[str]:
     """Return the values of the GPU labels for a GPU: [index as str, uuid]."""
     return [str(g.index), g.uuid]
@@ -103,6 +107,19 @@ def readings(snap: NodeSnapshot) -> Iterator[GpuReading]:
             yield g
 
 
+def health_readings(snap: NodeSnapshot) -> Iterator[GpuReading]:
+    """Yield, for every GPU of the latest poll, its reading if it is up, else its last reading while it was up (a
+    lost GPU's ECC counters and row remap state are still what it last reported, and are what its service needs);
+    GPUs never seen up are left out."""
+    if snap.poll is None:
+        return
+    for g in snap.poll.gpus:
+        if g.up:
+            yield g
+        elif (last := snap.last_up.get(g.index)) is not None and last.uuid == g.uuid:
+            yield last
+
+
 def declared(snap: NodeSnapshot, fam: Family) -> Metric | None:
     """Return the family of a declared field for every GPU that has it, or None when no GPU has it.
 
@@ -112,7 +129,8 @@ def declared(snap: NodeSnapshot, fam: Family) -> Metric | None:
     metric = new_family(fam)
     add = metric.add_metric  # type: ignore[attr-defined]
     statics = {s.index: s for s in snap.static.gpus} if fam.only_if is not None else {}
-    sources: Iterator[GpuReading | GpuStatic] = readings(snap) if fam.reading is not None else iter(snap.static.gpus)
+    up = health_readings(snap) if fam.collector in KEPT_WHEN_LOST else readings(snap)
+    sources: Iterator[GpuReading | GpuStatic] = up if fam.reading is not None else iter(snap.static.gpus)
     attr = fam.reading if fam.reading is not None else fam.static
     assert attr is not None
     for g in sources:

@@ -30,6 +30,16 @@ from gpuwarden.model import ProcessReading
 #: Job kinds, a bounded label value set.
 JOB_KINDS = ("kubernetes", "slurm", "container", "systemd", "cgroup", "process")
 
+#: Job kinds whose ids name the same job on every node of a cluster (a pod UID, a Slurm job id); the others
+#: (container, systemd unit, cgroup path, user/command) repeat on every node and name a job of one node only.
+CLUSTER_JOB_KINDS = frozenset({"kubernetes", "slurm"})
+
+
+def job_scope(kind: str) -> str:
+    """``cluster`` for a kind in CLUSTER_JOB_KINDS (its id may join across nodes), else ``node``."""
+    return "cluster" if kind in CLUSTER_JOB_KINDS else "node"
+
+
 #: Longest label value kept (cgroup paths and commands are cut here to bound label size).
 MAX_LABEL_CHARS = 128
 
