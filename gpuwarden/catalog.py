@@ -276,7 +276,14 @@ FAMILIES: tuple[Family, ...] = (
         per_gpu=False,
     ),
     _g("gpu_up", "1 when the GPU answered this poll, 0 when it could not be read (lost, off the bus).", "device"),
-    _g("gpu_devices", "Number of GPUs gpuwarden watches on this node.", "device", per_gpu=False),
+    _g(
+        "gpu_devices",
+        "Number of GPUs gpuwarden watches on this node; nodename: the node's name (configuration node_name, else the "
+        "host name).",
+        "device",
+        labels=("nodename",),
+        per_gpu=False,
+    ),
     # utilization
     _g(
         "gpu_utilization_ratio",

@@ -137,6 +137,13 @@ class Config(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="log level")
     log_format: Literal["logfmt", "json"] = Field(default="logfmt", description="log line format")
+    node_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="this node's name, the nodename label of gpu_devices that GpuMissing keys on (it must survive a "
+        "restart: in Kubernetes the downward API's spec.nodeName); none: the host name",
+    )
 
     @field_validator("gpus", mode="before")
     @classmethod

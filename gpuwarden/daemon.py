@@ -270,7 +270,9 @@ class Daemon:
             deadline=cfg.stale_after,
         )
         collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable, cfg.collectors.disable_defaults)
-        options = CollectOptions(max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0)
+        options = CollectOptions(
+            max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0, node_name=cfg.node_name
+        )
         self.exposition = Exposition(self.poller, collectors, options)
         self.poller.on_publish = self.exposition.prerender
         self.app = create_app(
@@ -312,7 +314,9 @@ class Daemon:
             self.poller.reload_successful = False
             return False
         collectors = select_collectors(new.collectors.enable, new.collectors.disable, new.collectors.disable_defaults)
-        options = CollectOptions(max_processes_per_gpu=new.processes.max_per_gpu if new.processes.enabled else 0)
+        options = CollectOptions(
+            max_processes_per_gpu=new.processes.max_per_gpu if new.processes.enabled else 0, node_name=new.node_name
+        )
         self.exposition.reconfigure(collectors, options)
         self.poller.interval = new.poll_interval_seconds
         self.poller.deadline = new.stale_after

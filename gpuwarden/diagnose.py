@@ -262,8 +262,9 @@ def summary_table(doc: DiagnosisDocument) -> Any:
     t.add_column("active", justify="right", no_wrap=True)
     t.add_column("what to do first", ratio=5)
     for g in doc.gpus:
-        starved = "-" if g.starved_ratio is None else f"{g.starved_ratio:.0%}"
-        active = "-" if g.activity_ratio is None else f"{g.activity_ratio:.0%}"
+        lost = g.diagnosis is not None and g.diagnosis.verdict == "gpu_lost"  # its window predates the loss
+        starved = "-" if g.starved_ratio is None or lost else f"{g.starved_ratio:.0%}"
+        active = "-" if g.activity_ratio is None or lost else f"{g.activity_ratio:.0%}"
         remedy = g.diagnosis.remedies[0] if g.diagnosis and g.diagnosis.remedies else ""
         t.add_row(str(g.gpu), _verdict_text(g), starved, active, remedy)
     return t

@@ -23,10 +23,56 @@ def test_promtool_check_rules(promtool: str) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_promtool_test_rules(promtool: str) -> None:
-    res = subprocess.run([promtool, "test", "rules", *map(str, TESTS)], capture_output=True, text=True, timeout=120,
-                         cwd=REPO / "alerts" / "tests")  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
+def test_promtool_test_rules(promtool: str, tmp_path: Path) -> None:
+    """Labels and timing in gpuwarden.test.yml, on the rules without annotations; annotations.test.yml on the rules
+    as shipped."""
+    groups = yaml.safe_load(RULES[0].read_text())["groups"]
+    for g in groups:
+        for r in g["rules"]:
+            r.pop("annotations", None)
+    (tmp_path / "bare.rules.yml").write_text(yaml.safe_dump({"groups": groups}))
+    for f in TESTS:
+        t = yaml.safe_load(f.read_text())
+        if f.name == "gpuwarden.test.yml":
+            t["rule_files"] = [str(tmp_path / "bare.rules.yml")]
+        else:
+            t["rule_files"] = [str(RULES[0])]
+        (tmp_path / f.name).write_text(yaml.safe_dump(t, sort_keys=False))
+        res = subprocess.run([promtool, "test", "rules", f.name], capture_output=True, text=True, timeout=120,
+                             cwd=tmp_path)  # fmt: skip
+        assert res.returncode == 0, f.name + res.stdout + res.stderr
+
+
+def _generate() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("alerts_generate", REPO / "alerts" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_shipped_rules_are_the_template_with_the_default_parameters() -> None:
+    gen = _generate()
+    assert gen.render() == RULES[0].read_text(), "run python3 alerts/generate.py"  # type: ignore[attr-defined]
+
+
+def test_parameters_change_thresholds_selectors_and_urls(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    gen = _generate()
+    (tmp_path / "p.yml").write_text(
+        'selector: \'cluster="a", \'\nmemory_full_ratio: 0.95\nrunbook_url: https://wiki.example/gpu\n'
+    )
+    assert gen.main(["--params", str(tmp_path / "p.yml"), "--out", str(tmp_path / "r.yml")]) == 0  # type: ignore[attr-defined]
+    rules = {r["alert"]: r for g in yaml.safe_load((tmp_path / "r.yml").read_text())["groups"] for r in g["rules"]
+             if "alert" in r}  # fmt: skip
+    mem = rules["GpuMemoryAlmostFull"]
+    assert 'gpu_memory_used_bytes{cluster="a", }' in mem["expr"] and "> 0.95" in mem["expr"]
+    assert mem["annotations"]["summary"] == "GPU memory is more than 95% used."
+    assert mem["annotations"]["runbook_url"] == "https://wiki.example/gpu#gpumemoryalmostfull"
+    (tmp_path / "bad.yml").write_text("memory_ful_ratio: 0.95\n")
+    assert gen.main(["--params", str(tmp_path / "bad.yml"), "--out", str(tmp_path / "x.yml")]) == 2  # type: ignore[attr-defined]
+    assert "unknown parameters memory_ful_ratio" in capsys.readouterr().err and not (tmp_path / "x.yml").exists()
 
 
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:
@@ -61,6 +107,7 @@ def test_alerts_follow_the_mixin_style() -> None:
         assert "{{" in ann["description"], name
         anchor = ann["runbook_url"].rsplit("#", 1)[1]
         assert anchor == name.lower() and anchor in anchors, name
+        assert ann["dashboard_url"].startswith("/d/gpuwarden-"), name
 
 
 def test_example_prometheus_config_is_valid(promtool: str, tmp_path: Path) -> None:

@@ -46,7 +46,8 @@ def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
 
 @builds("gpu_devices")
 def gpu_devices(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
-    """Return the number of GPUs watched."""
+    """Return the number of GPUs watched, labelled with the node's name (``CollectOptions.node_name``, else the host
+    name), which stays when the daemon restarts under another ``instance``."""
     count = new_family(fam)
-    count.add_metric([], len(snap.static.gpus))  # type: ignore[attr-defined]
+    count.add_metric([opts.node_name or snap.static.hostname], len(snap.static.gpus))  # type: ignore[attr-defined]
     return count

@@ -21,9 +21,11 @@ from gpuwarden.snapshot import NodeSnapshot
 
 @dataclass(frozen=True)
 class CollectOptions:
-    """Knobs collectors read (from the configuration): the bound on per-process series per GPU."""
+    """Knobs collectors read (from the configuration): the bound on per-process series per GPU, and the node's name
+    (None: the host name the source reports)."""
 
     max_processes_per_gpu: int = 16
+    node_name: str | None = None
 
 
 #: Builds one hand-written family from the snapshot; None leaves the family out of this render.

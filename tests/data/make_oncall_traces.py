@@ -1,0 +1,78 @@
+"""Writes the derived traces of the on-call end-to-end test (tests/test_e2e_prometheus.py), each from a real
+recording (tests/data/README.md) with one change its header states in ``metadata.modified``:
+
+- ``derived-h100-memory-95``: the H100 ``compute_bound`` trace with memory used raised to 95% of the total in every
+  record: a healthy job whose framework holds most of the memory (the memory alert must not page);
+- ``derived-h100-memory-growing``: the same trace with memory used rising evenly from 60% to 99% over the
+  recording: a leak heading for out-of-memory (it must page before the memory is full);
+- ``derived-8gpu-lost``: the 8-GPU trace (``derived-8gpu``) where GPU 3 reports XID 79 at the third poll and cannot be
+  read from then on (``up`` false, NVML's GPU_IS_LOST): a GPU fallen off the bus.
+
+Run: PYTHONPATH=. python3 tests/data/make_oncall_traces.py
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from gpuwarden.model import GpuReading, PollResult, XidEvent
+from gpuwarden.trace import TraceWriter, read_trace
+
+HERE = Path(__file__).parent
+TRACES = HERE / "traces"
+COMPUTE = TRACES / "h100-compute_bound.jsonl.gz"
+EIGHT = TRACES / "derived-8gpu.jsonl.gz"
+LOST_GPU = 3
+LOST_AT = 2
+
+
+def _derive(source: Path, out: Path, modified: str, change: Callable[[int, int, GpuReading], GpuReading]) -> None:
+    header, polls = read_trace(source)
+    meta = {**header.metadata, "derived_from": f"tests/data/traces/{source.name}", "modified": modified}
+    with TraceWriter(out, header.model_copy(update={"metadata": meta})) as w:
+        for n, p in enumerate(polls):
+            w.write(PollResult.model_validate({**p.model_dump(), "gpus": [change(n, len(polls), g) for g in p.gpus]}))
+
+
+def _memory(ratio: Callable[[int, int], float]) -> Callable[[int, int, GpuReading], GpuReading]:
+    def change(n: int, total: int, g: GpuReading) -> GpuReading:
+        assert g.memory_total_bytes is not None
+        used = int(g.memory_total_bytes * ratio(n, total))
+        return g.model_copy(update={"memory_used_bytes": used, "memory_free_bytes": g.memory_total_bytes - used})
+
+    return change
+
+
+def _lost(n: int, total: int, g: GpuReading) -> GpuReading:
+    if g.index != LOST_GPU or n < LOST_AT:
+        return g
+    if n == LOST_AT:
+        return g.model_copy(update={"xid_events": [XidEvent(timestamp=g.timestamp, xid=79)]})
+    return GpuReading(index=g.index, uuid=g.uuid, timestamp=g.timestamp, up=False, error="gpu_is_lost")
+
+
+def main(out_dir: Path = TRACES) -> None:
+    """Write the three derived traces into ``out_dir``."""
+    _derive(
+        COMPUTE,
+        out_dir / "derived-h100-memory-95.jsonl.gz",
+        "memory_used_bytes set to 95% of memory_total_bytes (free lowered to match) in every record",
+        _memory(lambda n, total: 0.95),
+    )
+    _derive(
+        COMPUTE,
+        out_dir / "derived-h100-memory-growing.jsonl.gz",
+        "memory_used_bytes rising evenly from 60% to 99% of memory_total_bytes over the recording (free to match)",
+        _memory(lambda n, total: 0.60 + 0.39 * n / max(1, total - 1)),
+    )
+    _derive(
+        EIGHT,
+        out_dir / "derived-8gpu-lost.jsonl.gz",
+        f"GPU {LOST_GPU}: XID 79 at poll {LOST_AT + 1}, then up false with error gpu_is_lost and no readings",
+        _lost,
+    )
+
+
+if __name__ == "__main__":
+    main()
