@@ -227,7 +227,11 @@ def fleet() -> dict:
                 panel(
                     6,
                     "Most imbalanced jobs",
-                    [("topk(10, job_id:gpu_imbalance_ratio:across_nodes)", "")],
+                    [(
+                        "topk(10, job_id:gpu_imbalance_ratio:across_nodes"
+                        " or max by (instance, job_id) (gpu_job_imbalance_ratio))",
+                        "",
+                    )],
                     "percentunit",
                     8,
                     8,
@@ -514,7 +518,11 @@ def job() -> dict:
             panel(
                 2,
                 "Nodes",
-                [('job_id:gpu_nodes:count{job_id="$job_id"}', "nodes")],
+                [(
+                    'job_id:gpu_nodes:count{job_id="$job_id"}'
+                    ' or count(count by (instance) (gpu_process_job_info{job=~"$job", job_id="$job_id"}))',
+                    "nodes",
+                )],
                 "short",
                 4,
                 0,
@@ -536,7 +544,11 @@ def job() -> dict:
             panel(
                 4,
                 "Imbalance across all the job's GPUs",
-                [('job_id:gpu_imbalance_ratio:across_nodes{job_id="$job_id"}', "imbalance")],
+                [(
+                    'job_id:gpu_imbalance_ratio:across_nodes{job_id="$job_id"}'
+                    ' or max by (instance, job_id) (gpu_job_imbalance_ratio{job_id="$job_id"})',
+                    "imbalance",
+                )],
                 "percentunit",
                 16,
                 0,
@@ -567,7 +579,11 @@ def job() -> dict:
                 "Imbalance of the job",
                 [
                     ('max by (instance) (gpu_job_imbalance_ratio{job=~"$job", job_id="$job_id"})', "{{instance}}"),
-                    ('job_id:gpu_imbalance_ratio:across_nodes{job_id="$job_id"}', "all nodes"),
+                    (
+                        'job_id:gpu_imbalance_ratio:across_nodes{job_id="$job_id"}'
+                        ' or max by (instance, job_id) (gpu_job_imbalance_ratio{job_id="$job_id"})',
+                        "all nodes",
+                    ),
                 ],
                 "percentunit",
                 0,
