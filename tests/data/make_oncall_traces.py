@@ -27,9 +27,17 @@ LOST_GPU = 3
 LOST_AT = 2
 
 
-def _derive(source: Path, out: Path, modified: str, change: Callable[[int, int, GpuReading], GpuReading]) -> None:
+def _derive(
+    source: Path,
+    out: Path,
+    modified: str,
+    change: Callable[[int, int, GpuReading], GpuReading],
+    verdicts: dict[str, str] | None = None,
+) -> None:
     header, polls = read_trace(source)
     meta = {**header.metadata, "derived_from": f"tests/data/traces/{source.name}", "modified": modified}
+    if verdicts:
+        meta["expected_verdicts"] = {**meta.get("expected_verdicts", {}), **verdicts}
     with TraceWriter(out, header.model_copy(update={"metadata": meta})) as w:
         for n, p in enumerate(polls):
             w.write(PollResult.model_validate({**p.model_dump(), "gpus": [change(n, len(polls), g) for g in p.gpus]}))
@@ -71,6 +79,7 @@ def main(out_dir: Path = TRACES) -> None:
         out_dir / "derived-8gpu-lost.jsonl.gz",
         f"GPU {LOST_GPU}: XID 79 at poll {LOST_AT + 1}, then up false with error gpu_is_lost and no readings",
         _lost,
+        verdicts={str(LOST_GPU): "gpu_lost"},
     )
 
 
