@@ -272,8 +272,12 @@ def load_config_from_text(text: str, load_config):  # noqa: ANN001, ANN201
 def test_daemonset_for_gpu_nodes() -> None:
     spec = one("DaemonSet")["spec"]["template"]["spec"]
     (container,) = spec["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env == {
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "utility",
+        "GPUWARDEN_NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},  # survives pod restarts (GpuMissing)
+    }
     assert spec["hostPID"] is True
     assert "runtimeClassName" not in spec  # argued in a comment: set it where the runtime is not the default
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
