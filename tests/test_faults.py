@@ -50,7 +50,11 @@ def samples(text: str) -> Samples:
 
 
 def value(text: str, name: str, **labels: str) -> float | None:
-    return samples(text).get((name, frozenset(labels.items())))
+    """The sample of ``name`` with exactly ``labels`` (gpu_devices: whatever its nodename)."""
+    found = samples(text)
+    if name == "gpu_devices" and not labels:
+        return next((v for (n, _), v in found.items() if n == name), None)
+    return found.get((name, frozenset(labels.items())))
 
 
 def gpus_with(text: str, name: str) -> set[str]:
