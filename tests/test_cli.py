@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.cli import main
+from tests.helpers import free_port
 
 REPO = Path(__file__).parent.parent
 
@@ -126,11 +127,6 @@ def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = 30) -> None
         assert time.time() < deadline and proc.poll() is None, "daemon did not come up"
         time.sleep(0.2)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_demo_daemon_serves_metrics_health_and_api() -> None:

@@ -36,6 +36,7 @@ from gpuwarden.poller import Poller
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.server import create_app
 from gpuwarden.source import SourceError
+from tests.helpers import free_port
 
 REPO = Path(__file__).parent.parent
 H200X2 = trace("h200x2-ddp_straggler")
@@ -355,11 +356,6 @@ def test_notifier_is_a_no_op_without_systemd_and_speaks_abstract_sockets() -> No
 
 # -- the daemon as a process: SIGHUP reload, SIGTERM exit, --wait-for-nvml ---------------------------------
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_serve(*args: str) -> tuple[subprocess.Popen[str], str]:

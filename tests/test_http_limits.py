@@ -14,16 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import free_port as _free_port
+
 MAX_CONNECTIONS = 1000  # the default
 IDLE = 1100
 SLOWLORIS = 300
 HEAD_TIMEOUT = 1.0
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

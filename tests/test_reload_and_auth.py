@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,10 @@ import pytest
 
 from gpuwarden.config import ConfigError
 from gpuwarden.webconfig import MAX_BCRYPT_COST, BasicAuthMiddleware, load_web_config
+from tests.helpers import free_port as _free_port
 
 HASH4 = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
