@@ -86,12 +86,74 @@ def test_recording_rules_used_by_dashboards_exist() -> None:
     assert used <= recorded, used - recorded
 
 
-def test_job_tables_link_to_the_job_view() -> None:
-    fleet = load(REPO / "dashboards" / "gpuwarden-fleet.json")
-    for p in fleet["panels"]:
-        if p["type"] == "table" and "job_id:" in p["targets"][0]["expr"]:
-            urls = [link["url"] for link in p["fieldConfig"]["defaults"]["links"]]
-            assert any(u.startswith("/d/gpuwarden-job?var-job_id=${__data.fields.job_id}") for u in urls), p["title"]
+def _links(panel: dict) -> list[str]:
+    return [link["url"] for link in panel["fieldConfig"]["defaults"].get("links", [])]
+
+
+@pytest.mark.parametrize("path", BOARDS, ids=[p.stem for p in BOARDS])
+def test_rows_with_a_job_or_a_node_link_to_its_view_percent_encoded(path: Path) -> None:
+    # a job id is a cgroup path or user/command: '/' and '&' must not end the query string
+    for p in load(path)["panels"]:
+        cols = " ".join(t["expr"] for t in p["targets"])
+        rows_are_jobs = "job_id:" in cols or ("gpu_process_job_info" in cols and "$job_id" not in cols)
+        if p["type"] == "table" and rows_are_jobs:
+            assert "/d/gpuwarden-job?var-job_id=${__data.fields.job_id:percentencode}&${__url_time_range}" in _links(
+                p
+            ), p["title"]
+        for url in _links(p):
+            for field in re.findall(r"\$\{__data\.fields\.[a-z_]+(:?\w*)\}", url):
+                assert field == ":percentencode", (p["title"], url)
+
+
+@pytest.mark.parametrize("path", BOARDS, ids=[p.stem for p in BOARDS])
+def test_every_stat_has_thresholds_and_trouble_is_red_at_one(path: Path) -> None:
+    for p in load(path)["panels"]:
+        if p["type"] != "stat":
+            continue
+        th = p["fieldConfig"]["defaults"]["thresholds"]
+        assert th["mode"] == "absolute" and th["steps"][0]["value"] is None, p["title"]
+        if re.search(r"lost|ECC|health|remap|XID|Recovery", p["title"]):
+            assert [(s["value"], s["color"]) for s in th["steps"]] == [(None, "green"), (1, "red")], p["title"]
+
+
+@pytest.mark.parametrize("path", BOARDS, ids=[p.stem for p in BOARDS])
+def test_tables_hide_time_and_the_metric_name(path: Path) -> None:
+    for p in load(path)["panels"]:
+        if p["type"] == "table":
+            [organize] = [t for t in p["transformations"] if t["id"] == "organize"]
+            hidden = {k for k, v in organize["options"]["excludeByName"].items() if v}
+            assert {"Time", "__name__", "uuid", "job"} <= hidden, p["title"]
+            assert all(t["instant"] and t["format"] == "table" for t in p["targets"]), p["title"]
+
+
+@pytest.mark.parametrize("path", BOARDS, ids=[p.stem for p in BOARDS])
+def test_xids_and_clock_reasons_drawn_only_when_non_zero_or_active(path: Path) -> None:
+    # a per-GPU series of every XID code (10 per GPU) or every reason (14 per GPU) is noise: 140 rows on 8 GPUs
+    for p in load(path)["panels"]:
+        for t in p["targets"]:
+            e = t["expr"]
+            per_gpu = "{{gpu}}" in t.get("legendFormat", "") or p["type"] == "table"
+            if per_gpu and ("gpu_xid_errors_total" in e or "gpu_clock_event_reason_active" in e):
+                assert re.search(r"(> 0|== 1)\)?$", e) or "count" in e, (p["title"], e)
+
+
+def test_node_view_shows_one_node_and_its_gpus_model_processes_links_and_lost_gpus() -> None:
+    d = load(REPO / "dashboards" / "gpuwarden-node.json")
+    inst = next(v for v in d["templating"]["list"] if v["name"] == "instance")
+    assert inst["multi"] is False and inst["includeAll"] is False
+    exprs = " ".join(t["expr"] for p in d["panels"] for t in p["targets"])
+    for metric in ("gpu_info", "gpu_process_memory_used_bytes", "gpu_nvlink_receive_bytes_per_second",
+                   "gpu_pcie_link_width", "gpu_pcie_link_max_width", "gpu_nvlink_errors_total",
+                   "gpu_recovery_action", "gpu_temperature_threshold_celsius"):  # fmt: skip
+        assert metric in exprs, metric
+    for p in d["panels"]:
+        per_gpu = [t for t in p["targets"] if t.get("legendFormat", "").startswith("GPU {{gpu}}")]
+        gauge = r"gpu_(utilization|sm|memory_used|power_usage|temperature_c|clock_h|pcie_r)"
+        gauges = [t for t in per_gpu if re.match(gauge, t["expr"])]
+        if p["type"] == "timeseries" and gauges:
+            assert any(t["expr"].startswith("gpu_up{") and t["expr"].endswith("== 0") for t in p["targets"]), p["title"]
+        for t in p["targets"]:
+            assert 'instance="$instance"' in t["expr"] or "gpu_process" in t["expr"], (p["title"], t["expr"])
 
 
 def test_variables_are_matched_the_way_grafana_escapes_them() -> None:
