@@ -571,6 +571,12 @@ FAMILIES: tuple[Family, ...] = (
         "insight",
         labels=("cause",),
     ),
+    _c(
+        "gpu_held_idle_energy_joules_total",
+        "Energy the GPU drew above its own idle floor (the lowest power seen since gpuwarden started) while held "
+        "idle: memory held by processes, no kernel running; in joules.",
+        "insight",
+    ),
     _g(
         "gpu_starved_ratio",
         "Share of the last {window} s in which the GPU sat idle while the job holding it worked.",
@@ -617,6 +623,15 @@ FAMILIES: tuple[Family, ...] = (
         "gpuwarden version and runtime (value 1).",
         "exporter",
         labels=("version", "python_version", "nvml_binding_version"),
+        per_gpu=False,
+    ),
+    Family(
+        "gpuwarden_gpu_hour_price",
+        "gauge",
+        "Price of one GPU-hour of this node (configuration price_per_gpu_hour), in the currency of the label; absent "
+        "when not configured.",
+        "exporter",
+        labels=("currency",),
         per_gpu=False,
     ),
     Family(

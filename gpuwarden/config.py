@@ -137,6 +137,14 @@ class Config(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="log level")
     log_format: Literal["logfmt", "json"] = Field(default="logfmt", description="log line format")
+    price_per_gpu_hour: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="what one GPU-hour of this node costs (rent or amortized price): exported as "
+        "gpuwarden_gpu_hour_price, it turns lost GPU-hours into money on the fleet dashboard, in top and in report",
+    )
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$", description="ISO 4217 code of price_per_gpu_hour")
     node_name: str | None = Field(
         default=None,
         min_length=1,

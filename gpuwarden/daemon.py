@@ -86,6 +86,16 @@ def build_analyzers(cfg: Config) -> dict[str, Analyzer]:
 MAX_WINDOW_POLLS = 6000
 
 
+def collect_options(cfg: Config) -> CollectOptions:
+    """The collectors' knobs from a configuration (process series bound, node name, GPU-hour price)."""
+    return CollectOptions(
+        max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0,
+        node_name=cfg.node_name,
+        price_per_gpu_hour=cfg.price_per_gpu_hour,
+        currency=cfg.currency,
+    )
+
+
 def bind(cfg: Config) -> socket.socket:
     """Return a listening socket on cfg's address. Raises StartupError with one line when it cannot bind."""
     try:
@@ -270,9 +280,7 @@ class Daemon:
             deadline=cfg.stale_after,
         )
         collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable, cfg.collectors.disable_defaults)
-        options = CollectOptions(
-            max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0, node_name=cfg.node_name
-        )
+        options = collect_options(cfg)
         self.exposition = Exposition(self.poller, collectors, options)
         self.poller.on_publish = self.exposition.prerender
         self.app = create_app(
@@ -314,9 +322,7 @@ class Daemon:
             self.poller.reload_successful = False
             return False
         collectors = select_collectors(new.collectors.enable, new.collectors.disable, new.collectors.disable_defaults)
-        options = CollectOptions(
-            max_processes_per_gpu=new.processes.max_per_gpu if new.processes.enabled else 0, node_name=new.node_name
-        )
+        options = collect_options(new)
         self.exposition.reconfigure(collectors, options)
         self.poller.interval = new.poll_interval_seconds
         self.poller.deadline = new.stale_after

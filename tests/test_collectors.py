@@ -157,3 +157,19 @@ def test_exposition_is_rendered_once_per_snapshot() -> None:
     snap = snapshot(trace("h100-idle"), polls=1)
     exp = Exposition(Held(snap), select_collectors(), CollectOptions())
     assert exp.render() is exp.render()
+
+
+def test_gpu_hour_price_is_exported_only_when_configured() -> None:
+    snap = snapshot(trace("h100-held_idle"), polls=3)
+    priced = Exposition(Held(snap), select_collectors(), CollectOptions(price_per_gpu_hour=2.5, currency="EUR"))
+    [price] = families(priced.render().decode())["gpuwarden_gpu_hour_price"]
+    assert price.labels == {"currency": "EUR"} and price.value == 2.5
+    assert "gpuwarden_gpu_hour_price" not in families(render(snap))
+
+
+def test_a_price_that_is_not_a_positive_number_is_refused() -> None:
+    from gpuwarden.config import Config
+
+    for bad in ({"price_per_gpu_hour": -1}, {"price_per_gpu_hour": "nan"}, {"currency": "dollars"}):
+        with pytest.raises(ValueError, match="price_per_gpu_hour|currency"):
+            Config(**bad)

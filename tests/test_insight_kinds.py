@@ -185,3 +185,31 @@ def test_a_lost_gpu_is_diagnosed_lost() -> None:
     d0, d1 = (g.diagnosis for g in result.gpus)
     assert d1 is not None and d1.verdict == "gpu_lost" and d1.severity == "critical" and "gpu_is_lost" in d1.summary
     assert d0 is not None and d0.verdict != "gpu_lost"
+
+
+@pytest.mark.parametrize("name", ["h100-held_idle", "h100-k-self-paused", "h200x2-ddp_straggler"])
+def test_held_idle_energy_is_power_above_the_idle_floor_over_held_idle_time(name: str) -> None:
+    """The held-idle energy counter is, poll by poll, the held-idle seconds times the power above the lowest power
+    seen so far: at most held-idle seconds x (highest - lowest power), zero without held-idle time."""
+    from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
+    from gpuwarden.trace import read_trace
+
+    header, polls = read_trace(TRACES / f"{name}.jsonl.gz")
+    analyzer = InsightAnalyzer()
+    powers: dict[str, list[float]] = {}
+    result = None
+    for poll in polls:
+        for g in poll.gpus:
+            if g.power_usage_watts is not None:
+                powers.setdefault(g.uuid, []).append(g.power_usage_watts)
+        result = insight_result(analyzer(poll, header.node))
+    assert result is not None
+    for gpu in result.gpus:
+        joules, held = gpu.held_idle_energy_joules_total, gpu.idle_seconds_total["held_idle"]
+        assert joules is not None and joules >= 0
+        p = powers[gpu.uuid]
+        assert joules <= held * (max(p) - min(p)) + 1e-9
+        if held == 0:
+            assert joules == 0
+    if name == "h100-held_idle":
+        assert result.gpus[0].idle_seconds_total["held_idle"] > 30 and result.gpus[0].held_idle_energy_joules_total > 0

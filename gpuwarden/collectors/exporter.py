@@ -42,6 +42,16 @@ def build_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
     )
 
 
+@builds("gpuwarden_gpu_hour_price")
+def gpu_hour_price(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the configured price of one GPU-hour with its currency, None when no price is configured."""
+    if opts.price_per_gpu_hour is None:
+        return None
+    metric = new_family(fam)
+    metric.add_metric([opts.currency], opts.price_per_gpu_hour)  # type: ignore[attr-defined]
+    return metric
+
+
 @builds("gpuwarden_source_info")
 def source_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
     """Return the source (nvml or replay) and what describes it (the trace's name)."""

@@ -69,6 +69,17 @@ def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metri
     return _per_gpu(snap, fam, lambda g: (([c], g.idle_seconds_total.get(c, 0.0)) for c in IDLE_CAUSES))
 
 
+@builds("gpu_held_idle_energy_joules_total")
+def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the joules each GPU drew above its idle floor while held idle (GpuInsight.held_idle_energy_joules_total:
+    power minus the lowest power seen since start, times the held-idle seconds of each poll interval)."""
+    return _per_gpu(
+        snap,
+        fam,
+        lambda g: [] if g.held_idle_energy_joules_total is None else [([], g.held_idle_energy_joules_total)],
+    )
+
+
 @builds("gpu_starved_ratio")
 def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return each GPU's starved share of the analyzer window (help text names the window)."""

@@ -21,11 +21,13 @@ from gpuwarden.snapshot import NodeSnapshot
 
 @dataclass(frozen=True)
 class CollectOptions:
-    """Knobs collectors read (from the configuration): the bound on per-process series per GPU, and the node's name
-    (None: the host name the source reports)."""
+    """Knobs collectors read (from the configuration): the bound on per-process series per GPU, the node's name
+    (None: the host name the source reports), and the price of one GPU-hour with its currency (None: not priced)."""
 
     max_processes_per_gpu: int = 16
     node_name: str | None = None
+    price_per_gpu_hour: float | None = None
+    currency: str = "USD"
 
 
 #: Builds one hand-written family from the snapshot; None leaves the family out of this render.

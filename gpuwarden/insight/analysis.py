@@ -94,6 +94,7 @@ def build_result(
                 uuid=uuid,
                 state_seconds_total=c.totals,
                 idle_seconds_total=c.idle,
+                held_idle_energy_joules_total=c.held_idle_joules,
                 window_state_seconds=dict(w.states),
                 starved_ratio=starved_ratio(w.states),
                 activity_ratio=activity,

@@ -56,6 +56,8 @@ class _GpuState:
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.STATES, 0.0))
     idle: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.IDLE_CAUSES, 0.0))
     runs: deque[StateRun] = field(default_factory=deque)  # the node window's intervals, by main state
+    idle_floor_watts: float | None = None  # the lowest power seen: the GPU's own idle baseline
+    held_idle_joules: float = 0.0  # energy above that floor while held idle
 
 
 class InsightAnalyzer:
@@ -211,6 +213,7 @@ class InsightAnalyzer:
                 totals=dict(state.totals),
                 idle=dict(state.idle),
                 runs=tuple(state.runs),
+                held_idle_joules=None if state.idle_floor_watts is None else state.held_idle_joules,
             )
             for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index)
         ]
@@ -274,6 +277,11 @@ class InsightAnalyzer:
             state.totals[k] += v
         for k, v in st.idle_causes(secs, job_cpu, io_waiting).items():
             state.idle[k] += v
+        power = finite(g.power_usage_watts)
+        if power is not None:
+            floor = power if state.idle_floor_watts is None else min(state.idle_floor_watts, power)
+            state.idle_floor_watts = floor
+            state.held_idle_joules += secs.get("held_idle", 0.0) * (power - floor)
         bits = g.clock_event_reasons or 0
         clock_max = s.clock_max_hertz.get("sm") if s is not None else None
         clock = g.clock_hertz.get("sm")

@@ -42,6 +42,11 @@ class GpuInsight(_Frozen):
         description="seconds the GPU idled since the analyzer started, by cause (gpuwarden.insight.states."
         "IDLE_CAUSES); with state busy they add up to the accounted wall time",
     )
+    held_idle_energy_joules_total: float | None = Field(
+        default=None,
+        description="joules drawn above the GPU's idle floor (lowest power seen since the analyzer started) while "
+        "held idle, since the analyzer started (None: the GPU reports no power)",
+    )
     window_state_seconds: dict[str, float]
     starved_ratio: float | None = None
     activity_ratio: float | None = None

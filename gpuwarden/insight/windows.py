@@ -251,3 +251,4 @@ class GpuCapture:
     totals: dict[str, float]
     idle: dict[str, float]
     runs: tuple[StateRun, ...] = ()
+    held_idle_joules: float | None = None  # None: no power reading yet
