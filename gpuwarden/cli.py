@@ -342,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuwarden import diagnose
 
     diagnose.add_parser(sub)
+    from gpuwarden.cluster import commands as cluster_commands
+
+    cluster_commands.add_parsers(sub)
     ls = sub.add_parser("collectors", help="list collectors and their default state")
     ls.set_defaults(func=cmd_collectors)
     r = sub.add_parser("record", help="record a trace of raw NVML readings (JSON Lines)")

@@ -1,0 +1,1 @@
+"""Cluster-wide views over Prometheus: ``gpuwarden top`` and ``gpuwarden report``."""

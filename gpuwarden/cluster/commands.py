@@ -1,0 +1,224 @@
+"""``gpuwarden top`` (the cluster's jobs and GPUs ranked by GPU-hours lost, by cause) and ``gpuwarden report`` (one
+job's efficiency summary), both against a Prometheus HTTP API (gpuwarden.cluster.usage holds the accounting)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gpuwarden.cluster.promapi import Prometheus, PrometheusError
+from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage, seconds
+
+
+def _hours(h: float) -> str:
+    return f"{h:.2f}" if h < 10 else f"{h:.1f}"
+
+
+def _causes(u: Usage, n: int = 2) -> str:
+    top = sorted(((v, c) for c, v in u.lost_hours.items() if v > 0), reverse=True)[:n]
+    return ", ".join(f"{c} {_hours(v)} h" for v, c in top) or "-"
+
+
+def _cost(u: Usage) -> str:
+    return "" if u.cost is None else f"{u.cost:,.2f} {u.currency}"
+
+
+def _usage_json(u: Usage) -> dict[str, Any]:
+    return {
+        "held_gpu_hours": u.held_hours,
+        "busy_gpu_hours": u.busy_hours,
+        "lost_gpu_hours": u.lost_total,
+        "lost_gpu_hours_by_cause": u.lost_hours,
+        "free_gpu_hours": u.free_hours,
+        "effective_gpu_hours": u.effective_hours,
+        "energy_joules": u.energy_joules,
+        "held_idle_energy_joules": u.held_idle_energy_joules,
+        "verdict": u.verdict(),
+        "first_remedy": u.first_remedy(),
+        "cost": u.cost,
+        "currency": u.currency or None,
+        "instances": sorted(u.instances),
+        "gpus": [{"instance": i, "gpu": g} for i, g in sorted(u.gpus)],
+    }
+
+
+def _nodes(u: Usage, names: dict[str, str]) -> str:
+    shown = sorted(names.get(i) or i for i in u.instances)
+    return ", ".join(shown[:3]) + (f" +{len(shown) - 3}" if len(shown) > 3 else "")
+
+
+def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
+    prom = Prometheus(args.prometheus, timeout=args.timeout)
+    return prom, Accounting(prom, args.range, args.step, args.selector)
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """``gpuwarden top``: print the jobs and GPUs that lost the most GPU-hours; exit 1 with one line on errors."""
+    try:
+        prom, acc = _open(args)
+        try:
+            jobs, gpus, names = acc.jobs(), acc.gpus(), acc.node_names()
+        finally:
+            prom.close()
+    except (PrometheusError, ValueError) as exc:
+        print(f"gpuwarden top: {exc}", file=sys.stderr)
+        return 1
+    ranked_jobs = sorted(jobs.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))[: args.limit]
+    ranked_gpus = sorted(gpus.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))[: args.limit]
+    if args.json:
+        doc = {
+            "prometheus": args.prometheus,
+            "range": args.range,
+            "jobs": [{"job_id": k.job_id, "instance": k.instance, "job_kind": u.kind, **_usage_json(u)}
+                     for k, u in ranked_jobs],  # fmt: skip
+            "gpus": [{"instance": i, "gpu": g, "node": names.get(i, ""), **_usage_json(u)}
+                     for (i, g), u in ranked_gpus],  # fmt: skip
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not jobs and not gpus:
+        console.print(f"No gpuwarden data in {args.prometheus} over the last {args.range}.")
+        return 1
+    t = Table(title=f"Jobs by GPU-hours lost, last {args.range}", title_justify="left", expand=False)
+    for col, just in (("job", "left"), ("node", "left"), ("GPUs", "right"), ("held h", "right"),
+                      ("lost h", "right"), ("lost to", "left"), ("cost", "right"), ("verdict", "left"),
+                      ("do first", "left")):  # fmt: skip
+        t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    for k, u in ranked_jobs:
+        share = u.lost_total / u.held_hours if u.held_hours else 0.0
+        t.add_row(k.job_id, _nodes(u, names), str(len(u.gpus)), _hours(u.held_hours),
+                  f"{_hours(u.lost_total)} ({share:.0%})", _causes(u), _cost(u), " + ".join(u.verdict()[:2]) or "-",
+                  _short(u.first_remedy()))  # fmt: skip
+    console.print(t)
+    g = Table(title=f"GPUs by GPU-hours lost, last {args.range}", title_justify="left")
+    for col in ("node", "GPU", "busy h", "lost h", "lost to", "free h", "cost", "verdict"):
+        g.add_column(col, justify="left" if col in ("node", "lost to", "verdict") else "right")
+    for (inst, gpu), u in ranked_gpus:
+        g.add_row(names.get(inst) or inst, gpu, _hours(u.busy_hours), _hours(u.lost_total), _causes(u),
+                  _hours(u.free_hours), _cost(u), " + ".join(u.verdict()[:2]) or "-")  # fmt: skip
+    console.print(g)
+    return 0
+
+
+def _short(text: str, n: int = 70) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``gpuwarden report --job ID``: one job's efficiency summary; exit 1 with one line when the job is not found or
+    Prometheus cannot answer, 2 when a node-local id is ambiguous."""
+    try:
+        prom, acc = _open(args)
+        try:
+            found = acc.job_details(args.job, args.instance)
+            if len(found) > 1:
+                where = ", ".join(sorted(k.instance or "" for k in found))
+                print(f"gpuwarden report: job id {args.job!r} is node-local and was seen on {len(found)} nodes "
+                      f"({where}): add --instance", file=sys.stderr)  # fmt: skip
+                return 2
+            if not found:
+                print(f"gpuwarden report: no job {args.job!r} in {args.prometheus} over the last {args.range}",
+                      file=sys.stderr)  # fmt: skip
+                return 1
+            [(key, u)] = found.items()
+            stragglers = acc.stragglers(args.job, key.instance or args.instance)
+            names = acc.node_names()
+        finally:
+            prom.close()
+    except (PrometheusError, ValueError) as exc:
+        print(f"gpuwarden report: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        doc = {"job_id": key.job_id, "instance": key.instance, "job_kind": u.kind, "range": args.range,
+               **_usage_json(u),
+               "stragglers": [{"instance": i, "gpu": g, "share": s} for i, g, s in stragglers]}  # fmt: skip
+        print(json.dumps(doc, indent=2))
+        return 0
+    _print_report(key, u, stragglers, names, args.range)
+    return 0
+
+
+def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]], names: dict[str, str],
+                  range_: str) -> None:  # fmt: skip
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"Job {key.label()} ({u.kind or 'job'}), last {range_}", title_justify="left", show_header=False)
+    t.add_column(justify="left")
+    t.add_column(justify="right")
+    t.add_column(justify="left")
+    held = u.held_hours or float("nan")
+    t.add_row("GPUs", str(len(u.gpus)), f"on {_nodes(u, names)}")
+    t.add_row("GPU-hours held", _hours(u.held_hours), "")
+    if u.effective_hours is not None:
+        t.add_row("with SM activity >= 50%", _hours(u.effective_hours), f"{u.effective_hours / held:.0%} of held")
+    t.add_row("busy (a kernel ran)", _hours(u.busy_hours), f"{u.busy_hours / held:.0%} of held")
+    t.add_row("lost (held, idle)", _hours(u.lost_total), f"{u.lost_total / held:.0%} of held")
+    for cause in LOST_CAUSES:
+        if u.lost_hours[cause] > 0:
+            t.add_row(f"  {cause}", _hours(u.lost_hours[cause]), "")
+    if u.energy_joules is not None:
+        t.add_row("energy", f"{u.energy_joules / 3.6e6:.2f} kWh", "")
+    if u.held_idle_energy_joules:
+        t.add_row("  drawn while held idle", f"{u.held_idle_energy_joules / 3.6e6:.3f} kWh", "above idle floor")
+    if u.cost is not None:
+        t.add_row("cost of lost GPU-hours", _cost(u), "")
+    if stragglers:
+        i, g, s = stragglers[0]
+        t.add_row("straggler", f"{names.get(i) or i} GPU {g}", f"flagged {s:.0%} of the time")
+    t.add_row("verdict", " + ".join(u.verdict()) or "-", "")
+    Console().print(t)
+    if u.first_remedy():
+        Console().print(f"[bold]Do first:[/bold] {u.first_remedy()}")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prometheus", required=True, metavar="URL",
+                   help="the Prometheus HTTP API (Prometheus, Thanos Query, Mimir, VictoriaMetrics), e.g. "
+                   "http://prometheus:9090")  # fmt: skip
+    p.add_argument("--range", default="1d", type=_duration, help="how far back, as PromQL writes it (default 1d)")
+    p.add_argument("--step", default="1m", type=_duration,
+                   help="resolution of the accounting, at least the scrape interval (default 1m)")  # fmt: skip
+    p.add_argument("--selector", default="", metavar="MATCHERS",
+                   help='label matchers for every series, e.g. \'cluster="train-a"\'')  # fmt: skip
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each query (default 60)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def _duration(text: str) -> str:
+    try:
+        seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Register ``top`` and ``report`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
+    top = subparsers.add_parser(
+        "top",
+        help="the cluster's jobs and GPUs ranked by GPU-hours lost, by cause (from Prometheus)",
+        description="Ranks the jobs and GPUs of every node Prometheus scrapes by the GPU-hours they held but left "
+        "idle over --range, split by cause (input, paused, held idle, ...), with each one's verdict and what to do "
+        "first. Prices them when the nodes export gpuwarden_gpu_hour_price.",
+    )
+    _common(top)
+    top.add_argument("--limit", type=int, default=15, help="rows per table (default 15)")
+    top.set_defaults(func=cmd_top)
+    rep = subparsers.add_parser(
+        "report",
+        help="one job's efficiency summary (from Prometheus): GPU-hours held, effective, lost by cause, energy",
+        description="A job's efficiency over --range: GPU-hours held, with SM activity >= 50% (DCGM: below that the "
+        "GPU is likely used ineffectively), busy, lost by cause, energy, the straggler if any, the verdict and what "
+        "to do first. Meant for a Slurm epilog or a job controller when a job ends.",
+    )
+    _common(rep)
+    rep.add_argument("--job", required=True, metavar="ID", help="the job_id (Slurm job id, pod UID, ...)")
+    rep.add_argument("--instance", metavar="HOST:PORT", help="the node, for a node-local job id")
+    rep.set_defaults(func=cmd_report)

@@ -1,0 +1,281 @@
+"""GPU-hours held and lost, by job and by GPU, over a time range, from gpuwarden's series in Prometheus.
+
+The numbers come from the daemons' own accounting (``gpu_idle_seconds_total{cause}``, ``gpu_state_seconds_total``,
+``gpu_energy_joules_total``, ``gpu_held_idle_energy_joules_total``, ``gpu_diagnosis``), joined with
+``gpu_process_job_info`` step by step (PromQL subqueries ``[RANGE:STEP]``), so a GPU that changed hands within the
+range counts for each job only while that job held it.
+
+- **Job keys.** An id with ``job_scope="cluster"`` (Slurm job, Kubernetes pod UID) is one job on every node; any
+  other id (container, systemd unit, cgroup path, ``user/command``) is a job of its node only, keyed by
+  (id, instance).
+- **Shared GPUs.** A GPU held by N jobs at once counts 1/N of its time for each, so the jobs' hours add up to the
+  GPU's.
+- **Lost time** is idle time a job held: every cause of ``gpu_idle_seconds_total`` but ``free`` (nobody held the
+  GPU; that is the fleet's spare capacity, reported per GPU).
+- **Effective time** (``report``): time with SM activity >= 0.5 (util.gpu where the GPU has no GPM): DCGM's guidance
+  is that SM activity below 0.5 likely means the GPU is used ineffectively.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from gpuwarden.cluster.promapi import Prometheus
+from gpuwarden.insight.diagnosis import REASONS, REMEDIES
+from gpuwarden.insight.states import IDLE_CAUSES
+
+#: Causes of lost (held but idle) time: every idle cause but ``free``.
+LOST_CAUSES = tuple(c for c in IDLE_CAUSES if c != "free")
+#: A Prometheus duration, as PromQL writes ranges: 30s, 15m, 6h, 1d, 2w.
+DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)$")
+_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+#: SM activity at or above this is effective use (DCGM: below 0.5 likely ineffective).
+EFFECTIVE_SM = 0.5
+#: A GPU flagged ``straggler`` in at least this share of the steps its job held it is reported as the straggler.
+STRAGGLER_MIN_SHARE = 0.1
+
+
+def seconds(duration: str) -> float:
+    """The seconds of a Prometheus duration (``1d`` -> 86400). Raises ValueError for anything else (compound
+    durations such as ``1h30m`` included: write ``90m``)."""
+    m = DURATION.match(duration)
+    if not m or int(m.group(1)) == 0:
+        raise ValueError(f"not a duration: {duration!r} (e.g. 30m, 6h, 1d, 2w)")
+    return int(m.group(1)) * _SECONDS[m.group(2)]
+
+
+@dataclass(frozen=True, order=True)
+class JobKey:
+    """A job: its id, and its node's instance when the id is node-local (None: the id is cluster-wide)."""
+
+    job_id: str
+    instance: str | None = None
+
+    def label(self) -> str:
+        """``ID`` for a cluster-wide id, ``ID @ INSTANCE`` for a node-local one."""
+        return self.job_id if self.instance is None else f"{self.job_id} @ {self.instance}"
+
+
+@dataclass
+class Usage:
+    """GPU-hours of one job or one GPU over the range: held, busy, lost by cause, energy (joules), the reasons the
+    daemons gave (GPU-steps per reason), the nodes and GPUs involved."""
+
+    held_hours: float = 0.0
+    busy_hours: float = 0.0
+    lost_hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CAUSES, 0.0))
+    free_hours: float = 0.0
+    effective_hours: float | None = None
+    energy_joules: float | None = None
+    held_idle_energy_joules: float | None = None
+    reasons: dict[str, float] = field(default_factory=dict)
+    instances: set[str] = field(default_factory=set)
+    gpus: set[tuple[str, str]] = field(default_factory=set)  # (instance, gpu index)
+    kind: str = ""
+    cost: float | None = None
+    currency: str = ""
+
+    @property
+    def lost_total(self) -> float:
+        """Lost GPU-hours, all causes."""
+        return sum(self.lost_hours.values())
+
+    def verdict(self) -> list[str]:
+        """The reasons seen most, main one first (the daemons' verdicts and findings, by GPU-steps), at most 3."""
+        ranked = sorted(self.reasons, key=lambda r: (-self.reasons[r], REASONS.index(r) if r in REASONS else 99))
+        return ranked[:3]
+
+    def first_remedy(self) -> str:
+        """The first remedy of the main reason (gpuwarden.insight.diagnosis.REMEDIES), '' without one."""
+        for r in self.verdict():
+            if REMEDIES.get(r):
+                return REMEDIES[r][0]
+        return ""
+
+
+class Accounting:
+    """The queries behind ``top`` and ``report``, over ``range_`` (a Prometheus duration) evaluated at ``at`` (Unix
+    seconds; None: now) in steps of ``step`` (at least the scrape interval; 1m by default). ``selector``: extra label
+    matchers for every gpuwarden series, e.g. ``cluster="train-a"``."""
+
+    def __init__(self, prom: Prometheus, range_: str, step: str = "1m", selector: str = "",
+                 at: float | None = None) -> None:  # fmt: skip
+        seconds(range_)
+        self.step_s = seconds(step)
+        self.prom, self.range, self.step, self.at = prom, range_, step, at
+        self.sel = selector.strip().strip(",")
+
+    def _m(self, metric: str, extra: str = "") -> str:
+        inner = ", ".join(x for x in (self.sel, extra) if x)
+        return f"{metric}{{{inner}}}"
+
+    def _share(self, job_filter: str = "") -> str:
+        """Per (GPU, job): 1/N where N jobs hold the GPU at that moment."""
+        info = self._m("gpu_process_job_info", job_filter)
+        every = self._m("gpu_process_job_info")
+        return (
+            f"(max by (instance, gpu, uuid, job_id, job_scope, job_kind) ({info})"
+            f" / on (instance, gpu, uuid) group_left () count by (instance, gpu, uuid)"
+            f" (max by (instance, gpu, uuid, job_id) ({every})))"
+        )
+
+    def _per_job(self, value: str, job_filter: str = "", by: str = "instance, job_id, job_scope, job_kind") -> str:
+        """Sum over the range of ``value`` (a per-GPU instant expression for one step) times each job's share."""
+        return (
+            f"sum by ({by}) (sum_over_time(({self._share(job_filter)} * on (instance, gpu, uuid) group_left ()"
+            f" ({value}))[{self.range}:{self.step}]))"
+        )
+
+    def _one(self) -> str:
+        """1 for every GPU (gpu_up is there for a lost GPU too)."""
+        return f"(0 * {self._m('gpu_up')} + 1)"
+
+    def _increase(self, metric: str, extra: str = "") -> str:
+        """The counter's growth over one step: its rate over 4 steps (at least 2 scrapes in any window, as Grafana's
+        $__rate_interval) times the step; summed over the steps of the range this is the increase over the range."""
+        window = f"{max(1, round(4 * self.step_s))}s"
+        return f"(rate({self._m(metric, extra)}[{window}]) * {self.step_s:g})"
+
+    def _q(self, promql: str) -> list:
+        return self.prom.query(promql, self.at)
+
+    def jobs(self, job_id: str | None = None, instance: str | None = None) -> dict[JobKey, Usage]:
+        """Usage of every job that held a GPU in the range (or of one job id, on one instance)."""
+        parts = []
+        if job_id is not None:
+            parts.append(f'job_id="{_escape(job_id)}"')
+        if instance is not None:
+            parts.append(f'instance="{_escape(instance)}"')
+        jf = ", ".join(parts)
+        out: dict[JobKey, Usage] = defaultdict(Usage)
+
+        def key(labels: dict[str, str]) -> JobKey:
+            scope = labels.get("job_scope", "node")
+            return JobKey(labels["job_id"], None if scope == "cluster" else labels.get("instance"))
+
+        h = self.step_s / 3600
+        for s in self._q(self._per_job(self._one(), jf)):
+            u = out[key(s.labels)]
+            u.held_hours += s.value * h
+            u.instances.add(s.labels.get("instance", ""))
+            u.kind = s.labels.get("job_kind", u.kind)
+        for s in self._q(self._per_job(self._increase("gpu_state_seconds_total", 'state="busy"'), jf)):
+            out[key(s.labels)].busy_hours += s.value / 3600
+        for cause in LOST_CAUSES:
+            for s in self._q(self._per_job(self._increase("gpu_idle_seconds_total", f'cause="{cause}"'), jf)):
+                out[key(s.labels)].lost_hours[cause] += s.value / 3600
+        for s in self._q(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf)):
+            u = out[key(s.labels)]
+            u.held_idle_energy_joules = (u.held_idle_energy_joules or 0.0) + s.value
+        # which GPUs each job held, and the reasons the daemons gave for them while it did
+        held_gpu = self._q(self._per_job(self._one(), jf,
+                                         by="instance, gpu, job_id, job_scope"))  # fmt: skip
+        reasons = self._gpu_reasons()
+        gpu_held_total: dict[tuple[str, str], float] = defaultdict(float)
+        for s in self._q(self._per_job(self._one(), by="instance, gpu")):
+            gpu_held_total[(s.labels["instance"], s.labels["gpu"])] += s.value
+        for s in held_gpu:
+            g = (s.labels["instance"], s.labels["gpu"])
+            u = out[key(s.labels)]
+            u.gpus.add(g)
+            weight = s.value / gpu_held_total[g] if gpu_held_total.get(g) else 0.0
+            for reason, steps in reasons.get(g, {}).items():
+                u.reasons[reason] = u.reasons.get(reason, 0.0) + steps * weight
+        self._price(out)
+        return dict(out)
+
+    def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
+        """``jobs()`` of one id, with energy and effective (SM activity >= 0.5) GPU-hours added."""
+        out = self.jobs(job_id, instance)
+        parts = [f'job_id="{_escape(job_id)}"'] + ([f'instance="{_escape(instance)}"'] if instance else [])
+        jf = ", ".join(parts)
+        activity = f"({self._m('gpu_sm_activity_ratio')} or {self._m('gpu_utilization_ratio')})"
+        h = self.step_s / 3600
+
+        def key(labels: dict[str, str]) -> JobKey:
+            scope = labels.get("job_scope", "node")
+            return JobKey(labels["job_id"], None if scope == "cluster" else labels.get("instance"))
+
+        for s in self._q(self._per_job(f"{activity} >= bool {EFFECTIVE_SM}", jf)):
+            if key(s.labels) in out:
+                u = out[key(s.labels)]
+                u.effective_hours = (u.effective_hours or 0.0) + s.value * h
+        for s in self._q(self._per_job(self._increase("gpu_energy_joules_total"), jf)):
+            if key(s.labels) in out:
+                u = out[key(s.labels)]
+                u.energy_joules = (u.energy_joules or 0.0) + s.value
+        return out
+
+    def stragglers(self, job_id: str, instance: str | None = None) -> list[tuple[str, str, float]]:
+        """GPUs of the job the daemons flagged ``straggler`` in at least STRAGGLER_MIN_SHARE of the steps the job held
+        them: (instance, gpu, share), most flagged first."""
+        parts = [f'job_id="{_escape(job_id)}"'] + ([f'instance="{_escape(instance)}"'] if instance else [])
+        jf = ", ".join(parts)
+        straggler = self._m("gpu_diagnosis", 'reason="straggler"')
+        flagged = self._q(self._per_job(f"{straggler} == bool 1", jf, by="instance, gpu"))
+        held = {
+            (s.labels["instance"], s.labels["gpu"]): s.value
+            for s in self._q(self._per_job(self._one(), jf, by="instance, gpu"))
+        }
+        out = []
+        for s in flagged:
+            g = (s.labels["instance"], s.labels["gpu"])
+            share = s.value / held[g] if held.get(g) else 0.0
+            if share >= STRAGGLER_MIN_SHARE:
+                out.append((g[0], g[1], share))
+        return sorted(out, key=lambda x: -x[2])
+
+    def _gpu_reasons(self) -> dict[tuple[str, str], dict[str, float]]:
+        """Per GPU, the steps of the range each reason of gpu_diagnosis was 1."""
+        q = (f"sum by (instance, gpu, reason) (count_over_time(({self._m('gpu_diagnosis')} == 1)"
+             f"[{self.range}:{self.step}]))")  # fmt: skip
+        out: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+        for s in self._q(q):
+            out[(s.labels["instance"], s.labels["gpu"])][s.labels["reason"]] = s.value
+        return out
+
+    def gpus(self) -> dict[tuple[str, str], Usage]:
+        """Usage of every GPU over the range: lost hours by cause, free hours, the reasons given."""
+        out: dict[tuple[str, str], Usage] = defaultdict(Usage)
+        q = f"sum by (instance, gpu, cause) (increase({self._m('gpu_idle_seconds_total')}[{self.range}]))"
+        for s in self._q(q):
+            u = out[(s.labels["instance"], s.labels["gpu"])]
+            if s.labels["cause"] == "free":
+                u.free_hours += s.value / 3600
+            elif s.labels["cause"] in u.lost_hours:
+                u.lost_hours[s.labels["cause"]] += s.value / 3600
+        busy = self._m("gpu_state_seconds_total", 'state="busy"')
+        q = f"sum by (instance, gpu) (increase({busy}[{self.range}]))"
+        for s in self._q(q):
+            out[(s.labels["instance"], s.labels["gpu"])].busy_hours += s.value / 3600
+        for g, reasons in self._gpu_reasons().items():
+            if g in out:
+                out[g].reasons = reasons
+        for (inst, gpu), u in out.items():
+            u.instances.add(inst)
+            u.gpus.add((inst, gpu))
+        self._price(out)
+        return dict(out)
+
+    def node_names(self) -> dict[str, str]:
+        """instance -> node name (gpu_devices{nodename})."""
+        return {s.labels["instance"]: s.labels.get("nodename", "")
+                for s in self._q(f"max by (instance, nodename) ({self._m('gpu_devices')})")}  # fmt: skip
+
+    def _price(self, usages: dict) -> None:
+        """Set each usage's cost: its lost GPU-hours on each node times that node's gpuwarden_gpu_hour_price (split
+        evenly over the nodes of a multi-node job; no price on any of its nodes: None)."""
+        prices = {s.labels["instance"]: (s.value, s.labels.get("currency", ""))
+                  for s in self._q(f"max by (instance, currency) ({self._m('gpuwarden_gpu_hour_price')})")}  # fmt: skip
+        for u in usages.values():
+            known = [prices[i] for i in u.instances if i in prices]
+            if known:
+                u.cost = u.lost_total * sum(p for p, _ in known) / len(known)
+                u.currency = "/".join(sorted({c for _, c in known}))
+
+
+def _escape(value: str) -> str:
+    """A label value inside a PromQL double-quoted string."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')

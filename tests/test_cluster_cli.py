@@ -1,0 +1,154 @@
+"""``gpuwarden top`` and ``gpuwarden report`` against a real Prometheus scraping three replayed nodes: two run one
+4-rank Slurm job (derived traces, tests/data/make_cluster_traces.py, marked ``modified``), the third a held-idle H100
+(a real recording) whose job id is node-local. Every node prices its GPU-hours."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO, free_port, wait_http
+
+TRACES = REPO / "tests" / "data" / "traces"
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (CI installs Debian's package)")
+
+NODES = {"a": "derived-h200x2-slurm-4242-a", "b": "derived-h200x2-slurm-4242-b", "c": "h100-held_idle"}
+PRICE = {"a": "4", "b": "4", "c": "2"}
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    tmp = tmp_path_factory.mktemp("cluster")
+    ports = {n: free_port() for n in NODES}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "serve", "--replay", str(TRACES / f"{trace}.jsonl.gz"),
+             "--web.listen-address", f"127.0.0.1:{ports[n]}", "--log.level", "warning"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "GPUWARDEN_NODE_NAME": f"node-{n}", "GPUWARDEN_PRICE_PER_GPU_HOUR": PRICE[n]},
+        )  # fmt: skip
+        for n, trace in NODES.items()
+    ]
+    port = free_port()
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "gpuwarden",
+                            "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports.values()]}]}],
+    }))  # fmt: skip
+    procs.append(subprocess.Popen(
+        [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+    try:
+        for p in ports.values():
+            wait_http(f"http://127.0.0.1:{p}/healthz")
+        wait_http(f"http://127.0.0.1:{port}/-/ready")
+        time.sleep(40)  # 40 one-second scrapes: the replays' jobs and verdicts are in
+        yield {"url": f"http://127.0.0.1:{port}", "ports": ports}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def gw(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuwarden", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120, check=False, env={**os.environ, "COLUMNS": "160"})  # fmt: skip
+
+
+def test_top_ranks_the_jobs_across_nodes_with_causes_verdicts_and_cost(prom: dict) -> None:
+    res = gw("top", "--prometheus", prom["url"], "--range", "30s", "--step", "1s", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    jobs = {j["job_id"]: j for j in doc["jobs"]}
+    slurm = jobs["4242"]
+    # one job on two nodes under one Slurm id, not two: 4 GPUs, both instances
+    assert slurm["instance"] is None and slurm["job_kind"] == "slurm"
+    assert len(slurm["gpus"]) == 4 and len(slurm["instances"]) == 2
+    assert slurm["held_gpu_hours"] == pytest.approx(4 * 30 / 3600, rel=0.25)
+    assert 0 < slurm["lost_gpu_hours"] < slurm["held_gpu_hours"]
+    assert sum(slurm["lost_gpu_hours_by_cause"].values()) == pytest.approx(slurm["lost_gpu_hours"])
+    assert slurm["cost"] == pytest.approx(slurm["lost_gpu_hours"] * 4) and slurm["currency"] == "USD"
+    assert {"waiting_on_peers", "input_starved"} & set(slurm["verdict"]) and slurm["first_remedy"]
+    # the held-idle H100's job is node-local: keyed by its instance, lost to held_idle, priced at its node's price
+    [idle] = [j for j in doc["jobs"] if j["job_id"] != "4242"]
+    assert idle["instance"] == f"127.0.0.1:{prom['ports']['c']}"
+    causes = idle["lost_gpu_hours_by_cause"]
+    assert max(causes, key=causes.get) == "held_idle" and idle["verdict"][0] == "held_idle"
+    assert idle["cost"] == pytest.approx(idle["lost_gpu_hours"] * 2)
+    # ranked by lost GPU-hours; every GPU of the three nodes in the GPU table
+    lost = [j["lost_gpu_hours"] for j in doc["jobs"]]
+    assert lost == sorted(lost, reverse=True)
+    assert len(doc["gpus"]) == 5 and {g["node"] for g in doc["gpus"]} == {"node-a", "node-b", "node-c"}
+
+
+def test_top_prints_tables_a_person_reads(prom: dict) -> None:
+    res = gw("top", "--prometheus", prom["url"], "--range", "30s", "--step", "1s")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "Jobs by GPU-hours lost, last 30s" in out and "GPUs by GPU-hours lost" in out
+    assert "4242" in out and "node-a, node-b" in out and "held_idle" in out and "USD" in out
+    assert len(out.splitlines()) < 40
+
+
+def test_report_summarizes_one_job(prom: dict) -> None:
+    res = gw("report", "--job", "4242", "--prometheus", prom["url"], "--range", "30s", "--step", "1s", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["job_kind"] == "slurm" and len(doc["gpus"]) == 4
+    assert 0 <= doc["effective_gpu_hours"] <= doc["held_gpu_hours"]
+    assert doc["busy_gpu_hours"] + doc["lost_gpu_hours"] <= doc["held_gpu_hours"] * 1.1
+    assert doc["energy_joules"] is None or doc["energy_joules"] >= 0
+    assert doc["first_remedy"]
+    text = gw("report", "--job", "4242", "--prometheus", prom["url"], "--range", "30s", "--step", "1s")
+    assert text.returncode == 0 and "GPU-hours held" in text.stdout and "Do first" in text.stdout
+
+
+def test_report_of_an_unknown_job_is_one_line_and_exit_1(prom: dict) -> None:
+    res = gw("report", "--job", "nope", "--prometheus", prom["url"], "--range", "30s", "--step", "1s")
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.strip().count("\n") == 0 and "no job 'nope'" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prometheus", "http://127.0.0.1:1"], "cannot reach"),
+        (["--prometheus", "http://127.0.0.1:{c}"], "not the Prometheus API"),
+    ],
+)
+def test_top_against_something_that_is_not_prometheus_is_one_line(prom: dict, args: list[str], message: str) -> None:
+    args = [a.format(c=prom["ports"]["c"]) for a in args]
+    res = gw("top", *args)
+    assert res.returncode == 1 and message in res.stderr and res.stderr.strip().count("\n") == 0, res.stderr
+
+
+def test_the_cluster_traces_are_what_their_script_writes_and_say_they_are_modified(tmp_path: Path) -> None:
+    import importlib.util
+
+    from gpuwarden.trace import read_trace
+
+    spec = importlib.util.spec_from_file_location("make", REPO / "tests" / "data" / "make_cluster_traces.py")
+    assert spec and spec.loader
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    make.TRACES = tmp_path
+    for node in ("a", "b"):
+        fresh = read_trace(make.write(node))
+        committed = read_trace(TRACES / f"derived-h200x2-slurm-4242-{node}.jsonl.gz")
+        assert "Slurm job 4242" in committed[0].metadata["modified"]
+        assert fresh[0].model_dump(exclude={"created"}) == committed[0].model_dump(exclude={"created"})
+        assert [p.model_dump() for p in fresh[1]] == [p.model_dump() for p in committed[1]]
