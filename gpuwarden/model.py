@@ -82,6 +82,11 @@ class ProcessReading(_Model):
     cpu_seconds_total: float | None = Field(default=None, description="user + system CPU time of the process")
     create_time: float | None = Field(default=None, description="process start, Unix seconds")
     cgroup: str | None = Field(default=None, description="the process's cgroup path, from /proc/PID/cgroup")
+    slurm_job_id: str | None = Field(
+        default=None,
+        description="SLURM_JOB_ID from /proc/PID/environ (readable for the process's own user, root, or "
+        "CAP_SYS_PTRACE), for Slurm nodes whose cgroup paths do not name the job",
+    )
     cgroup_cpu_seconds_total: float | None = Field(
         default=None,
         description="CPU seconds of the process's cgroup (v2 cpu.stat usage_usec, v1 cpuacct.usage); None for the "

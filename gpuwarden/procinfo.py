@@ -48,7 +48,7 @@ class ProcessInspector:
     def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
         self.cgroup_root = cgroup_root
         self._procs: dict[int, psutil.Process] = {}
-        self._static: dict[int, tuple[str | None, str | None, str | None, float | None, str | None]] = {}
+        self._static: dict[int, tuple[str | None, str | None, str | None, float | None, str | None, str | None]] = {}
 
     def describe(self, pid: int, gpu_memory_bytes: int | None) -> ProcessReading:
         """Return what /proc tells of ``pid`` (name, cmdline, user, CPU seconds, start, cgroup)."""
@@ -59,7 +59,9 @@ class ProcessInspector:
                 self._procs[pid] = proc
                 with proc.oneshot():
                     cmd = " ".join(proc.cmdline())[:_CMDLINE_MAX] or None
-                    self._static[pid] = (proc.name(), cmd, _username(proc), proc.create_time(), read_cgroup(pid))
+                    self._static[pid] = (
+                        proc.name(), cmd, _username(proc), proc.create_time(), read_cgroup(pid), _slurm_job_id(proc)
+                    )  # fmt: skip
             cpu = proc.cpu_times()
             cpu_total: float | None = cpu.user + cpu.system
             tree = _tree(proc, cpu)
@@ -67,7 +69,7 @@ class ProcessInspector:
             self._procs.pop(pid, None)
             self._static.pop(pid, None)
             return ProcessReading.model_construct(pid=pid, gpu_memory_bytes=gpu_memory_bytes)
-        name, cmd, user, created, cgroup = self._static[pid]
+        name, cmd, user, created, cgroup, slurm_job = self._static[pid]
         return ProcessReading.model_construct(
             pid=pid,
             gpu_memory_bytes=gpu_memory_bytes,
@@ -77,6 +79,7 @@ class ProcessInspector:
             cpu_seconds_total=cpu_total,
             create_time=created,
             cgroup=cgroup,
+            slurm_job_id=slurm_job,
             cgroup_cpu_seconds_total=read_cgroup_cpu(cgroup, self.cgroup_root),
             tree_cpu_seconds_total=tree[0],
             tree_processes=tree[1],
@@ -90,6 +93,17 @@ class ProcessInspector:
             if pid not in live:
                 del self._procs[pid]
                 self._static.pop(pid, None)
+
+
+def _slurm_job_id(proc: psutil.Process) -> str | None:
+    """SLURM_JOB_ID of a process (/proc/PID/environ, through psutil), None when it has none, when it is not a job id,
+    or when the environment is not readable (another user's process and gpuwarden neither root nor CAP_SYS_PTRACE).
+    Read once per process: the environment of a running process does not change under it."""
+    try:
+        value = proc.environ().get("SLURM_JOB_ID")
+    except (psutil.Error, OSError):
+        return None
+    return value if value and value.isdigit() and len(value) <= 20 else None
 
 
 def _tree(proc: psutil.Process, cpu: object) -> tuple[float, int, int, int | None]:

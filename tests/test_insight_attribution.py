@@ -81,3 +81,44 @@ def test_processes_disappear_when_they_end() -> None:
     ended = polls[-1].model_copy(update={"gpus": [g.model_copy(update={"processes": []}) for g in polls[-1].gpus]})
     res = run([*polls, ended], header_static)
     assert res[-2].processes and res[-1].processes == [] and res[-1].jobs == []
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "slurm_job_id", "kind", "job"),
+    [
+        ("/user.slice/user-1000.slice/session-3.scope", "4243", "slurm", "4243"),  # no slurm cgroup plugin paths
+        ("/system.slice/slurmd.service", "4243", "slurm", "4243"),
+        ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", "9999", "slurm", "4242"),  # the cgroup wins
+        ("/user.slice/user-1000.slice/session-3.scope", None, "process", "alice/python3"),
+    ],
+)
+def test_slurm_job_id_from_the_environment_where_the_cgroup_does_not_name_the_job(
+    cgroup: str, slurm_job_id: str | None, kind: str, job: str
+) -> None:
+    from gpuwarden.insight.attribution import attribute
+    from gpuwarden.model import ProcessReading
+
+    ref = attribute(
+        ProcessReading(pid=1, cgroup=cgroup, slurm_job_id=slurm_job_id, username="alice", name="python3")
+    )
+    assert (ref.kind, ref.job) == (kind, job)
+
+
+def test_the_inspector_reads_slurm_job_id_from_a_real_process_environment() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from gpuwarden.procinfo import ProcessInspector
+
+    env = {**os.environ, "SLURM_JOB_ID": "4243"}
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env) as child:
+        try:
+            assert ProcessInspector().describe(child.pid, None).slurm_job_id == "4243"
+        finally:
+            child.kill()
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env={"SLURM_JOB_ID": "x; rm"}) as c:
+        try:
+            assert ProcessInspector().describe(c.pid, None).slurm_job_id is None  # not a job id
+        finally:
+            c.kill()

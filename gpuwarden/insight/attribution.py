@@ -8,6 +8,7 @@ kind           cgroup path shape (cgroup v2 and v1, systemd and cgroupfs)     jo
 ============== ============================================================== =========================
 ``kubernetes`` ``.../kubepods...-pod<UID>.slice/...`` or ``/kubepods/.../pod<UID>/<id>`` pod UID (dashes)
 ``slurm``      ``.../job_<N>/...`` under ``slurm`` or ``slurmstepd.scope``     Slurm job id
+``slurm``      any other path, with ``SLURM_JOB_ID`` in the process environment  Slurm job id
 ``container``  ``docker-<id>.scope``, ``/docker/<id>``, ``cri-containerd-``,   container id, 12 hex chars
                ``crio-``, ``libpod-<id>.scope``, ``/containerd/.../<id>``
 ``systemd``    ``/system.slice/<unit>.service`` (or any ``.service`` leaf)     unit name
@@ -125,5 +126,9 @@ def attribute_cgroup(cgroup: str | None, user: str | None = None, command: str |
 
 
 def attribute(proc: ProcessReading) -> JobRef:
-    """Return the job of one GPU process, from its cgroup path, else its user and command name."""
-    return attribute_cgroup(proc.cgroup, proc.username, proc.name)
+    """Return the job of one GPU process: from its cgroup path when that names a pod or a Slurm job, else from its
+    SLURM_JOB_ID (a Slurm node without the cgroup plugin's job paths), else from its cgroup path, user and command."""
+    ref = attribute_cgroup(proc.cgroup, proc.username, proc.name)
+    if ref.kind not in CLUSTER_JOB_KINDS and proc.slurm_job_id:
+        return JobRef("slurm", proc.slurm_job_id)
+    return ref
