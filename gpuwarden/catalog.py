@@ -543,6 +543,14 @@ FAMILIES: tuple[Family, ...] = (
         "processes",
         labels=("pid", "process_name"),
     ),
+    Family(
+        "gpu_pod_info",
+        "info",
+        "A Kubernetes container the kubelet assigned this GPU (pod-resources API; several under time-slicing): "
+        "namespace, pod, container, the device plugin's device id and resource.",
+        "processes",
+        labels=("namespace", "pod", "container", "device_id", "resource"),
+    ),
     # mig
     _g("gpu_mig_mode_enabled", "1 when MIG mode is enabled on the GPU.", "mig", static="mig_enabled"),
     _g("gpu_mig_memory_used_bytes", "Memory used on the MIG device, in bytes.", "mig", labels=_MIG_LABELS),
@@ -614,7 +622,16 @@ FAMILIES: tuple[Family, ...] = (
         "The job of a GPU process: Kubernetes pod UID, Slurm job, container, systemd unit, cgroup or user/command; "
         "job_scope cluster: the id means the same job on every node (Kubernetes, Slurm), node: only on this node.",
         "insight",
-        labels=("pid", "job_id", "job_kind", "job_scope", "container_id", "user", "process_name"),
+        labels=("pid", "job_id", "job_kind", "job_scope", "container_id", "user", "process_name", "namespace", "pod",
+                "container"),
+    ),
+    Family(
+        "gpu_job_info",
+        "info",
+        "A job holding the GPU (one series per GPU and job, whatever its number of processes): job_id, job_kind, "
+        "job_scope as on gpu_process_job_info, and the Kubernetes names where the kubelet gave them.",
+        "insight",
+        labels=("job_id", "job_kind", "job_scope", "namespace", "pod", "container"),
     ),
     # exporter (the daemon's own)
     Family(

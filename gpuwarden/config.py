@@ -145,6 +145,11 @@ class Config(BaseSettings):
         "gpuwarden_gpu_hour_price, it turns lost GPU-hours into money on the fleet dashboard, in top and in report",
     )
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$", description="ISO 4217 code of price_per_gpu_hour")
+    kubelet_socket: Path | None = Field(
+        default=None,
+        description="the kubelet's pod-resources socket (/var/lib/kubelet/pod-resources/kubelet.sock): names the "
+        "pods, namespaces and containers holding each GPU; none: not asked",
+    )
     node_name: str | None = Field(
         default=None,
         min_length=1,

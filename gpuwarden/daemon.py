@@ -47,6 +47,11 @@ def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
         return ReplaySource(cfg.replay), {"trace": cfg.replay.name}
     from gpuwarden.nvml import NvmlSource
 
+    pods = None
+    if cfg.kubelet_socket is not None:
+        from gpuwarden.kubelet.client import PodResources
+
+        pods = PodResources(cfg.kubelet_socket)
     return (
         NvmlSource(
             slow_interval=cfg.slow_interval_seconds,
@@ -55,6 +60,7 @@ def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
             xid_events=cfg.xid_events,
             gpu_indices=cfg.gpus,
             wait=cfg.wait_for_nvml,
+            annotate=pods.assign if pods is not None else None,
         ),
         {},
     )

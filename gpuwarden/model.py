@@ -82,6 +82,11 @@ class ProcessReading(_Model):
     cpu_seconds_total: float | None = Field(default=None, description="user + system CPU time of the process")
     create_time: float | None = Field(default=None, description="process start, Unix seconds")
     cgroup: str | None = Field(default=None, description="the process's cgroup path, from /proc/PID/cgroup")
+    hostname_env: str | None = Field(
+        default=None,
+        description="HOSTNAME from /proc/PID/environ (a container's hostname: its pod's name unless the pod sets "
+        "another), which tells the pods apart when several share a GPU",
+    )
     slurm_job_id: str | None = Field(
         default=None,
         description="SLURM_JOB_ID from /proc/PID/environ (readable for the process's own user, root, or "
@@ -183,7 +188,24 @@ class GpuReading(_Model):
         default=None, description="None when process listing is off or failed; [] when no process"
     )
     mig: list[MigReading] = Field(default_factory=list)
+    pods: list[PodAssignment] = Field(
+        default_factory=list, description="containers assigned this GPU by the kubelet (empty without its socket)"
+    )
     xid_events: list[XidEvent] = Field(default_factory=list, description="XID events since the last poll")
+
+
+class PodAssignment(_Model):
+    """A container the kubelet assigned a device of this GPU to (pod-resources API, ``List``).
+
+    ``device_id`` is the device plugin's id: the GPU's UUID, ``UUID::N`` for a time-slicing replica, a MIG device's
+    UUID, or the GPU index (``deviceIDStrategy=index``); ``resource`` the extended resource (``nvidia.com/gpu``, ...).
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    device_id: str
+    resource: str
 
 
 class HostReading(_Model):

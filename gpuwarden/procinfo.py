@@ -38,6 +38,10 @@ def read_cgroup(pid: int, proc_root: Path = Path("/proc")) -> str | None:
     return first
 
 
+#: What is read once per process: name, command line, user, start time, cgroup path, environment fields.
+_Static = tuple[str | None, str | None, str | None, float | None, str | None, dict[str, str]]
+
+
 class ProcessInspector:
     """Describes host processes by PID, caching the psutil handle of each live process.
 
@@ -48,7 +52,7 @@ class ProcessInspector:
     def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
         self.cgroup_root = cgroup_root
         self._procs: dict[int, psutil.Process] = {}
-        self._static: dict[int, tuple[str | None, str | None, str | None, float | None, str | None, str | None]] = {}
+        self._static: dict[int, _Static] = {}
 
     def describe(self, pid: int, gpu_memory_bytes: int | None) -> ProcessReading:
         """Return what /proc tells of ``pid`` (name, cmdline, user, CPU seconds, start, cgroup)."""
@@ -60,7 +64,7 @@ class ProcessInspector:
                 with proc.oneshot():
                     cmd = " ".join(proc.cmdline())[:_CMDLINE_MAX] or None
                     self._static[pid] = (
-                        proc.name(), cmd, _username(proc), proc.create_time(), read_cgroup(pid), _slurm_job_id(proc)
+                        proc.name(), cmd, _username(proc), proc.create_time(), read_cgroup(pid), _environ(proc)
                     )  # fmt: skip
             cpu = proc.cpu_times()
             cpu_total: float | None = cpu.user + cpu.system
@@ -69,7 +73,7 @@ class ProcessInspector:
             self._procs.pop(pid, None)
             self._static.pop(pid, None)
             return ProcessReading.model_construct(pid=pid, gpu_memory_bytes=gpu_memory_bytes)
-        name, cmd, user, created, cgroup, slurm_job = self._static[pid]
+        name, cmd, user, created, cgroup, env = self._static[pid]
         return ProcessReading.model_construct(
             pid=pid,
             gpu_memory_bytes=gpu_memory_bytes,
@@ -79,7 +83,8 @@ class ProcessInspector:
             cpu_seconds_total=cpu_total,
             create_time=created,
             cgroup=cgroup,
-            slurm_job_id=slurm_job,
+            slurm_job_id=env.get("SLURM_JOB_ID"),
+            hostname_env=env.get("HOSTNAME"),
             cgroup_cpu_seconds_total=read_cgroup_cpu(cgroup, self.cgroup_root),
             tree_cpu_seconds_total=tree[0],
             tree_processes=tree[1],
@@ -95,15 +100,23 @@ class ProcessInspector:
                 self._static.pop(pid, None)
 
 
-def _slurm_job_id(proc: psutil.Process) -> str | None:
-    """SLURM_JOB_ID of a process (/proc/PID/environ, through psutil), None when it has none, when it is not a job id,
-    or when the environment is not readable (another user's process and gpuwarden neither root nor CAP_SYS_PTRACE).
-    Read once per process: the environment of a running process does not change under it."""
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    """What attribution reads of a process's environment (/proc/PID/environ, through psutil): ``SLURM_JOB_ID`` when it
+    is a job id (digits), ``HOSTNAME`` (a container's hostname, its pod's name by default) when it is a DNS name.
+    Empty when the environment is not readable: another user's process while gpuwarden is neither root nor has
+    CAP_SYS_PTRACE. Read once per process: the environment of a running process does not change under it."""
     try:
-        value = proc.environ().get("SLURM_JOB_ID")
+        env = proc.environ()
     except (psutil.Error, OSError):
-        return None
-    return value if value and value.isdigit() and len(value) <= 20 else None
+        return {}
+    out = {}
+    job = env.get("SLURM_JOB_ID", "")
+    if job.isdigit() and len(job) <= 20:
+        out["SLURM_JOB_ID"] = job
+    host = env.get("HOSTNAME", "")
+    if 0 < len(host) <= 253 and all(c.isalnum() or c in "-." for c in host):
+        out["HOSTNAME"] = host
+    return out
 
 
 def _tree(proc: psutil.Process, cpu: object) -> tuple[float, int, int, int | None]:

@@ -155,6 +155,35 @@ def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
                 "container_id": p.container_id,
                 "user": p.user,
                 "process_name": p.command,
+                "namespace": p.namespace,
+                "pod": p.pod,
+                "container": p.container,
             },
         )
+    return info if info.samples else None
+
+
+@builds("gpu_job_info")
+def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return one series per GPU and job holding it (its processes merged; Kubernetes names from any of them)."""
+    res = _result(snap)
+    if res is None:
+        return None
+    jobs: dict[tuple[int, str, str, str], dict[str, str]] = {}
+    for p in sorted(res.processes, key=lambda p: (p.gpu, p.job_kind, p.job, p.pid)):
+        labels = jobs.setdefault(
+            (p.gpu, p.uuid, p.job_kind, p.job),
+            {"job_id": p.job, "job_kind": p.job_kind, "job_scope": job_scope(p.job_kind), "namespace": "", "pod": "",
+             "container": ""},
+        )  # fmt: skip
+        for k in ("namespace", "pod"):
+            labels[k] = labels[k] or getattr(p, k)
+        if p.container and labels["container"] not in ("", p.container):
+            labels["container"] = "*"  # processes of several containers of the pod
+        elif p.container:
+            labels["container"] = p.container
+    info = new_family(fam)
+    assert isinstance(info, InfoMetricFamily)
+    for (gpu, uuid, _, _), labels in jobs.items():
+        info.add_metric([str(gpu), uuid], labels)
     return info if info.samples else None

@@ -37,3 +37,17 @@ def process_memory(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Met
         for p in known[: opts.max_processes_per_gpu]:
             mem.add_metric([*labels, str(p.pid), p.name or ""], p.gpu_memory_bytes or 0)  # type: ignore[attr-defined]
     return mem if mem.samples else None
+
+
+@builds("gpu_pod_info")
+def pod_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return one series per container the kubelet assigned each GPU (GpuReading.pods, from pod-resources List)."""
+    info = new_family(fam)
+    for g in readings(snap):
+        for a in g.pods:
+            info.add_metric(  # type: ignore[attr-defined]
+                gpu_label_values(g),
+                {"namespace": a.namespace, "pod": a.pod, "container": a.container, "device_id": a.device_id,
+                 "resource": a.resource},
+            )  # fmt: skip
+    return info if info.samples else None

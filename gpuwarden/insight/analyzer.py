@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
 from gpuwarden.insight.analysis import build_result
-from gpuwarden.insight.attribution import JobRef, attribute
+from gpuwarden.insight.attribution import JobRef, attribute, pod_of
 from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Health
 from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
 from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, terms
@@ -182,6 +182,7 @@ class InsightAnalyzer:
             for p in g.processes or ():
                 ref = self._job(p)
                 live_jobs[(p.pid, p.create_time, p.cgroup)] = ref
+                names = pod_of(ref, p, g.pods)
                 processes.append(
                     ProcessJob.model_construct(
                         gpu=g.index,
@@ -192,6 +193,9 @@ class InsightAnalyzer:
                         container_id=ref.container_id,
                         user=p.username or "",
                         command=p.name or "",
+                        namespace=names.namespace if names else "",
+                        pod=names.pod if names else "",
+                        container=names.container if names else "",
                         gpu_memory_bytes=p.gpu_memory_bytes,
                         cpu_cores=rates[p.pid][0] if p.pid in rates else None,
                     )

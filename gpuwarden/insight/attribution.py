@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuwarden.model import ProcessReading
+from gpuwarden.model import PodAssignment, ProcessReading
 
 #: Job kinds, a bounded label value set.
 JOB_KINDS = ("kubernetes", "slurm", "container", "systemd", "cgroup", "process")
@@ -132,3 +132,36 @@ def attribute(proc: ProcessReading) -> JobRef:
     if ref.kind not in CLUSTER_JOB_KINDS and proc.slurm_job_id:
         return JobRef("slurm", proc.slurm_job_id)
     return ref
+
+
+@dataclass(frozen=True, slots=True)
+class PodNames:
+    """The Kubernetes names of a process's pod: namespace, pod, and container ("" when the pod has several containers
+    on the GPU and the process's own is unknown)."""
+
+    namespace: str
+    pod: str
+    container: str = ""
+
+
+def pod_of(ref: JobRef, proc: ProcessReading, pods: list[PodAssignment]) -> PodNames | None:
+    """The pod of a ``kubernetes`` process among the containers the kubelet assigned its GPU (``pods``), None when it
+    cannot be told: the GPU has one pod (and the process's HOSTNAME, when readable, is that pod's name), or several
+    (time-slicing) and the process's HOSTNAME names exactly one of them. A pod that set its own hostname, on a shared
+    GPU, stays unnamed rather than guessed."""
+    if ref.kind != "kubernetes" or not pods:
+        return None
+    by_pod: dict[tuple[str, str], set[str]] = {}
+    for a in pods:
+        by_pod.setdefault((a.namespace, a.pod), set()).add(a.container)
+    host = proc.hostname_env
+    if len(by_pod) == 1:
+        [(key, containers)] = by_pod.items()
+        if host is not None and host != key[1]:
+            return None  # a pod that did not ask for this GPU (e.g. one that sees every GPU)
+    else:
+        named = [(k, c) for k, c in by_pod.items() if host is not None and k[1] == host]
+        if len(named) != 1:
+            return None
+        [(key, containers)] = named
+    return PodNames(key[0], key[1], next(iter(containers)) if len(containers) == 1 else "")

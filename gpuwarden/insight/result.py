@@ -72,6 +72,9 @@ class ProcessJob(_Frozen):
     container_id: str = ""
     user: str = ""
     command: str = Field(default="", description="process name (not the command line)")
+    namespace: str = Field(default="", description="Kubernetes namespace (kubelet pod-resources), '' when unknown")
+    pod: str = Field(default="", description="Kubernetes pod name, '' when unknown")
+    container: str = Field(default="", description="Kubernetes container name, '' when unknown")
     gpu_memory_bytes: int | None = None
     cpu_cores: float | None = Field(default=None, description="CPU seconds per second over the last poll interval")
 

@@ -19,6 +19,7 @@ import logging
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pynvml
 
@@ -93,6 +94,7 @@ class NvmlSource:
     ``samples_min_gap`` set each GPU's read cadence (gpuwarden.nvml.device.GpuPoller). The host's CPU times
     (psutil.cpu_times, /proc/stat) are read at most once per ``host_min_gap`` seconds (default HOST_MIN_GAP):
     ``PollResult.host`` is None in between (the insight analyzer carries the host's busy ratio over the gap).
+    ``annotate`` adds what NVML does not know to each poll's GPU readings (the kubelet's pods of each GPU).
     """
 
     kind = "nvml"
@@ -108,6 +110,7 @@ class NvmlSource:
         xid_events: bool = True,
         gpu_indices: list[int] | None = None,
         wait: bool = False,
+        annotate: Callable[[list[GpuReading]], list[GpuReading]] | None = None,
     ) -> None:
         self._slow_interval = slow_interval
         self._gpm_interval = gpm_interval
@@ -118,6 +121,7 @@ class NvmlSource:
         self._xid_events = xid_events
         self._gpu_indices = gpu_indices
         self._wait = wait
+        self._annotate = annotate
         self._errors: Counter[tuple[str, str]] = Counter()
         self._pollers: list[GpuPoller] = []
         self._inspector = ProcessInspector() if processes else None
@@ -247,6 +251,8 @@ class NvmlSource:
             live = {pr.pid for g in gpus for pr in (g.processes or ())}
             self._inspector.forget_except(live)
         gpus.sort(key=lambda g: g.index)
+        if self._annotate is not None:
+            gpus = self._annotate(gpus)
         return self._result(now, start, gpus)
 
     def _result(self, now: float, start: float, gpus: list[GpuReading]) -> PollResult:

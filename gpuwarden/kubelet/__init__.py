@@ -1,0 +1,1 @@
+"""The kubelet's pod-resources API (gRPC over a unix socket): pods and containers per GPU."""

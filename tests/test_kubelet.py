@@ -1,0 +1,216 @@
+"""The kubelet pod-resources client against a fake kubelet: a real gRPC server speaking the pod-resources ``List`` on a
+unix socket, with GPUs shared by time-slicing, MIG devices, other resources, and a kubelet restart. Then the names
+through attribution to ``gpu_process_job_info``, ``gpu_job_info`` and ``gpu_pod_info``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gpuwarden.kubelet import podresources_pb2 as pb
+from gpuwarden.kubelet.client import PodResources
+from gpuwarden.model import GpuReading, MigReading, PodAssignment, ProcessReading
+
+GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+GPU_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
+MIG_B = "MIG-cccccccc-1111-2222-3333-444444444444"
+POD_UID = "1b2c3d4e-aaaa-bbbb-cccc-0123456789ab"
+
+
+def _pod(ns: str, name: str, containers: dict[str, list[tuple[str, list[str]]]]) -> pb.PodResources:
+    return pb.PodResources(
+        namespace=ns,
+        name=name,
+        containers=[
+            pb.ContainerResources(name=c, devices=[pb.ContainerDevices(resource_name=r, device_ids=i) for r, i in d])
+            for c, d in containers.items()
+        ],
+    )
+
+
+#: GPU A time-sliced between two pods; GPU B's MIG device in a third; an SR-IOV NIC and CPU-only pod ignored.
+SHARED = [
+    _pod("train", "trainer-0", {"main": [("nvidia.com/gpu", [f"{GPU_A}::0"])]}),
+    _pod("notebooks", "alice-nb", {"jupyter": [("nvidia.com/gpu", [f"{GPU_A}::3"])]}),
+    _pod("infer", "llm-0", {"server": [("nvidia.com/mig-1g.10gb", [MIG_B])], "sidecar": []}),
+    _pod("net", "router", {"r": [("intel.com/sriov", ["0000:3b:00.1"])]}),
+]
+
+
+class FakeKubelet:
+    """A gRPC server answering v1.PodResourcesLister/List with ``self.pods``."""
+
+    def __init__(self, socket: Path, pods: list[pb.PodResources]) -> None:
+        self.pods = pods
+        self.calls = 0
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        handler = grpc.unary_unary_rpc_method_handler(
+            self._list,
+            request_deserializer=pb.ListPodResourcesRequest.FromString,
+            response_serializer=pb.ListPodResourcesResponse.SerializeToString,
+        )
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister",
+                                                                                   {"List": handler}),))  # fmt: skip
+        assert self.server.add_insecure_port(f"unix://{socket}")
+        self.server.start()
+
+    def _list(self, request: pb.ListPodResourcesRequest, context: object) -> pb.ListPodResourcesResponse:
+        self.calls += 1
+        return pb.ListPodResourcesResponse(pod_resources=self.pods)
+
+    def stop(self) -> None:
+        self.server.stop(grace=None).wait()
+
+
+@contextmanager
+def kubelet(socket: Path, pods: list[pb.PodResources]) -> Iterator[FakeKubelet]:
+    k = FakeKubelet(socket, pods)
+    try:
+        yield k
+    finally:
+        k.stop()
+
+
+def _gpus() -> list[GpuReading]:
+    return [
+        GpuReading(index=0, uuid=GPU_A, timestamp=1.0),
+        GpuReading(index=1, uuid=GPU_B, timestamp=1.0, mig=[MigReading(uuid=MIG_B, gpu_instance_id=1)]),
+        GpuReading(index=2, uuid="GPU-dddddddd-1111-2222-3333-444444444444", timestamp=1.0),
+    ]
+
+
+def test_a_time_sliced_gpu_names_both_pods_and_a_mig_device_names_its_gpu(tmp_path: Path) -> None:
+    sock = tmp_path / "kubelet.sock"
+    with kubelet(sock, SHARED):
+        client = PodResources(sock, refresh_seconds=0)
+        a, b, c = client.assign(_gpus())
+        client.close()
+    assert {(p.namespace, p.pod, p.container, p.device_id) for p in a.pods} == {
+        ("train", "trainer-0", "main", f"{GPU_A}::0"),
+        ("notebooks", "alice-nb", "jupyter", f"{GPU_A}::3"),
+    }
+    assert [(p.pod, p.container, p.resource) for p in b.pods] == [("llm-0", "server", "nvidia.com/mig-1g.10gb")]
+    assert c.pods == []  # nobody holds GPU 2; the NIC is not a GPU
+
+
+def test_device_ids_by_index(tmp_path: Path) -> None:
+    sock = tmp_path / "kubelet.sock"
+    with kubelet(sock, [_pod("ml", "p", {"c": [("nvidia.com/gpu", ["2"])]})]):
+        client = PodResources(sock, refresh_seconds=0)
+        gpus = client.assign(_gpus())
+        client.close()
+    assert [len(g.pods) for g in gpus] == [0, 0, 1]
+
+
+def test_a_kubelet_restart_keeps_the_last_answer_then_reads_the_new_kubelet(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sock = tmp_path / "kubelet.sock"
+    client = PodResources(sock, timeout=0.5, refresh_seconds=0, max_age_seconds=60)
+    with kubelet(sock, SHARED) as k:
+        assert len(client.assignments()) == 3 and k.calls == 1
+    sock.unlink(missing_ok=True)  # the kubelet is gone (restarting): its socket with it
+    with caplog.at_level(logging.WARNING, logger="gpuwarden.kubelet"):
+        assert len(client.assignments()) == 3  # the last answer, while it is recent
+        assert len(client.assignments()) == 3
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1  # once per outage
+    moved = [_pod("train", "trainer-1", {"main": [("nvidia.com/gpu", [GPU_B])]})]
+    with kubelet(sock, moved):  # the new kubelet, on a new socket at the same path
+        for _ in range(50):  # gRPC reconnects by itself; allow it its backoff
+            found = client.assignments()
+            if [a.pod for a in found] == ["trainer-1"]:
+                break
+            import time
+
+            time.sleep(0.2)
+        assert [(a.pod, a.device_id) for a in found] == [("trainer-1", GPU_B)]
+    client.close()
+
+
+def test_no_kubelet_at_all_leaves_pods_unknown_and_does_not_raise(tmp_path: Path) -> None:
+    client = PodResources(tmp_path / "missing.sock", timeout=0.2, refresh_seconds=0, max_age_seconds=0)
+    gpus = _gpus()
+    assert client.assign(gpus) == gpus and client.assignments() == []
+    client.close()
+
+
+def _proc(pid: int, host: str | None) -> ProcessReading:
+    cg = f"/kubepods.slice/kubepods-pod{POD_UID.replace('-', '_')}.slice/cri-containerd-{'0' * 64}.scope"
+    return ProcessReading(pid=pid, cgroup=cg, hostname_env=host, username="root", name="python3", gpu_memory_bytes=1)
+
+
+@pytest.mark.parametrize(
+    ("host", "pods", "expected"),
+    [
+        ("trainer-0", ["trainer-0"], ("train", "trainer-0", "main")),
+        (None, ["trainer-0"], ("train", "trainer-0", "main")),  # environment unreadable, one pod: it
+        ("gpuwarden-x1", ["trainer-0"], None),  # a pod that sees every GPU without asking for one
+        ("alice-nb", ["trainer-0", "alice-nb"], ("notebooks", "alice-nb", "jupyter")),  # time-sliced: by hostname
+        (None, ["trainer-0", "alice-nb"], None),  # time-sliced, hostname unknown: not guessed
+    ],
+)
+def test_pod_of_a_process(host: str | None, pods: list[str], expected: tuple[str, str, str] | None) -> None:
+    from gpuwarden.insight.attribution import attribute, pod_of
+
+    assigned = {"trainer-0": ("train", "main"), "alice-nb": ("notebooks", "jupyter")}
+    on_gpu = [PodAssignment(namespace=assigned[p][0], pod=p, container=assigned[p][1], device_id=GPU_A,
+                            resource="nvidia.com/gpu") for p in pods]  # fmt: skip
+    proc = _proc(7, host)
+    names = pod_of(attribute(proc), proc, on_gpu)
+    assert (None if names is None else (names.namespace, names.pod, names.container)) == expected
+
+
+def test_pod_names_reach_the_job_series(tmp_path: Path) -> None:
+    """The held-idle H100 recording with its GPU time-sliced between two pods, each with one process (a trace derived
+    here, marked modified): each process's job info names its pod; gpu_job_info has one series per GPU and job;
+    gpu_pod_info lists both containers."""
+    from conftest import TRACES, replay_poller
+    from test_collectors import families
+
+    from gpuwarden.trace import TraceWriter, read_trace
+
+    header, polls = read_trace(TRACES / "h100-held_idle.jsonl.gz")
+    uuid = header.node.gpus[0].uuid
+    shared = [_pod("train", "trainer-0", {"main": [("nvidia.com/gpu", [f"{uuid}::0"])]}),
+              _pod("notebooks", "alice-nb", {"jupyter": [("nvidia.com/gpu", [f"{uuid}::1"])]})]  # fmt: skip
+    other = POD_UID.replace("1b2c", "9f9f")
+    sock = tmp_path / "kubelet.sock"
+    out = tmp_path / "shared.jsonl.gz"
+    with kubelet(sock, shared):
+        client = PodResources(sock, refresh_seconds=0)
+        meta = {**header.metadata, "modified": "two pods' processes on GPU 0, pods from a fake kubelet"}
+        with TraceWriter(out, header.model_copy(update={"metadata": meta})) as w:
+            for poll in polls[:8]:
+                g = poll.gpus[0]
+                real = (g.processes or [])[0]
+                mine = _proc(real.pid, "trainer-0").model_copy(update={"cpu_seconds_total": real.cpu_seconds_total})
+                theirs = _proc(real.pid + 1, "alice-nb")
+                theirs = theirs.model_copy(update={"cgroup": (theirs.cgroup or "").replace(
+                    POD_UID.replace("-", "_"), other.replace("-", "_"))})  # fmt: skip
+                [g] = client.assign([g.model_copy(update={"processes": [mine, theirs]})])
+                w.write(poll.model_copy(update={"gpus": [g]}))
+        client.close()
+    from gpuwarden.insight.analyzer import InsightAnalyzer
+
+    poller = replay_poller(out, 8, analyzers={"insight": InsightAnalyzer().prepare})
+    text = render_of(poller.snapshot)
+    fams = families(text)
+    assert "gpu_process_job_info" in fams, sorted(fams)
+    procs = {(s.labels["job_id"], s.labels["namespace"], s.labels["pod"], s.labels["container"])
+             for s in fams["gpu_process_job_info"]}  # fmt: skip
+    assert procs == {(POD_UID, "train", "trainer-0", "main"), (other, "notebooks", "alice-nb", "jupyter")}
+    jobs = {(s.labels["job_id"], s.labels["pod"]) for s in fams["gpu_job_info"]}
+    assert jobs == {(POD_UID, "trainer-0"), (other, "alice-nb")}
+    assert {s.labels["pod"] for s in fams["gpu_pod_info"]} == {"trainer-0", "alice-nb"}
+
+
+def render_of(snap: object) -> str:
+    from conftest import render
+
+    return render(snap)  # type: ignore[arg-type]
