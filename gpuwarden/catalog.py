@@ -543,6 +543,14 @@ FAMILIES: tuple[Family, ...] = (
         "processes",
         labels=("pid", "process_name"),
     ),
+    _g(
+        "gpu_process_sm_utilization_ratio",
+        "Share of the GPU's time one process ran kernels (nvmlDeviceGetProcessUtilization smUtil, mean since the "
+        "last poll), scaled down where the processes of a GPU add up to more than its util.gpu, so that they never "
+        "exceed the device's value (the largest processes of each GPU only).",
+        "processes",
+        labels=("pid", "process_name"),
+    ),
     Family(
         "gpu_pod_info",
         "info",

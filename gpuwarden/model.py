@@ -82,6 +82,11 @@ class ProcessReading(_Model):
     cpu_seconds_total: float | None = Field(default=None, description="user + system CPU time of the process")
     create_time: float | None = Field(default=None, description="process start, Unix seconds")
     cgroup: str | None = Field(default=None, description="the process's cgroup path, from /proc/PID/cgroup")
+    sm_utilization_ratio: float | None = Field(
+        default=None,
+        description="the process's share of the GPU's SM time (0-1): the mean smUtil of its "
+        "nvmlDeviceGetProcessUtilization samples since the previous poll; None without a sample",
+    )
     hostname_env: str | None = Field(
         default=None,
         description="HOSTNAME from /proc/PID/environ (a container's hostname: its pod's name unless the pod sets "

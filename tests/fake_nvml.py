@@ -85,6 +85,7 @@ FUNCTIONS = (
     "nvmlDeviceGetSamples",
     "nvmlDeviceGetRemappedRows",
     "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceGetGpuInstanceId",
@@ -493,6 +494,22 @@ class FakeNvml:
             if p.gpu_memory_bytes is None:
                 obj.usedGpuMemory = None
             out.append(obj)
+        return out
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, last_seen_us: int) -> list[Any]:
+        """One sample per recorded process with ``sm_utilization_ratio``, stamped with the record's time; NOT_FOUND
+        when the record has none (as NVML when no process ran). ``last_seen_us`` is not compared: the recorded
+        times are older than the clock the caller starts from."""
+        r = self._dev("nvmlDeviceGetProcessUtilization", handle).current
+        stamp = int(r.timestamp * 1e6)
+        out = []
+        for p in r.processes or ():
+            if p.sm_utilization_ratio is not None:
+                s = pynvml.c_nvmlProcessUtilizationSample_t()
+                s.pid, s.timeStamp, s.smUtil = p.pid, stamp, round(p.sm_utilization_ratio * 100)
+                out.append(s)
+        if not out:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
         return out
 
     # -- MIG (the recorded traces have none: a GPU in MIG mode lists the recorded MIG devices) ------

@@ -173,3 +173,53 @@ def test_a_price_that_is_not_a_positive_number_is_refused() -> None:
     for bad in ({"price_per_gpu_hour": -1}, {"price_per_gpu_hour": "nan"}, {"currency": "dollars"}):
         with pytest.raises(ValueError, match="price_per_gpu_hour|currency"):
             Config(**bad)
+
+
+SHARED = "h100-shared-slurm-env"  # two processes of Slurm job 777 on one H100 (tools/device-shared-gpu.sh)
+
+
+def test_two_processes_sharing_a_gpu_get_their_own_utilization_within_the_devices() -> None:
+    from gpuwarden.collectors.processes import process_shares
+    from gpuwarden.trace import read_trace
+
+    _, polls = read_trace(trace(SHARED))
+    seen = 0
+    for poll in polls:
+        [g] = poll.gpus
+        shares = process_shares(g)
+        raw = [p.sm_utilization_ratio for p in g.processes or () if p.sm_utilization_ratio is not None]
+        if len(shares) == 2:
+            seen += 1
+        # the invariant: the processes' (so the jobs') shares of a GPU never exceed the device's value
+        assert sum(shares.values()) <= (g.utilization_gpu_ratio or 1.0) + 1e-9
+        assert all(0 <= v <= r + 1e-9 for v, r in zip(sorted(shares.values()), sorted(raw), strict=True))
+    assert seen >= len(polls) // 2
+    fams = families(render(snapshot(trace(SHARED), polls=10)))
+    # a process without a sample in the last interval (rank 1 pauses) has no series rather than a 0
+    pids = {s.labels["pid"] for s in fams["gpu_process_sm_utilization_ratio"]}
+    assert pids and pids <= {s.labels["pid"] for s in fams["gpu_process_memory_used_bytes"]}
+
+
+def test_process_shares_never_exceed_the_device_and_keep_their_proportions() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from gpuwarden.collectors.processes import process_shares
+    from gpuwarden.model import GpuReading, ProcessReading
+
+    ratio = st.floats(0, 1, allow_nan=False)
+
+    @given(st.lists(st.one_of(st.none(), ratio), max_size=8), st.one_of(st.none(), ratio))
+    def check(raw: list[float | None], device: float | None) -> None:
+        procs = [ProcessReading(pid=i, sm_utilization_ratio=r) for i, r in enumerate(raw)]
+        g = GpuReading(index=0, uuid="GPU-x", timestamp=1.0, utilization_gpu_ratio=device, processes=procs)
+        shares = process_shares(g)
+        assert set(shares) == {i for i, r in enumerate(raw) if r is not None}
+        assert sum(shares.values()) <= (1.0 if device is None else device) + 1e-9
+        known = {i: r for i, r in enumerate(raw) if r is not None}
+        if sum(known.values()) <= (1.0 if device is None else device):
+            assert shares == known  # nothing to scale
+        for i, r in known.items():
+            assert shares[i] <= r + 1e-12
+
+    check()

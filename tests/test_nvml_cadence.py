@@ -179,3 +179,25 @@ def test_the_host_cpu_times_are_read_once_per_host_gap(fake: FakeNvml, monkeypat
     assert all(every.poll().host is not None for _ in range(3))
     every.close()
     source.close()
+
+
+def test_per_process_utilization_is_read_every_interval_and_carried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvmlDeviceGetProcessUtilization, one of the slowest calls, is read once per PROCESS_UTILIZATION_INTERVAL;
+    the recorded per-process values come through it and are carried in between (fake NVML fed by the real
+    two-process H100 recording)."""
+    from gpuwarden.nvml import device
+
+    fake = FakeNvml(trace("h100-shared-slurm-env")).install(monkeypatch)
+    clock = [1000.0]
+    monkeypatch.setattr(device.time, "monotonic", lambda: clock[0])
+    source = NvmlSource(xid_events=False, processes=True)
+    source.open()
+    polls = []
+    for step in (5.0, 1.0, 1.0, 0.0):  # reads at the first two polls (5 s apart), none at the next two
+        polls.append(source.poll())
+        clock[0] += step
+    source.close()
+    assert fake.calls["nvmlDeviceGetProcessUtilization"] == 2
+    carried = [{pr.pid: pr.sm_utilization_ratio for pr in p.gpus[0].processes or ()} for p in polls[1:]]
+    assert carried[0] == carried[1] == carried[2]
+    assert len(carried[0]) == 2 and all(v is not None and 0 <= v <= 1 for v in carried[0].values())

@@ -11,6 +11,7 @@ from prometheus_client.core import Metric
 
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, readings
+from gpuwarden.model import GpuReading
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -51,3 +52,36 @@ def pod_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | 
                  "resource": a.resource},
             )  # fmt: skip
     return info if info.samples else None
+
+
+def process_shares(g: GpuReading) -> dict[int, float]:
+    """pid -> the process's share of the GPU's time (0-1): NVML's per-process smUtil (ProcessReading.
+    sm_utilization_ratio), scaled by util.gpu / their sum where they add up to more than the device's util.gpu.
+
+    NVML samples processes and the device separately, so the per-process values of a GPU shared by several processes
+    (time-slicing, MPS) can add up to more than the device's own value; scaling keeps each process's relative share
+    and guarantees that the shares of a GPU's processes, and so of its jobs, never exceed the device's value. Without
+    util.gpu the sum is capped at 1. Processes without a sample are absent.
+    """
+    known = {p.pid: p.sm_utilization_ratio for p in g.processes or () if p.sm_utilization_ratio is not None}
+    total = sum(known.values())
+    limit = g.utilization_gpu_ratio if g.utilization_gpu_ratio is not None else 1.0
+    scale = limit / total if total > limit else 1.0
+    return {pid: v * scale for pid, v in known.items()}
+
+
+@builds("gpu_process_sm_utilization_ratio")
+def process_utilization(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return each process's share of its GPU (process_shares) for the ``max_processes_per_gpu`` largest processes
+    by GPU memory, as gpu_process_memory_used_bytes."""
+    util = new_family(fam)
+    for g in readings(snap):
+        shares = process_shares(g)
+        if not shares:
+            continue
+        labels = gpu_label_values(g)
+        procs = sorted(g.processes or (), key=lambda p: (-(p.gpu_memory_bytes or 0), p.pid))
+        for p in procs[: opts.max_processes_per_gpu]:
+            if p.pid in shares:
+                util.add_metric([*labels, str(p.pid), p.name or ""], shares[p.pid])  # type: ignore[attr-defined]
+    return util if util.samples else None

@@ -51,6 +51,9 @@ SAMPLES_MIN_GAP = 2.0
 CADENCE_SLACK = 0.05
 
 _QUIET_NOT_FOUND = frozenset({pynvml.NVML_ERROR_NOT_FOUND})
+#: Seconds between reads of per-process utilization (nvmlDeviceGetProcessUtilization is one of the slowest calls,
+#: docs/performance.md; it returns every sample since the last read, so a longer gap loses nothing but resolution).
+PROCESS_UTILIZATION_INTERVAL = 5.0
 
 # GpuReading's defaults, resolved once. pydantic's model_construct resolves a missing field's default_factory
 # through inspect.signature on every call (docs/performance.md): fill them
@@ -130,6 +133,9 @@ class GpuPoller:
         self._fields = list(POLL_FIELDS)
         self._slow_fields = list(SLOW_FIELDS)
         self._last_sample_us = int(time.time() * 1e6)
+        self._last_process_sample_us = self._last_sample_us
+        self._process_util: dict[int, float] = {}
+        self._next_process_util = 0.0
         self._last_read: float | None = None
         self._gpm_interval = gpm_interval
         self._samples_min_gap = samples_min_gap
@@ -292,7 +298,33 @@ class GpuPoller:
             seen.add(pid)
             used = p.usedGpuMemory
             out.append(self._inspector.describe(pid, int(used) if used is not None else None))
+        if out and time.monotonic() >= self._next_process_util:
+            self._next_process_util = time.monotonic() + PROCESS_UTILIZATION_INTERVAL
+            self._process_util = self._process_utilization()
+        util = self._process_util if out else {}
+        if util:
+            out = [p.model_copy(update={"sm_utilization_ratio": util[p.pid]}) if p.pid in util else p for p in out]
         return out
+
+    def _process_utilization(self) -> dict[int, float]:
+        """pid -> mean SM utilization (0-1) of its nvmlDeviceGetProcessUtilization samples since the last read (every
+        PROCESS_UTILIZATION_INTERVAL; the values are carried in between). NVML answers NOT_FOUND when no process ran
+        since then: {}. A value above 100% (a sentinel) is dropped."""
+        samples = self._caller.call(
+            "nvmlDeviceGetProcessUtilization",
+            pynvml.nvmlDeviceGetProcessUtilization,
+            self._handle,
+            self._last_process_sample_us,
+            quiet=_QUIET_NOT_FOUND,
+        )
+        if not samples:
+            return {}
+        self._last_process_sample_us = max(self._last_process_sample_us, *(int(s.timeStamp) for s in samples))
+        per: dict[int, list[float]] = {}
+        for s in samples:
+            if 0 <= int(s.smUtil) <= 100:
+                per.setdefault(int(s.pid), []).append(int(s.smUtil) / 100)
+        return {pid: sum(v) / len(v) for pid, v in per.items()}
 
     def _mig(self, now: float) -> list[MigReading]:
         c, h = self._caller.call, self._handle
