@@ -249,6 +249,22 @@ def fleet() -> gd.Dashboard:
         4, 4,
     )  # fmt: skip
     lay.add(
+        st("Held-idle GPU-hours in range",
+           [(f'sum(increase(gpu_idle_seconds_total{{{sel}, cause="held_idle"}}[$__range])) / 3600', "GPU-hours")],
+           "h", steps((None, GREEN), (1, "orange"), (24, RED)),
+           "GPU time held by a job's memory while nothing ran on it (a sleeping notebook, a stopped job)."),
+        6, 4,
+    )  # fmt: skip
+    lay.add(
+        st("Cost of lost GPU-hours in range",
+           [(f'sum by (currency) (sum by (instance) (increase(gpu_idle_seconds_total{{{sel}, cause!="free"}}'
+             "[$__range])) / 3600 * on (instance) group_left (currency)"
+             f" max by (instance, currency) (gpuwarden_gpu_hour_price{{{sel}}}))", "{{currency}}")],
+           "short", NEUTRAL, "Lost GPU-hours (held but idle, every cause) times each node's price_per_gpu_hour "
+           "(gpuwarden_gpu_hour_price); nodes without a price are left out.", names=True),
+        6, 4,
+    )  # fmt: skip
+    lay.add(
         ts("GPUs by state",
            [(f"sum by (state) (rate(gpu_state_seconds_total{{{sel}}}[$__rate_interval]))", "{{state}}")],
            "short", "GPU-seconds per second in each state (busy, starved, held_idle, free, lost, unknown): a number of "

@@ -112,7 +112,7 @@ def test_every_stat_has_thresholds_and_trouble_is_red_at_one(path: Path) -> None
             continue
         th = p["fieldConfig"]["defaults"]["thresholds"]
         assert th["mode"] == "absolute" and th["steps"][0]["value"] is None, p["title"]
-        if re.search(r"lost|ECC|health|remap|XID|Recovery", p["title"]):
+        if re.search(r"^GPUs lost|ECC|health|remap|XID|Recovery", p["title"]):
             assert [(s["value"], s["color"]) for s in th["steps"]] == [(None, "green"), (1, "red")], p["title"]
 
 

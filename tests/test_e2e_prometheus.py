@@ -74,7 +74,7 @@ def _daemon(trace: str, port: int, node: str) -> subprocess.Popen:
         [sys.executable, "-m", "gpuwarden", "serve", "--replay", str(TRACES / f"{trace}.jsonl.gz"),
          "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warning"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "GPUWARDEN_NODE_NAME": node},
+        env={**os.environ, "GPUWARDEN_NODE_NAME": node, "GPUWARDEN_PRICE_PER_GPU_HOUR": "3.5"},
     )  # fmt: skip
 
 
