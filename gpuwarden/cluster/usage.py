@@ -143,31 +143,22 @@ class Accounting:
 
     def jobs(self, job_id: str | None = None, instance: str | None = None) -> dict[JobKey, Usage]:
         """Usage of every job that held a GPU in the range (or of one job id, on one instance)."""
-        parts = []
-        if job_id is not None:
-            parts.append(f'job_id="{_escape(job_id)}"')
-        if instance is not None:
-            parts.append(f'instance="{_escape(instance)}"')
-        jf = ", ".join(parts)
+        jf = _job_filter(job_id, instance)
         out: dict[JobKey, Usage] = defaultdict(Usage)
-
-        def key(labels: dict[str, str]) -> JobKey:
-            scope = labels.get("job_scope", "node")
-            return JobKey(labels["job_id"], None if scope == "cluster" else labels.get("instance"))
 
         h = self.step_s / 3600
         for s in self._q(self._per_job(self._one(), jf)):
-            u = out[key(s.labels)]
+            u = out[_job_key(s.labels)]
             u.held_hours += s.value * h
             u.instances.add(s.labels.get("instance", ""))
             u.kind = s.labels.get("job_kind", u.kind)
         for s in self._q(self._per_job(self._increase("gpu_state_seconds_total", 'state="busy"'), jf)):
-            out[key(s.labels)].busy_hours += s.value / 3600
+            out[_job_key(s.labels)].busy_hours += s.value / 3600
         for cause in LOST_CAUSES:
             for s in self._q(self._per_job(self._increase("gpu_idle_seconds_total", f'cause="{cause}"'), jf)):
-                out[key(s.labels)].lost_hours[cause] += s.value / 3600
+                out[_job_key(s.labels)].lost_hours[cause] += s.value / 3600
         for s in self._q(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf)):
-            u = out[key(s.labels)]
+            u = out[_job_key(s.labels)]
             u.held_idle_energy_joules = (u.held_idle_energy_joules or 0.0) + s.value
         # which GPUs each job held, and the reasons the daemons gave for them while it did
         held_gpu = self._q(self._per_job(self._one(), jf,
@@ -178,7 +169,7 @@ class Accounting:
             gpu_held_total[(s.labels["instance"], s.labels["gpu"])] += s.value
         for s in held_gpu:
             g = (s.labels["instance"], s.labels["gpu"])
-            u = out[key(s.labels)]
+            u = out[_job_key(s.labels)]
             u.gpus.add(g)
             weight = s.value / gpu_held_total[g] if gpu_held_total.get(g) else 0.0
             for reason, steps in reasons.get(g, {}).items():
@@ -189,30 +180,24 @@ class Accounting:
     def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
         """``jobs()`` of one id, with energy and effective (SM activity >= 0.5) GPU-hours added."""
         out = self.jobs(job_id, instance)
-        parts = [f'job_id="{_escape(job_id)}"'] + ([f'instance="{_escape(instance)}"'] if instance else [])
-        jf = ", ".join(parts)
+        jf = _job_filter(job_id, instance)
         activity = f"({self._m('gpu_sm_activity_ratio')} or {self._m('gpu_utilization_ratio')})"
         h = self.step_s / 3600
 
-        def key(labels: dict[str, str]) -> JobKey:
-            scope = labels.get("job_scope", "node")
-            return JobKey(labels["job_id"], None if scope == "cluster" else labels.get("instance"))
-
         for s in self._q(self._per_job(f"{activity} >= bool {EFFECTIVE_SM}", jf)):
-            if key(s.labels) in out:
-                u = out[key(s.labels)]
+            if _job_key(s.labels) in out:
+                u = out[_job_key(s.labels)]
                 u.effective_hours = (u.effective_hours or 0.0) + s.value * h
         for s in self._q(self._per_job(self._increase("gpu_energy_joules_total"), jf)):
-            if key(s.labels) in out:
-                u = out[key(s.labels)]
+            if _job_key(s.labels) in out:
+                u = out[_job_key(s.labels)]
                 u.energy_joules = (u.energy_joules or 0.0) + s.value
         return out
 
     def stragglers(self, job_id: str, instance: str | None = None) -> list[tuple[str, str, float]]:
         """GPUs of the job the daemons flagged ``straggler`` in at least STRAGGLER_MIN_SHARE of the steps the job held
         them: (instance, gpu, share), most flagged first."""
-        parts = [f'job_id="{_escape(job_id)}"'] + ([f'instance="{_escape(instance)}"'] if instance else [])
-        jf = ", ".join(parts)
+        jf = _job_filter(job_id, instance)
         straggler = self._m("gpu_diagnosis", 'reason="straggler"')
         flagged = self._q(self._per_job(f"{straggler} == bool 1", jf, by="instance, gpu"))
         held = {
@@ -274,6 +259,18 @@ class Accounting:
             if known:
                 u.cost = u.lost_total * sum(p for p, _ in known) / len(known)
                 u.currency = "/".join(sorted({c for _, c in known}))
+
+
+def _job_key(labels: dict[str, str]) -> JobKey:
+    """The job of a result series: its id, and its instance when the id is node-local."""
+    scope = labels.get("job_scope", "node")
+    return JobKey(labels["job_id"], None if scope == "cluster" else labels.get("instance"))
+
+
+def _job_filter(job_id: str | None, instance: str | None) -> str:
+    """Label matchers selecting one job id and/or one instance ('' for neither)."""
+    parts = [f'{k}="{_escape(v)}"' for k, v in (("job_id", job_id), ("instance", instance)) if v is not None]
+    return ", ".join(parts)
 
 
 def _escape(value: str) -> str:
