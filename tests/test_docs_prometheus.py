@@ -87,6 +87,11 @@ def _input() -> list[dict]:
         out.append(_series("gpu_memory_used_bytes", used, instance=inst, gpu=gpu, uuid=uuid))
         out.append(_series("gpu_memory_total_bytes", 80, instance=inst, gpu=gpu, uuid=uuid))
         out.append(_series("gpu_info", 1, instance=inst, gpu=gpu, uuid=uuid, name="NVIDIA H100 80GB HBM3"))
+    jobs = sorted({(inst, gpu, uuid, job_id, scope) for inst, gpu, uuid, _, job_id, scope, _, _ in PROCS})
+    for inst, gpu, uuid, job_id, scope in jobs:  # one gpu_job_info per GPU and job, as the daemon exports it
+        out.append(_series("gpu_job_info", 1, instance=inst, gpu=gpu, uuid=uuid, job_id=job_id,
+                           job_kind="slurm" if scope == "cluster" else "process", job_scope=scope, namespace="",
+                           pod="", container=""))  # fmt: skip
     for inst, gpu, uuid, pid, job_id, scope, user, mem in PROCS:
         out.append(_info(inst, gpu, uuid, pid, job_id, scope, user))
         out.append(_series("gpu_process_memory_used_bytes", mem, instance=inst, gpu=gpu, uuid=uuid, pid=pid,
@@ -104,6 +109,12 @@ def _expected() -> dict[str, list[dict]]:
     return {
         # GPU 1 of n1 and GPU 0 of n2 appear once per job; GPU 0 of n1 once for its two processes; GPU 2 not at all
         "starved_by_gpu_and_job": per_gpu,
+        "starved_by_gpu_and_job_info": [
+            _sample(s, instance=i, job="gpuwarden", gpu=g, uuid=u, job_id=j,
+                    job_kind="slurm" if j == "4242" else "process", job_scope="cluster" if j == "4242" else "node")
+            for i, g, u, s, _ in GPUS
+            for j in sorted({p[4] for p in PROCS if p[2] == u})
+        ],  # fmt: skip
         # only the cluster-wide id: (0.2 + 0.4 + 0.6) / 3 over both nodes; "bob/jupyter" is not merged across nodes
         "starved_by_cluster_job": [_sample(0.4, job_id="4242")],
         "process_memory_with_job": [
