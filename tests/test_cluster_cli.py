@@ -22,8 +22,9 @@ TRACES = REPO / "tests" / "data" / "traces"
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (CI installs Debian's package)")
 
-NODES = {"a": "derived-h200x2-slurm-4242-a", "b": "derived-h200x2-slurm-4242-b", "c": "h100-held_idle"}
-PRICE = {"a": "4", "b": "4", "c": "2"}
+NODES = {"a": "derived-h200x2-slurm-4242-a", "b": "derived-h200x2-slurm-4242-b", "c": "h100-held_idle",
+         "d": "h100-jobs-in-turn"}  # fmt: skip
+PRICE = {"a": "4", "b": "4", "c": "2", "d": "2.5"}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         for p in ports.values():
             wait_http(f"http://127.0.0.1:{p}/healthz")
         wait_http(f"http://127.0.0.1:{port}/-/ready")
-        time.sleep(40)  # 40 one-second scrapes: the replays' jobs and verdicts are in
+        time.sleep(60)  # one-second scrapes: node d's second job starts 49 s into its recording
         yield {"url": f"http://127.0.0.1:{port}", "ports": ports}
     finally:
         for p in procs:
@@ -84,7 +85,7 @@ def test_top_ranks_the_jobs_across_nodes_with_causes_verdicts_and_cost(prom: dic
     assert slurm["cost"] == pytest.approx(slurm["lost_gpu_hours"] * 4) and slurm["currency"] == "USD"
     assert {"waiting_on_peers", "input_starved"} & set(slurm["verdict"]) and slurm["first_remedy"]
     # the held-idle H100's job is node-local: keyed by its instance, lost to held_idle, priced at its node's price
-    [idle] = [j for j in doc["jobs"] if j["job_id"] != "4242"]
+    [idle] = [j for j in doc["jobs"] if j["instance"] == f"127.0.0.1:{prom['ports']['c']}"]
     assert idle["instance"] == f"127.0.0.1:{prom['ports']['c']}"
     causes = idle["lost_gpu_hours_by_cause"]
     assert max(causes, key=causes.get) == "held_idle" and idle["verdict"][0] == "held_idle"
@@ -92,7 +93,7 @@ def test_top_ranks_the_jobs_across_nodes_with_causes_verdicts_and_cost(prom: dic
     # ranked by lost GPU-hours; every GPU of the three nodes in the GPU table
     lost = [j["lost_gpu_hours"] for j in doc["jobs"]]
     assert lost == sorted(lost, reverse=True)
-    assert len(doc["gpus"]) == 5 and {g["node"] for g in doc["gpus"]} == {"node-a", "node-b", "node-c"}
+    assert len(doc["gpus"]) == 6 and {g["node"] for g in doc["gpus"]} == {"node-a", "node-b", "node-c", "node-d"}
 
 
 def test_top_prints_tables_a_person_reads(prom: dict) -> None:
@@ -102,6 +103,26 @@ def test_top_prints_tables_a_person_reads(prom: dict) -> None:
     assert "Jobs by GPU-hours lost, last 30s" in out and "GPUs by GPU-hours lost" in out
     assert "4242" in out and "node-a, node-b" in out and "held_idle" in out and "USD" in out
     assert len(out.splitlines()) < 40
+
+
+def test_jobs_holding_one_gpu_in_turn_each_get_their_own_time_and_verdict(prom: dict) -> None:
+    """Node d is a live H100 recording: Slurm job 901 (input-starved, ids from SLURM_JOB_ID) held GPU 0 from 3 s to
+    44 s, then job 902 held 20 GiB with nothing running from 49 s on (tools/device-cluster-live.sh)."""
+    res = gw("top", "--prometheus", prom["url"], "--range", "70s", "--step", "1s", "--json")
+    assert res.returncode == 0, res.stderr
+    jobs = {j["job_id"]: j for j in json.loads(res.stdout)["jobs"]}
+    first, second = jobs["901"], jobs["902"]
+    assert first["job_kind"] == second["job_kind"] == "slurm"
+    assert first["verdict"][0] == "input_starved" and "held_idle" not in first["verdict"]
+    assert second["verdict"][0] == "held_idle"
+    causes = first["lost_gpu_hours_by_cause"]
+    assert max(causes, key=causes.get) == "input_cpu" and first["lost_gpu_hours_by_cause"]["held_idle"] == 0
+    assert second["lost_gpu_hours_by_cause"]["held_idle"] > second["lost_gpu_hours_by_cause"]["input_cpu"]
+    assert first["held_gpu_hours"] + second["held_gpu_hours"] <= 70 / 3600 * 1.05  # never two jobs at once
+    rep = gw("report", "--job", "902", "--prometheus", prom["url"], "--range", "70s", "--step", "1s", "--json")
+    doc = json.loads(rep.stdout)
+    assert doc["held_idle_energy_joules"] is not None and doc["held_idle_energy_joules"] >= 0
+    assert "end the idle process" in doc["first_remedy"]
 
 
 def test_report_summarizes_one_job(prom: dict) -> None:

@@ -106,6 +106,11 @@ def cmd_top(args: argparse.Namespace) -> int:
     return 0
 
 
+def _energy(joules: float) -> str:
+    """Joules as kWh, or Wh below 1 kWh."""
+    return f"{joules / 3.6e6:.2f} kWh" if joules >= 3.6e6 else f"{joules / 3600:.1f} Wh"
+
+
 def _short(text: str, n: int = 70) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
@@ -164,9 +169,9 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
         if u.lost_hours[cause] > 0:
             t.add_row(f"  {cause}", _hours(u.lost_hours[cause]), "")
     if u.energy_joules is not None:
-        t.add_row("energy", f"{u.energy_joules / 3.6e6:.2f} kWh", "")
+        t.add_row("energy", _energy(u.energy_joules), "")
     if u.held_idle_energy_joules:
-        t.add_row("  drawn while held idle", f"{u.held_idle_energy_joules / 3.6e6:.3f} kWh", "above idle floor")
+        t.add_row("  drawn while held idle", _energy(u.held_idle_energy_joules), "above the idle floor")
     if u.cost is not None:
         t.add_row("cost of lost GPU-hours", _cost(u), "")
     if stragglers:

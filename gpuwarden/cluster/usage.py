@@ -160,20 +160,19 @@ class Accounting:
         for s in self._q(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf)):
             u = out[_job_key(s.labels)]
             u.held_idle_energy_joules = (u.held_idle_energy_joules or 0.0) + s.value
-        # which GPUs each job held, and the reasons the daemons gave for them while it did
-        held_gpu = self._q(self._per_job(self._one(), jf,
-                                         by="instance, gpu, job_id, job_scope"))  # fmt: skip
-        reasons = self._gpu_reasons()
-        gpu_held_total: dict[tuple[str, str], float] = defaultdict(float)
-        for s in self._q(self._per_job(self._one(), by="instance, gpu")):
-            gpu_held_total[(s.labels["instance"], s.labels["gpu"])] += s.value
-        for s in held_gpu:
-            g = (s.labels["instance"], s.labels["gpu"])
-            u = out[_job_key(s.labels)]
-            u.gpus.add(g)
-            weight = s.value / gpu_held_total[g] if gpu_held_total.get(g) else 0.0
-            for reason, steps in reasons.get(g, {}).items():
-                u.reasons[reason] = u.reasons.get(reason, 0.0) + steps * weight
+        # which GPUs each job held
+        for s in self._q(self._per_job(self._one(), jf, by="instance, gpu, job_id, job_scope")):
+            out[_job_key(s.labels)].gpus.add((s.labels["instance"], s.labels["gpu"]))
+        # the reasons the daemons gave for a job's GPUs while it held them, step by step (one query per reason seen
+        # in the range: the diagnosis and the job shares both have several series per GPU, which PromQL cannot
+        # match many-to-many)
+        seen = {r for reasons in self._gpu_reasons().values() for r in reasons}
+        for reason in sorted(seen):
+            flagged = f"{self._m('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
+            for s in self._q(self._per_job(flagged, jf)):
+                if s.value > 0:
+                    u = out[_job_key(s.labels)]
+                    u.reasons[reason] = u.reasons.get(reason, 0.0) + s.value
         self._price(out)
         return dict(out)
 
@@ -271,6 +270,11 @@ def _job_filter(job_id: str | None, instance: str | None) -> str:
     """Label matchers selecting one job id and/or one instance ('' for neither)."""
     parts = [f'{k}="{_escape(v)}"' for k, v in (("job_id", job_id), ("instance", instance)) if v is not None]
     return ", ".join(parts)
+
+
+def _quote(value: str) -> str:
+    """A PromQL double-quoted string of ``value``."""
+    return f'"{_escape(value)}"'
 
 
 def _escape(value: str) -> str:
