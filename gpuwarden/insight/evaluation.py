@@ -3,7 +3,9 @@
 The expected verdict of each GPU is in the trace's header (``metadata.expected_verdicts``: GPU index -> verdict;
 ``expected_findings``: findings that must come with it). ``evaluate(path)`` replays a trace through the insight
 analyzer and returns, per GPU, the verdict at the end of the trace (over the diagnosis window), and the share of
-polls whose verdict was right (polls before the analyzer has enough history give none and are not counted).
+polls whose verdict was right since the GPU's current processes appeared (a verdict describes the job holding the GPU
+now; where jobs hold a GPU in turn, the expected verdict is the last one's). Polls before the analyzer has enough
+history give none and are not counted.
 ``bench/insight_eval.py`` prints it for every recording; the tests assert it.
 """
 
@@ -42,7 +44,13 @@ def evaluate(path: Path) -> list[Row]:
     right: dict[int, int] = {}
     counted: dict[int, int] = {}
     final: dict[int, tuple[str | None, list[str]]] = {}
+    holders: dict[int, frozenset[int]] = {}
     for poll in polls:
+        for r in poll.gpus:  # another job on the GPU: the verdict now describes it, count from here
+            pids = frozenset(p.pid for p in r.processes or ())
+            if r.index in holders and pids != holders[r.index] and not pids & holders[r.index]:
+                right[r.index] = counted[r.index] = 0
+            holders[r.index] = pids
         res = insight_result(analyzer(poll, header.node))
         if res is None:
             continue
