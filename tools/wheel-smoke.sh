@@ -33,5 +33,8 @@ PY
 "$work/venv/bin/python" -c 'import gpuwarden, sys; assert "site-packages" in gpuwarden.__file__, gpuwarden.__file__'
 demo=$("$work/venv/bin/python" -c 'from gpuwarden.replay import demo_trace_path; print(demo_trace_path())')
 "$work/venv/bin/gpuwarden" diagnose --replay "$demo" >/dev/null
+"$work/venv/bin/gpuwarden" top --help >/dev/null
+# the kubelet client's generated messages and its gRPC runtime come with the wheel
+"$work/venv/bin/python" -c 'from gpuwarden.kubelet.client import PodResources; PodResources().close()'
 "$work/venv/bin/gpuwarden" --version | head -1
 echo "wheel smoke: OK"

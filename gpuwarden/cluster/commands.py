@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuwarden.cluster.promapi import Prometheus, PrometheusError
 from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage, seconds
+
+if TYPE_CHECKING:
+    from gpuwarden.cluster.promapi import Prometheus
 
 
 def _hours(h: float) -> str:
@@ -50,12 +52,16 @@ def _nodes(u: Usage, names: dict[str, str]) -> str:
 
 
 def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
+    from gpuwarden.cluster.promapi import Prometheus  # httpx: only for the commands that ask Prometheus
+
     prom = Prometheus(args.prometheus, timeout=args.timeout)
     return prom, Accounting(prom, args.range, args.step, args.selector)
 
 
 def cmd_top(args: argparse.Namespace) -> int:
     """``gpuwarden top``: print the jobs and GPUs that lost the most GPU-hours; exit 1 with one line on errors."""
+    from gpuwarden.cluster.promapi import PrometheusError  # httpx: only for the commands that ask Prometheus
+
     try:
         prom, acc = _open(args)
         try:
@@ -118,6 +124,8 @@ def _short(text: str, n: int = 70) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     """``gpuwarden report --job ID``: one job's efficiency summary; exit 1 with one line when the job is not found or
     Prometheus cannot answer, 2 when a node-local id is ambiguous."""
+    from gpuwarden.cluster.promapi import PrometheusError
+
     try:
         prom, acc = _open(args)
         try:

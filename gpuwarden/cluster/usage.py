@@ -21,10 +21,13 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gpuwarden.cluster.promapi import Prometheus
 from gpuwarden.insight.diagnosis import REASONS, REMEDIES
 from gpuwarden.insight.states import IDLE_CAUSES
+
+if TYPE_CHECKING:
+    from gpuwarden.cluster.promapi import Prometheus
 
 #: Causes of lost (held but idle) time: every idle cause but ``free``.
 LOST_CAUSES = tuple(c for c in IDLE_CAUSES if c != "free")
