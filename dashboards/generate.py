@@ -70,11 +70,17 @@ class Layout:
         self.panels.append(p)
 
 
-def queries(p: Panel, exprs: Sequence[tuple[str, str]], instant: bool = False) -> Panel:
-    """Attach the PromQL queries (expr, legend) to a panel as refIds A, B, ..."""
+def query(expr: str, ref: str, legend: str = "", table: bool = False) -> prometheus.Dataquery:
+    """One PromQL query of a panel: a range query with its legend, or an instant query formatted as a table."""
+    q = prometheus.Dataquery().expr(expr)
+    q = q.instant().format(mp.PromQueryFormat.TABLE) if table else q.legend_format(legend)
+    return q.ref_id(ref).datasource(DS)
+
+
+def queries(p: Panel, exprs: Sequence[tuple[str, str]], table: bool = False) -> Panel:
+    """Attach the PromQL queries (expr, legend) to a panel as refIds A, B, ... (tables: instant, no legend)."""
     for i, (expr, legend) in enumerate(exprs):
-        q = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(65 + i)).datasource(DS)
-        p.with_target(q.instant() if instant else q)
+        p.with_target(query(expr, chr(65 + i), legend, table))
     return p
 
 
@@ -98,10 +104,7 @@ def ts(title: str, exprs: Sequence[tuple[str, str]], unit: str, desc: str = "", 
         p.stacking(gc.StackingConfig().mode(mc.StackingMode.NORMAL)).fill_opacity(60)
     if kw.get("lost_of"):
         # the "lost" series of a per-GPU panel: drawn as red points at 0
-        p.with_target(
-            prometheus.Dataquery().expr(f"gpu_up{{{kw['lost_of']}}} == 0")
-            .legend_format("GPU {{gpu}} lost: no readings").ref_id("LOST").datasource(DS)
-        )  # fmt: skip
+        p.with_target(query(f"gpu_up{{{kw['lost_of']}}} == 0", "LOST", "GPU {{gpu}} lost: no readings"))
         p.override_by_query(
             "LOST",
             [
@@ -127,12 +130,7 @@ def st(title: str, exprs: Sequence[tuple[str, str]], unit: str, thresholds: gd.T
 def tbl(title: str, exprs: Sequence[tuple[str, str]], unit: str, desc: str = "", links: Sequence[gd.DashboardLink] = (),
         rename: dict[str, str] | None = None) -> Panel:  # fmt: skip
     """A table of an instant query: one row per series, its labels as columns, the machine columns hidden."""
-    p = common(table.Panel(), title, unit, desc).thresholds(NEUTRAL)
-    for i, (expr, _) in enumerate(exprs):
-        p.with_target(
-            prometheus.Dataquery().expr(expr).instant().format(mp.PromQueryFormat.TABLE).ref_id(chr(65 + i))
-            .datasource(DS)
-        )  # fmt: skip
+    p = queries(common(table.Panel(), title, unit, desc).thresholds(NEUTRAL), exprs, table=True)
     p.with_transformation(
         md.DataTransformerConfig(
             id_val="organize",
