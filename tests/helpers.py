@@ -37,6 +37,21 @@ def wait_http(url: str, timeout: float = 30, proc: subprocess.Popen | None = Non
     raise AssertionError(f"{url} did not answer within {timeout} s")
 
 
+def count_closed(sockets: list[socket.socket], timeout: float) -> int:
+    """How many of ``sockets`` the server has closed (EOF or reset within ``timeout`` s each); closes them all."""
+    closed = 0
+    for s in sockets:
+        s.settimeout(timeout)
+        try:
+            closed += s.recv(1) == b""
+        except ConnectionResetError:
+            closed += 1
+        except TimeoutError:
+            pass  # still open
+        s.close()
+    return closed
+
+
 @contextmanager
 def daemon(*args: str, log: Path | None = None) -> Iterator[str]:
     """Run ``gpuwarden serve ARGS`` on a free port of 127.0.0.1 until the block ends; yield its base URL."""

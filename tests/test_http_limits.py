@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import count_closed
 from tests.helpers import free_port as _free_port
 
 MAX_CONNECTIONS = 1000  # the default
@@ -88,16 +89,7 @@ def test_idle_connection_flood_leaves_metrics_answering(daemon: tuple[str, subpr
         assert max(latencies) < 1.0, latencies
     finally:
         time.sleep(HEAD_TIMEOUT + 1.0)
-        closed = 0
-        for s in idle:
-            s.settimeout(0.5)
-            try:
-                closed += s.recv(1) == b""
-            except ConnectionResetError:
-                closed += 1
-            except TimeoutError:
-                pass  # still open
-            s.close()
+        closed = count_closed(idle, 0.5)
     assert closed == len(idle)  # evicted or timed out: none kept open without a request
     assert proc.poll() is None
 

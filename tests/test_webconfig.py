@@ -41,6 +41,7 @@ from gpuwarden.webconfig import (
     WebConfigError,
     load_web_config,
 )
+from tests.helpers import count_closed
 
 EXAMPLE = Path(__file__).parent.parent / "deploy" / "web-config.example.yml"
 PASSWORD = "s3cret-scrape-pw"
@@ -632,16 +633,7 @@ def test_a_tls_handshake_that_never_comes_is_dropped_at_the_head_deadline(pki: P
                     time.sleep(0.1)
             silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
             time.sleep(2.5)
-            closed = 0
-            for s in silent:
-                s.settimeout(1)
-                try:
-                    closed += s.recv(1) == b""
-                except ConnectionResetError:
-                    closed += 1
-                except TimeoutError:
-                    pass
-                s.close()
+            closed = count_closed(silent, 1)
             assert closed == len(silent)
             assert c.get(url + "/metrics").status_code == 200
     finally:

@@ -109,6 +109,7 @@ class Accounting:
         self.step_s = seconds(step)
         self.prom, self.range, self.step, self.at = prom, range_, step, at
         self.sel = selector.strip().strip(",")
+        self._reasons: dict[tuple[str, str], dict[str, float]] | None = None
 
     def _m(self, metric: str, extra: str = "") -> str:
         inner = ", ".join(x for x in (self.sel, extra) if x)
@@ -150,10 +151,12 @@ class Accounting:
         out: dict[JobKey, Usage] = defaultdict(Usage)
 
         h = self.step_s / 3600
-        for s in self._q(self._per_job(self._one(), jf)):
+        # GPU-steps held, per GPU and job: the job's held hours, nodes and GPUs
+        for s in self._q(self._per_job(self._one(), jf, by="instance, gpu, job_id, job_scope, job_kind")):
             u = out[_job_key(s.labels)]
             u.held_hours += s.value * h
-            u.instances.add(s.labels.get("instance", ""))
+            u.instances.add(s.labels["instance"])
+            u.gpus.add((s.labels["instance"], s.labels["gpu"]))
             u.kind = s.labels.get("job_kind", u.kind)
         for s in self._q(self._per_job(self._increase("gpu_state_seconds_total", 'state="busy"'), jf)):
             out[_job_key(s.labels)].busy_hours += s.value / 3600
@@ -163,9 +166,6 @@ class Accounting:
         for s in self._q(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf)):
             u = out[_job_key(s.labels)]
             u.held_idle_energy_joules = (u.held_idle_energy_joules or 0.0) + s.value
-        # which GPUs each job held
-        for s in self._q(self._per_job(self._one(), jf, by="instance, gpu, job_id, job_scope")):
-            out[_job_key(s.labels)].gpus.add((s.labels["instance"], s.labels["gpu"]))
         # the reasons the daemons gave for a job's GPUs while it held them, step by step (one query per reason seen
         # in the range: the diagnosis and the job shares both have several series per GPU, which PromQL cannot
         # match many-to-many)
@@ -215,13 +215,17 @@ class Accounting:
         return sorted(out, key=lambda x: -x[2])
 
     def _gpu_reasons(self) -> dict[tuple[str, str], dict[str, float]]:
-        """Per GPU, the steps of the range each reason of gpu_diagnosis was 1."""
+        """Per GPU, the steps of the range each reason of gpu_diagnosis was 1 (asked once: jobs() and gpus() share
+        it)."""
+        if self._reasons is not None:
+            return self._reasons
         q = (f"sum by (instance, gpu, reason) (count_over_time(({self._m('gpu_diagnosis')} == 1)"
              f"[{self.range}:{self.step}]))")  # fmt: skip
         out: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
         for s in self._q(q):
             out[(s.labels["instance"], s.labels["gpu"])][s.labels["reason"]] = s.value
-        return out
+        self._reasons = dict(out)
+        return self._reasons
 
     def gpus(self) -> dict[tuple[str, str], Usage]:
         """Usage of every GPU over the range: lost hours by cause, free hours, the reasons given."""
