@@ -206,7 +206,8 @@ def test_every_dashboard_panel_shows_data_for_every_variable_value(stack: dict) 
         combos.append({"job": ".*", "instance": ".*", "gpu": ".*", "job_id": json.dumps(job_id)[1:-1]})
     lost = f"127.0.0.1:{stack['ports']['lost']}"
     assert {"job": "gpuwarden", "instance": lost, "gpu": "3", "job_id": "x"} in combos
-    assert query(prom, f'gpu_up{{instance="{lost}", gpu="3"}} == 0'), "GPU 3 of the lost node is not lost"
+    # (over 15 s: the looping replay reads GPU 3 up for 2 polls of every 30)
+    assert query(prom, f'min_over_time(gpu_up{{instance="{lost}", gpu="3"}}[15s]) == 0'), "GPU 3 is not lost"
     answered: set[str] = set()
     blank = []
     for board, title, exprs in dashboard_panels():
@@ -323,7 +324,8 @@ def test_a_lost_gpu_pages_once_and_keeps_its_xid(stack: dict) -> None:
     assert {a["labels"]["alertname"] for a in pages[0]["alerts"]} == {"GpuLost"}
     [xid] = query(stack["prom"], 'gpu_xid_errors_total{scenario="lost",gpu="3",xid="79"}')
     assert float(xid["value"][1]) >= 1
-    [up] = query(stack["prom"], 'gpu_up{scenario="lost",gpu="3"}')
+    # the replay loops: GPU 3 reads up for the 2 polls before its XID 79 at each pass (of 30), so look at 15 s
+    [up] = query(stack["prom"], 'min_over_time(gpu_up{scenario="lost",gpu="3"}[15s])')
     assert up["value"][1] == "0"
 
 
