@@ -307,7 +307,7 @@ class Daemon:
         collector's sight (``gc.freeze``): they live as long as the process, and a full collection would
         otherwise walk them all again and again over the daemon's life.
         """
-        self.poller.start(ready=False)  # a SIGHUP meanwhile sets hup_pending (cmd_serve's handler)
+        self.poller.start(ready=False)  # a SIGHUP meanwhile sets hup_pending (the handler gpuwarden.cli.main installs first)
         gc.collect()
         gc.freeze()
 

@@ -1,4 +1,4 @@
-"""``gpuwarden diagnose``: why each GPU of this node is (not) working.
+"""Diagnose reports: why each GPU of this node is (not) working, built and rendered for ``gpuwarden diagnose``.
 
 Live (NVML, sampling for ``--seconds``), over a recorded trace (``--replay FILE``), or as a running daemon sees it
 (``--url``: its /api/v1/diagnosis, over the daemon's own window). Every poll goes through ``InsightAnalyzer``; the
@@ -9,8 +9,6 @@ the first table, ``--watch`` redraws it live, ``--json`` prints the report as JS
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -340,91 +338,3 @@ def render(report: DiagnoseReport, console: Any, brief: bool = False) -> None:
     """Print ``report`` on a rich ``console`` (``renderables``)."""
     for r in renderables(report, brief):
         console.print(r)
-
-
-def _watch(args: argparse.Namespace, console: Any) -> int:
-    """``--watch``: redraw the report every ``--interval`` s until interrupted (exit 0); one line and 1 when the
-    source fails."""
-    from rich.console import Group
-    from rich.live import Live
-
-    sampler: LiveSampler | None = None
-    if args.url:
-
-        def step() -> DiagnoseReport:
-            return url_report(args.url)
-
-    else:
-        sampler = LiveSampler()
-        step = sampler.step
-    try:
-        with Live(console=console, auto_refresh=False, transient=False) as live:
-            while True:
-                report = step()
-                live.update(Group(*renderables(report, args.brief)), refresh=True)
-                time.sleep(args.interval)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        if sampler is not None:
-            sampler.close()
-
-
-def cmd_diagnose(args: argparse.Namespace) -> int:
-    """Run ``gpuwarden diagnose``; returns the exit status (2 for flags that cannot apply, 1 with one line on stderr
-    when the source fails)."""
-    from rich.console import Console
-
-    if args.replay and args.url:
-        print("gpuwarden: --replay and --url cannot apply together: give one source", file=sys.stderr)
-        return 2
-    if args.watch and (args.replay or args.json):
-        print("gpuwarden: --watch redraws a live view: not with --replay or --json", file=sys.stderr)
-        return 2
-    if args.seconds <= 0 or args.interval <= 0:
-        print("gpuwarden: --seconds and --interval must be positive", file=sys.stderr)
-        return 2
-    err = Console(stderr=True)
-    try:
-        if args.watch:
-            return _watch(args, Console())
-        if args.replay:
-            report = replay_report(Path(args.replay))
-        elif args.url:
-            report = url_report(args.url)
-        else:
-            with err.status("sampling the GPUs") as st:
-                report = live_report(args.seconds, args.interval, status=st.update if not args.json else None)
-    except SourceError as exc:
-        print(f"gpuwarden: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(report.model_dump_json(indent=2))
-    else:
-        render(report, Console(), brief=args.brief)
-    return 0
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register the ``diagnose`` subcommand on ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
-    p = subparsers.add_parser(
-        "diagnose",
-        help="why each GPU is (not) working: verdict, evidence and remedies",
-        description="Why each GPU of this node is (not) working: one line per GPU (verdict, starved share, what to "
-        "do first), then the evidence and every remedy. Samples NVML for --seconds, or reads a recorded trace "
-        "(--replay), or asks a running daemon for its diagnosis over its own window (--url).",
-    )
-    src = p.add_argument_group("source (one; default: sample this node's GPUs)")
-    src.add_argument("--replay", metavar="FILE", help="diagnose a recorded trace")
-    src.add_argument(
-        "--url", metavar="URL", help="ask a running daemon, e.g. http://NODE:10412 (credentials: http://USER:PW@...)"
-    )
-    p.add_argument("--seconds", type=float, default=10.0, help="live: seconds to sample (default 10)")
-    p.add_argument(
-        "--interval", type=float, default=1.0, help="live: seconds between polls; --watch: between redraws (default 1)"
-    )
-    p.add_argument("--brief", action="store_true", help="only the one-line-per-GPU table")
-    p.add_argument("--watch", action="store_true", help="redraw live until Ctrl-C (live NVML or --url)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_diagnose)
-    return p

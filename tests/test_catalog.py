@@ -82,7 +82,8 @@ def test_collector_flags_both_forms_are_shown_and_work() -> None:
         [sys.executable, "-m", "gpuwarden", "serve", "--help"], capture_output=True, text=True, timeout=30
     ).stdout
     assert "--collector.gpm, --no-collector.gpm" in help_text and "--collector.disable-defaults" in help_text
-    from gpuwarden.cli import _serve_overrides, build_parser
+    from gpuwarden.cli import build_parser
+    from gpuwarden.commands.serve import overrides
 
     args = build_parser().parse_args(["serve", "--no-collector.gpm", "--collector.disable-defaults", "--collector.xid"])
-    assert _serve_overrides(args)["collectors"] == {"enable": ["xid"], "disable": ["gpm"], "disable_defaults": True}
+    assert overrides(args)["collectors"] == {"enable": ["xid"], "disable": ["gpm"], "disable_defaults": True}

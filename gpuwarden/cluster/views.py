@@ -1,5 +1,5 @@
-"""``gpuwarden top`` (the cluster's jobs and GPUs ranked by GPU-hours lost, by cause) and ``gpuwarden report`` (one
-job's efficiency summary), both against a Prometheus HTTP API (gpuwarden.cluster.usage holds the accounting)."""
+"""What ``gpuwarden top`` (the cluster's jobs and GPUs ranked by GPU-hours lost, by cause) and ``gpuwarden report`` (one
+job's efficiency summary), print, both against a Prometheus HTTP API (gpuwarden.cluster.usage holds the accounting; gpuwarden.commands.top and .report their flags)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage, seconds
+from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage
 
 if TYPE_CHECKING:
     from gpuwarden.cluster.promapi import Prometheus
@@ -58,7 +58,7 @@ def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
     return prom, Accounting(prom, args.range, args.step, args.selector)
 
 
-def cmd_top(args: argparse.Namespace) -> int:
+def top(args: argparse.Namespace) -> int:
     """``gpuwarden top``: print the jobs and GPUs that lost the most GPU-hours; exit 1 with one line on errors."""
     from gpuwarden.cluster.promapi import PrometheusError  # httpx: only for the commands that ask Prometheus
 
@@ -121,7 +121,7 @@ def _short(text: str, n: int = 70) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def report(args: argparse.Namespace) -> int:
     """``gpuwarden report --job ID``: one job's efficiency summary; exit 1 with one line when the job is not found or
     Prometheus cannot answer, 2 when a node-local id is ambiguous."""
     from gpuwarden.cluster.promapi import PrometheusError
@@ -189,49 +189,3 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
     Console().print(t)
     if u.first_remedy():
         Console().print(f"[bold]Do first:[/bold] {u.first_remedy()}")
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prometheus", required=True, metavar="URL",
-                   help="the Prometheus HTTP API (Prometheus, Thanos Query, Mimir, VictoriaMetrics), e.g. "
-                   "http://prometheus:9090")  # fmt: skip
-    p.add_argument("--range", default="1d", type=_duration, help="how far back, as PromQL writes it (default 1d)")
-    p.add_argument("--step", default="1m", type=_duration,
-                   help="resolution of the accounting, at least the scrape interval (default 1m)")  # fmt: skip
-    p.add_argument("--selector", default="", metavar="MATCHERS",
-                   help='label matchers for every series, e.g. \'cluster="train-a"\'')  # fmt: skip
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each query (default 60)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-
-
-def _duration(text: str) -> str:
-    try:
-        seconds(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def add_parsers(subparsers: Any) -> None:
-    """Register ``top`` and ``report`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
-    top = subparsers.add_parser(
-        "top",
-        help="the cluster's jobs and GPUs ranked by GPU-hours lost, by cause (from Prometheus)",
-        description="Ranks the jobs and GPUs of every node Prometheus scrapes by the GPU-hours they held but left "
-        "idle over --range, split by cause (input, paused, held idle, ...), with each one's verdict and what to do "
-        "first. Prices them when the nodes export gpuwarden_gpu_hour_price.",
-    )
-    _common(top)
-    top.add_argument("--limit", type=int, default=15, help="rows per table (default 15)")
-    top.set_defaults(func=cmd_top)
-    rep = subparsers.add_parser(
-        "report",
-        help="one job's efficiency summary (from Prometheus): GPU-hours held, effective, lost by cause, energy",
-        description="A job's efficiency over --range: GPU-hours held, with SM activity >= 50% (DCGM: below that the "
-        "GPU is likely used ineffectively), busy, lost by cause, energy, the straggler if any, the verdict and what "
-        "to do first. Meant for a Slurm epilog or a job controller when a job ends.",
-    )
-    _common(rep)
-    rep.add_argument("--job", required=True, metavar="ID", help="the job_id (Slurm job id, pod UID, ...)")
-    rep.add_argument("--instance", metavar="HOST:PORT", help="the node, for a node-local job id")
-    rep.set_defaults(func=cmd_report)

@@ -1,0 +1,30 @@
+"""The flags ``top`` and ``report`` share: where Prometheus is, the range, step and selector of the accounting."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuwarden.cluster.usage import seconds
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """Add the Prometheus flags of ``top`` and ``report`` to ``p``."""
+    p.add_argument("--prometheus", required=True, metavar="URL",
+                   help="the Prometheus HTTP API (Prometheus, Thanos Query, Mimir, VictoriaMetrics), e.g. "
+                   "http://prometheus:9090")  # fmt: skip
+    p.add_argument("--range", default="1d", type=duration, help="how far back, as PromQL writes it (default 1d)")
+    p.add_argument("--step", default="1m", type=duration,
+                   help="resolution of the accounting, at least the scrape interval (default 1m)")  # fmt: skip
+    p.add_argument("--selector", default="", metavar="MATCHERS",
+                   help='label matchers for every series, e.g. \'cluster="train-a"\'')  # fmt: skip
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each query (default 60)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def duration(text: str) -> str:
+    """Return ``text`` if it is a PromQL duration (``1d``, ``90m``); raises argparse.ArgumentTypeError if not."""
+    try:
+        seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

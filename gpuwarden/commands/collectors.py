@@ -1,0 +1,22 @@
+"""``gpuwarden collectors``: list the collectors, their default state and what they export."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gpuwarden.commands import COMMANDS
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``collectors`` on ``subparsers`` and return its parser."""
+    return subparsers.add_parser("collectors", help=COMMANDS["collectors"].help)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print one line per collector of gpuwarden.catalog.COLLECTORS (name, on/off by default, help); returns 0."""
+    from gpuwarden.catalog import COLLECTORS
+
+    for name, spec in sorted(COLLECTORS.items()):
+        print(f"{name:14s} {'on ' if spec.enabled_by_default else 'off'}  {spec.help}")
+    return 0

@@ -1,0 +1,31 @@
+"""``gpuwarden top``: the cluster's jobs and GPUs ranked by GPU-hours lost, by cause (from Prometheus)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gpuwarden.commands import COMMANDS
+from gpuwarden.commands._prometheus import add_common
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``top`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``) and return its parser."""
+    p = subparsers.add_parser(
+        "top",
+        help=COMMANDS["top"].help,
+        description="Ranks the jobs and GPUs of every node Prometheus scrapes by the GPU-hours they held but left "
+        "idle over --range, split by cause (input, paused, held idle, ...), with each one's verdict and what to do "
+        "first. Prices them when the nodes export gpuwarden_gpu_hour_price.",
+    )
+    add_common(p)
+    p.add_argument("--limit", type=int, default=15, help="rows per table (default 15)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the jobs and GPUs that lost the most GPU-hours (gpuwarden.cluster.views.top); 1 with one line on
+    errors."""
+    from gpuwarden.cluster.views import top
+
+    return top(args)

@@ -1,0 +1,79 @@
+"""The command table: each command's module is imported only when chosen; serve's flags come from one table whose
+rows each set the configuration key they name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.cli import build_parser
+from gpuwarden.commands import COMMANDS
+from gpuwarden.commands.serve import FLAGS, load, overrides
+from gpuwarden.config import Config
+
+#: Each serve flag, a value, and the configuration it must give (an independent list: a row dropped from FLAGS or a
+#: row that sets the wrong key fails here).
+EXPECTED = [
+    (["--web.listen-address", "127.0.0.1:9"], lambda c: c.listen_address == "127.0.0.1:9"),
+    (["--web.telemetry-path", "/m"], lambda c: c.telemetry_path == "/m"),
+    (["--poll-interval", "2.5"], lambda c: c.poll_interval_seconds == 2.5),
+    (["--slow-interval", "7"], lambda c: c.slow_interval_seconds == 7),
+    (["--gpm-interval", "3"], lambda c: c.gpm_interval_seconds == 3),
+    (["--gpus", "0,2"], lambda c: c.gpus == [0, 2]),
+    (["--no-processes"], lambda c: c.processes.enabled is False),
+    (["--demo"], lambda c: c.demo is True),
+    (["--log.level", "debug"], lambda c: c.log_level == "debug"),
+    (["--log-level", "error"], lambda c: c.log_level == "error"),
+    (["--log.format", "json"], lambda c: c.log_format == "json"),
+    (["--wait-for-nvml"], lambda c: c.wait_for_nvml is True),
+]
+
+
+@pytest.mark.parametrize(("argv", "check"), EXPECTED, ids=[a[0] for a, _ in EXPECTED])
+def test_each_serve_flag_sets_its_configuration_key(argv: list[str], check: object) -> None:
+    args = build_parser("serve").parse_args(["serve", *argv])
+    assert check(load(args)), (argv, overrides(args))  # type: ignore[operator]
+
+
+def test_every_flag_row_names_a_config_key_and_is_listed_above() -> None:
+    for flag in FLAGS:
+        assert flag.key in Config.model_fields, flag
+    listed = {argv[0] for argv, _ in EXPECTED} | {"--web.config.file", "--replay"}  # these two need a file
+    assert {name for flag in FLAGS for name in flag.names} == listed
+
+
+def test_flags_not_given_leave_the_file_alone(tmp_path: Path) -> None:
+    conf = tmp_path / "c.yml"
+    conf.write_text("telemetry_path: /from-file\npoll_interval_seconds: 4\n")
+    args = build_parser("serve").parse_args(["serve", "--config", str(conf), "--poll-interval", "2"])
+    cfg = load(args)
+    assert (cfg.telemetry_path, cfg.poll_interval_seconds) == ("/from-file", 2.0)
+
+
+def test_a_bad_gpus_value_is_a_one_line_error() -> None:
+    args = build_parser("serve").parse_args(["serve", "--gpus", "0,x"])
+    with pytest.raises(ValueError, match="--gpus expects comma-separated indices"):
+        overrides(args)
+
+
+def test_only_the_chosen_command_is_imported() -> None:
+    code = (
+        "import sys; from gpuwarden.cli import build_parser; build_parser('collectors'); "
+        "print(sorted(m for m in sys.modules if m.startswith('gpuwarden.commands.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['gpuwarden.commands.collectors']"
+
+
+def test_the_full_parser_and_the_lazy_one_show_each_command_with_the_table_help() -> None:
+    def helps(parser: object) -> dict[str, str | None]:
+        sub = next(a for a in parser._actions if a.dest == "command")  # type: ignore[attr-defined]
+        return {a.dest: a.help for a in sub._choices_actions}
+
+    table = {name: command.help for name, command in COMMANDS.items()}
+    assert helps(build_parser()) == table
+    for name in COMMANDS:
+        assert helps(build_parser(name)) == table
