@@ -1,38 +1,31 @@
-"""``gpuwarden serve``: build the source, the poller and the app from a Config, and run uvicorn."""
+"""The daemon of ``gpuwarden serve``: build the source, the poller and the app from a Config, apply reloads, and
+serve the app through gpuwarden.web.listener."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import gc
 import logging
-import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuwarden.catalog import select_collectors
 from gpuwarden.collectors import CollectOptions
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.exposition import Exposition
-from gpuwarden.httplimits import HttpLimits, RateLimitFilter, bounded_protocol
 from gpuwarden.logs import setup as setup_logs
 from gpuwarden.poller import Analyzer, Poller
-from gpuwarden.server import DateHeaderMiddleware, create_app, diagnosis_route
 from gpuwarden.source import Source
+from gpuwarden.web import listener
+from gpuwarden.web.app import create_app, diagnosis_route
+from gpuwarden.web.auth import AuthGate
+from gpuwarden.web.limits import HttpLimits
 
 log = logging.getLogger(__name__)
-
-
-class StartupError(Exception):
-    """The daemon cannot start (source unavailable, address in use); ``str()`` is one line."""
 
 
 def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
@@ -102,124 +95,7 @@ def collect_options(cfg: Config) -> CollectOptions:
     )
 
 
-def bind(cfg: Config) -> socket.socket:
-    """Return a listening socket on cfg's address. Raises StartupError with one line when it cannot bind."""
-    try:
-        infos = socket.getaddrinfo(cfg.host, cfg.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise StartupError(f"cannot listen on {cfg.listen_address}: {exc.strerror}") from exc
-    except UnicodeError as exc:  # a host name label over 63 characters, or not encodable (IDNA)
-        raise StartupError(f"cannot listen on {cfg.listen_address}: not a valid host name") from exc
-    family, stype, proto, _, addr = infos[0]
-    sock = socket.socket(family, stype, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(addr)
-    except OSError as exc:
-        sock.close()
-        raise StartupError(f"cannot listen on {cfg.listen_address}: {exc.strerror or exc}") from exc
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
-
-
-#: The housekeeping loop looks at ``should_exit`` at least this often even when no signal woke it.
-EXIT_CHECK_SECONDS = 30.0
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server with gpuwarden's signal handling.
-
-    SIGINT/SIGTERM stop the server gracefully and let ``serve`` return (so the poller stops and NVML is shut
-    down) instead of uvicorn's default of re-raising the signal, which would kill the process before cleanup.
-    SIGHUP calls ``on_hup`` (configuration reload).
-    """
-
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        on_hup: Callable[[], object] | None,
-        on_ready: Callable[[], object] | None = None,
-        hup_pending: threading.Event | None = None,
-    ) -> None:
-        super().__init__(config)
-        self.handshake_timeout: float | None = None
-        self._on_hup = on_hup
-        self._on_ready = on_ready
-        self._hup_pending = hup_pending
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._exit: asyncio.Event | None = None
-
-    async def main_loop(self) -> None:
-        """uvicorn's housekeeping loop, asleep until a stop signal wakes it.
-
-        uvicorn ticks every 0.1 s to refresh its date header and to see a stop; each wake-up of the event loop
-        costs CPU (a tenth of an idle daemon's at one tick a second: docs/performance.md). The daemon runs uvicorn
-        with its date header off (server.DateHeaderMiddleware writes it) and the signal handlers wake this loop, so
-        it waits for the stop instead of polling for it (looking anyway every EXIT_CHECK_SECONDS, should anything
-        else set ``should_exit``).
-        """
-        self._loop = asyncio.get_running_loop()
-        self._exit = asyncio.Event()
-        if await self.on_tick(0):  # sets uvicorn's default headers
-            return
-        # listening, and SIGHUP handled by capture_signals: now ready; a SIGHUP that came before is applied now
-        if self._on_ready is not None:
-            self._on_ready()
-        if self._hup_pending is not None and self._hup_pending.is_set() and self._on_hup is not None:
-            self._hup_pending.clear()
-            threading.Thread(target=self._on_hup, name="gpuwarden-reload", daemon=True).start()
-        while not self.should_exit:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._exit.wait(), EXIT_CHECK_SECONDS)
-        await self.on_tick(0)
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's start-up, with a TLS handshake deadline: a client that opens a connection and never finishes
-        its handshake is dropped after ``handshake_timeout`` seconds instead of asyncio's 60 (uvicorn passes none)."""
-        loop = asyncio.get_running_loop()
-        if self.config.ssl is not None and self.handshake_timeout is not None:
-            create = loop.create_server
-            loop.create_server = functools.partial(  # type: ignore[method-assign]
-                create, ssl_handshake_timeout=self.handshake_timeout
-            )
-            try:
-                await super().startup(sockets)
-            finally:
-                del loop.create_server  # the instance attribute: back to the loop's own method
-            return
-        await super().startup(sockets)
-
-    def _wake(self) -> None:
-        if self._loop is not None and self._exit is not None:
-            self._loop.call_soon_threadsafe(self._exit.set)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def stop(sig: int, frame: Any) -> None:
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            self.should_exit = True
-            self._wake()
-
-        def hup(sig: int, frame: Any) -> None:
-            if self._on_hup is not None:
-                threading.Thread(target=self._on_hup, name="gpuwarden-reload", daemon=True).start()
-
-        originals = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-        originals[signal.SIGHUP] = signal.signal(signal.SIGHUP, hup)
-        try:
-            yield
-        finally:
-            for sig, handler in originals.items():
-                signal.signal(sig, handler)
-
-
-WebConfigLike = Any  # gpuwarden.webconfig.WebConfig, imported only where a web config is used
+WebConfigLike = Any  # gpuwarden.web.config.WebConfig, imported only where a web config is used
 
 
 def _listener(web: Any) -> tuple[Any, ...]:
@@ -228,33 +104,6 @@ def _listener(web: Any) -> tuple[Any, ...]:
         return (None, {})
     tls = web.tls_server_config.model_dump() if web.tls_enabled else None
     return (tls, web.http_server_config.headers)
-
-
-class AuthGate:
-    """The app behind basic auth when users are configured, the app itself when not; ``set_users`` switches
-    between them at once (configuration reload), so auth can be turned on, changed and off by SIGHUP."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.inner: ASGIApp = app
-        self._auth: Any = None
-
-    def set_users(self, users: dict[str, bytes]) -> None:
-        """Use ``users`` from the next request on (empty: no auth). Raises ValueError on a hash that is not bcrypt."""
-        if not users:
-            self.inner = self.app
-            return
-        if self._auth is None:
-            from gpuwarden.webconfig import BasicAuthMiddleware  # bcrypt only where users are configured
-
-            self._auth = BasicAuthMiddleware(self.app, users)
-        else:
-            self._auth.set_users(users)
-        self.inner = self._auth
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the connection to the app, through auth when users are configured."""
-        await self.inner(scope, receive, send)
 
 
 class Daemon:
@@ -274,7 +123,7 @@ class Daemon:
         self.web = None
         self.hup_pending = hup_pending if hup_pending is not None else threading.Event()
         if cfg.web_config_file is not None:
-            from gpuwarden.webconfig import load_web_config
+            from gpuwarden.web.config import load_web_config
 
             self.web = load_web_config(cfg.web_config_file)
         source, info = build_source(cfg)
@@ -307,7 +156,7 @@ class Daemon:
         collector's sight (``gc.freeze``): they live as long as the process, and a full collection would
         otherwise walk them all again and again over the daemon's life.
         """
-        self.poller.start(ready=False)  # a SIGHUP meanwhile sets hup_pending (the handler gpuwarden.cli.main installs first)
+        self.poller.start(ready=False)  # a SIGHUP meanwhile sets hup_pending (gpuwarden.cli.main)
         gc.collect()
         gc.freeze()
 
@@ -351,7 +200,7 @@ class Daemon:
         changes what a running listener cannot change: TLS on or off, its settings, the response headers."""
         fresh = None
         if new.web_config_file is not None:
-            from gpuwarden.webconfig import load_web_config
+            from gpuwarden.web.config import load_web_config
 
             fresh = load_web_config(new.web_config_file)
         if _listener(fresh) != _listener(self.web):
@@ -377,26 +226,21 @@ class Daemon:
             head_timeout=self.cfg.request_head_timeout_seconds,
             max_head_bytes=self.cfg.max_request_head_bytes,
         )
-        for name in ("asyncio", "uvicorn.error"):  # the accept loop at the descriptor limit logs on every retry
-            logging.getLogger(name).addFilter(RateLimitFilter())
-        config = uvicorn.Config(
-            DateHeaderMiddleware(self.gate),
-            date_header=False,  # written by DateHeaderMiddleware, so the housekeeping loop can sleep
-            log_config=None,  # uvicorn's records go through the daemon's log (gpuwarden.logs)
-            log_level=self.cfg.log_level,
-            access_log=self.cfg.log_level == "debug",
-            # uvicorn's httptools protocol (faster than h11, docs/performance.md) with the bounds it lacks
-            http=bounded_protocol(self.http_limits),
-            **kwargs,
-        )
-        server = _Server(
-            config,
-            self.reload,
-            on_ready=lambda: self.poller.notifier.ready(self.poller.ready_status()),
-            hup_pending=self.hup_pending,
-        )
-        server.handshake_timeout = self.cfg.request_head_timeout_seconds
         try:
-            server.run(sockets=[sock])
+            listener.serve(
+                self.gate,
+                sock,
+                self.http_limits,
+                log_level=self.cfg.log_level,
+                on_hup=self.reload,
+                on_ready=lambda: self.poller.notifier.ready(self.poller.ready_status()),
+                hup_pending=self.hup_pending,
+                uvicorn_kwargs=kwargs,
+            )
         finally:
             self.poller.stop()
+
+
+def bind(cfg: Config) -> socket.socket:
+    """Return a listening socket on cfg's ``listen_address``. Raises StartupError with one line when it cannot."""
+    return listener.bind(cfg.listen_address, cfg.host, cfg.port)

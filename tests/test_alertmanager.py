@@ -11,7 +11,10 @@ from tests.helpers import REPO
 
 AMTOOL = shutil.which("amtool")
 CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
-pytestmark = pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (.ci/run installs Debian's alertmanager)")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (.ci/run installs Debian's alertmanager)"),
+]
 
 
 def test_amtool_check_config() -> None:

@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).parent.parent
@@ -18,11 +19,13 @@ def rules() -> list[dict]:
     return [r for f in RULES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
 
 
+@pytest.mark.e2e
 def test_promtool_check_rules(promtool: str) -> None:
     res = subprocess.run([promtool, "check", "rules", *map(str, RULES)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.e2e
 def test_promtool_test_rules(promtool: str, tmp_path: Path) -> None:
     """Labels and timing in gpuwarden.test.yml, on the rules without annotations; annotations.test.yml on the rules
     as shipped."""
@@ -61,7 +64,7 @@ def test_shipped_rules_are_the_template_with_the_default_parameters() -> None:
 def test_parameters_change_thresholds_selectors_and_urls(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     gen = _generate()
     (tmp_path / "p.yml").write_text(
-        'selector: \'cluster="a", \'\nmemory_full_ratio: 0.95\nrunbook_url: https://wiki.example/gpu\n'
+        "selector: 'cluster=\"a\", '\nmemory_full_ratio: 0.95\nrunbook_url: https://wiki.example/gpu\n"
     )
     assert gen.main(["--params", str(tmp_path / "p.yml"), "--out", str(tmp_path / "r.yml")]) == 0  # type: ignore[attr-defined]
     rules = {r["alert"]: r for g in yaml.safe_load((tmp_path / "r.yml").read_text())["groups"] for r in g["rules"]
@@ -75,6 +78,7 @@ def test_parameters_change_thresholds_selectors_and_urls(tmp_path: Path, capsys)
     assert "unknown parameters memory_ful_ratio" in capsys.readouterr().err and not (tmp_path / "x.yml").exists()
 
 
+@pytest.mark.e2e
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:
     fires, silent = set(), set()
     for f in TESTS:
@@ -110,6 +114,7 @@ def test_alerts_follow_the_mixin_style() -> None:
         assert ann["dashboard_url"].startswith("/d/gpuwarden-"), name
 
 
+@pytest.mark.e2e
 def test_example_prometheus_config_is_valid(promtool: str, tmp_path: Path) -> None:
     import shutil
 

@@ -72,6 +72,7 @@ def test_every_operation_conforms_to_the_schema(case: schemathesis.Case) -> None
     case.call_and_validate(excluded_checks=excluded)
 
 
+@pytest.mark.e2e
 def test_the_schema_lists_the_api(daemon: Daemon) -> None:
     from fastapi.testclient import TestClient
 

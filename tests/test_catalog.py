@@ -74,6 +74,7 @@ def test_disable_defaults_keeps_only_the_self_metrics_and_what_is_enabled() -> N
     assert select_collectors(enable=("gpm",), disable_defaults=True) == ["exporter", "gpm"]
 
 
+@pytest.mark.e2e
 def test_collector_flags_both_forms_are_shown_and_work() -> None:
     import subprocess
     import sys

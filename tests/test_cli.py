@@ -49,6 +49,7 @@ def one_line_error(res: subprocess.CompletedProcess) -> str:
         ("a: [\n", "invalid YAML"),
     ],
 )
+@pytest.mark.e2e
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, yaml_text: str, expected: str) -> None:
     cfg = tmp_path / "c.yml"
     cfg.write_text(yaml_text)
@@ -59,6 +60,7 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, yaml_text: str, expec
         assert expected in line and line.startswith("gpuwarden: "), line
 
 
+@pytest.mark.e2e
 def test_check_config_prints_effective_config(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yml"
     cfg.write_text("poll_interval_seconds: 0.5\nprocesses:\n  max_per_gpu: 4\n")
@@ -78,11 +80,13 @@ def test_flags_override_env_override_file(tmp_path: Path, monkeypatch: pytest.Mo
     assert (c.poll_interval_seconds, c.slow_interval_seconds, c.port, c.processes.max_per_gpu) == (2, 20, 2, 3)
 
 
+@pytest.mark.e2e
 def test_unknown_flag_exits_2() -> None:
     res = gw("serve", "--bogus")
     assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
 
 
+@pytest.mark.e2e
 def test_missing_driver_is_one_line_and_exit_1() -> None:
     # This machine (and CI) has no NVIDIA driver: live NVML must fail cleanly, not with a traceback.
     res = gw("serve", "--web.listen-address", "127.0.0.1:0")
@@ -92,6 +96,7 @@ def test_missing_driver_is_one_line_and_exit_1() -> None:
     assert res.returncode == 1 and "NVML unavailable" in one_line_error(res)
 
 
+@pytest.mark.e2e
 def test_bad_trace_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{}\n")
@@ -99,6 +104,7 @@ def test_bad_trace_is_one_line(tmp_path: Path) -> None:
     assert res.returncode == 1 and "the first record must be the header" in one_line_error(res)
 
 
+@pytest.mark.e2e
 def test_address_in_use_is_one_line() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,7 +134,7 @@ def wait_healthy(proc: subprocess.Popen, base: str, timeout: float = 30) -> None
         time.sleep(0.2)
 
 
-
+@pytest.mark.e2e
 def test_demo_daemon_serves_metrics_health_and_api() -> None:
     port = free_port()
     proc = subprocess.Popen(
@@ -189,12 +195,14 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
     assert time.monotonic() - stopping < 3  # the sleeping housekeeping loop is woken by the signal
 
 
+@pytest.mark.e2e
 def test_shipped_example_config_is_valid() -> None:
     res = gw("check-config", str(REPO / "deploy" / "gpuwarden.example.yml"))
     assert res.returncode == 0, res.stderr
     assert "listen_address: 0.0.0.0:10400" in res.stdout
 
 
+@pytest.mark.e2e
 def test_bad_web_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text("basic_auth_users:\n  prometheus: not-a-bcrypt-hash\n")
@@ -204,6 +212,7 @@ def test_bad_web_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert line.startswith("gpuwarden: ") and str(web) in line and "not-a-bcrypt-hash" not in line
 
 
+@pytest.mark.e2e
 def test_served_with_basic_auth_from_the_web_config_flag(tmp_path: Path) -> None:
     import bcrypt
 

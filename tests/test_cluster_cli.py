@@ -33,9 +33,21 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     ports = {n: free_port() for n in NODES}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "gpuwarden", "serve", "--replay", str(TRACES / f"{trace}.jsonl.gz"),
-             "--web.listen-address", f"127.0.0.1:{ports[n]}", "--log.level", "warning"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "gpuwarden",
+                "serve",
+                "--replay",
+                str(TRACES / f"{trace}.jsonl.gz"),
+                "--web.listen-address",
+                f"127.0.0.1:{ports[n]}",
+                "--log.level",
+                "warning",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             env={**os.environ, "GPUWARDEN_NODE_NAME": f"node-{n}", "GPUWARDEN_PRICE_PER_GPU_HOUR": PRICE[n]},
         )  # fmt: skip
         for n, trace in NODES.items()
@@ -70,6 +82,7 @@ def gw(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False, env={**os.environ, "COLUMNS": "160"})  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_top_ranks_the_jobs_across_nodes_with_causes_verdicts_and_cost(prom: dict) -> None:
     res = gw("top", "--prometheus", prom["url"], "--range", "30s", "--step", "1s", "--json")
     assert res.returncode == 0, res.stderr
@@ -96,6 +109,7 @@ def test_top_ranks_the_jobs_across_nodes_with_causes_verdicts_and_cost(prom: dic
     assert len(doc["gpus"]) == 6 and {g["node"] for g in doc["gpus"]} == {"node-a", "node-b", "node-c", "node-d"}
 
 
+@pytest.mark.e2e
 def test_top_prints_tables_a_person_reads(prom: dict) -> None:
     res = gw("top", "--prometheus", prom["url"], "--range", "30s", "--step", "1s")
     assert res.returncode == 0, res.stderr
@@ -105,6 +119,7 @@ def test_top_prints_tables_a_person_reads(prom: dict) -> None:
     assert len(out.splitlines()) < 40
 
 
+@pytest.mark.e2e
 def test_jobs_holding_one_gpu_in_turn_each_get_their_own_time_and_verdict(prom: dict) -> None:
     """Node d is a live H100 recording: Slurm job 901 (input-starved, ids from SLURM_JOB_ID) held GPU 0 from 3 s to
     44 s, then job 902 held 20 GiB with nothing running from 49 s on (tools/device-cluster-live.sh)."""
@@ -125,6 +140,7 @@ def test_jobs_holding_one_gpu_in_turn_each_get_their_own_time_and_verdict(prom: 
     assert "end the idle process" in doc["first_remedy"]
 
 
+@pytest.mark.e2e
 def test_report_summarizes_one_job(prom: dict) -> None:
     res = gw("report", "--job", "4242", "--prometheus", prom["url"], "--range", "30s", "--step", "1s", "--json")
     assert res.returncode == 0, res.stderr
@@ -138,6 +154,7 @@ def test_report_summarizes_one_job(prom: dict) -> None:
     assert text.returncode == 0 and "GPU-hours held" in text.stdout and "Do first" in text.stdout
 
 
+@pytest.mark.e2e
 def test_report_of_an_unknown_job_is_one_line_and_exit_1(prom: dict) -> None:
     res = gw("report", "--job", "nope", "--prometheus", prom["url"], "--range", "30s", "--step", "1s")
     assert res.returncode == 1 and res.stdout == ""
@@ -151,6 +168,7 @@ def test_report_of_an_unknown_job_is_one_line_and_exit_1(prom: dict) -> None:
         (["--prometheus", "http://127.0.0.1:{c}"], "not the Prometheus API"),
     ],
 )
+@pytest.mark.e2e
 def test_top_against_something_that_is_not_prometheus_is_one_line(prom: dict, args: list[str], message: str) -> None:
     args = [a.format(c=prom["ports"]["c"]) for a in args]
     res = gw("top", *args)

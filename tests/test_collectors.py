@@ -145,6 +145,7 @@ def test_lost_gpu_goes_down_and_its_readings_disappear() -> None:
     assert {s.labels["gpu"] for s in fams["gpu_utilization_ratio"]} == {"0"}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", H100_SCENARIOS + ["h200x2-ddp_straggler"])
 def test_promtool_check_metrics_finds_nothing(name: str, promtool: str) -> None:
     path = trace(name if name.startswith("h200") else f"h100-{name}")

@@ -59,6 +59,7 @@ def test_a_bad_gpus_value_is_a_one_line_error() -> None:
         overrides(args)
 
 
+@pytest.mark.e2e
 def test_only_the_chosen_command_is_imported() -> None:
     code = (
         "import sys; from gpuwarden.cli import build_parser; build_parser('collectors'); "

@@ -26,6 +26,7 @@ def test_three_dashboards_linked_together() -> None:
         assert {f"/d/{u}" for u in uids} <= urls, p.name
 
 
+@pytest.mark.e2e
 def test_committed_json_is_what_the_generator_writes(tmp_path: Path) -> None:
     before = {p.name: p.read_text() for p in BOARDS}
     subprocess.run([sys.executable, str(REPO / "dashboards" / "generate.py")], check=True, timeout=60)
@@ -170,6 +171,7 @@ def test_variables_are_matched_the_way_grafana_escapes_them() -> None:
                         assert (op in ("=~", "!~")) == regex, f"{path.stem} {p['title']}: {op}${v['name']}"
 
 
+@pytest.mark.e2e
 def test_grafana_provisioning() -> None:
     import yaml
 

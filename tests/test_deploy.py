@@ -58,6 +58,7 @@ def testable_unit(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_systemd_analyze_verify(systemd_analyze: str, testable_unit: Path) -> None:
     res = subprocess.run(
         [systemd_analyze, "verify", "--man=no", str(testable_unit)],
@@ -74,6 +75,7 @@ def test_systemd_analyze_verify(systemd_analyze: str, testable_unit: Path) -> No
     assert lines == [], res.stderr
 
 
+@pytest.mark.e2e
 def test_systemd_analyze_verify_catches_a_typo(systemd_analyze: str, testable_unit: Path) -> None:
     """Control: the check above would see a mistake (so its silence means something)."""
     text = testable_unit.read_text().replace("ProtectHome=yes", "ProtectHome=maybe")
@@ -86,6 +88,7 @@ def test_systemd_analyze_verify_catches_a_typo(systemd_analyze: str, testable_un
     assert any("RestartSecs" in ln for ln in lines), res.stderr
 
 
+@pytest.mark.e2e
 def test_systemd_security_exposure_is_low(systemd_analyze: str, testable_unit: Path) -> None:
     """`systemd-analyze security` scores the sandbox: 0 is fully locked down, 10 is a plain root service."""
     res = subprocess.run(
@@ -306,7 +309,7 @@ def test_daemonset_for_gpu_nodes() -> None:
 
 
 def test_probe_paths_exist_in_the_app() -> None:
-    from gpuwarden.server import create_app
+    from gpuwarden.web.app import create_app
 
     paths = {r.path for r in create_app(Held(None), None, 5.0).routes}  # type: ignore[arg-type]
     assert {"/metrics", "/healthz", "/readyz", "/api/v1/gpus"} <= paths
@@ -361,6 +364,7 @@ def test_dockerfile_copies_what_the_build_needs() -> None:
     assert script.startswith("gpuwarden.")
 
 
+@pytest.mark.e2e
 def test_hadolint() -> None:
     hadolint = shutil.which("hadolint")
     if hadolint is None:

@@ -6,6 +6,7 @@ import importlib.util
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).parent.parent
@@ -32,6 +33,7 @@ def test_prometheusrule_groups_equal_the_rule_file() -> None:
     assert "prometheusrule.yaml" in (REPO / "deploy" / "kubernetes" / "kustomization.yaml").read_text()
 
 
+@pytest.mark.e2e
 def test_prometheusrule_spec_passes_promtool(promtool: str, tmp_path: Path) -> None:
     spec = yaml.safe_load(MANIFEST.read_text())["spec"]
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(spec))

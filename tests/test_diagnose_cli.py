@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 
@@ -12,16 +11,14 @@ from test_insight_diagnosis import EXPECTED
 from test_insight_helpers import DDP, h100, run_trace, snap_of
 
 from gpuwarden import diagnose
+from gpuwarden.cli import build_parser
 from gpuwarden.replay import demo_trace_path
 from gpuwarden.snapshot import NodeSnapshot
 
 
 def cli(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="gpuwarden")
-    sub = p.add_subparsers(dest="command", required=True)
-    diagnose.add_parser(sub)
-    args = p.parse_args(argv)
-    return args.func(args)
+    args = build_parser("diagnose").parse_args(argv)
+    return args.run(args)
 
 
 @pytest.mark.parametrize("scenario", sorted(EXPECTED))
@@ -86,7 +83,9 @@ def test_live_without_nvml_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatc
     def fail(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise SourceError("NVML not available: driver not loaded")
 
-    monkeypatch.setattr(diagnose, "live_report", fail)
+    from gpuwarden.commands import diagnose as command
+
+    monkeypatch.setattr(command, "live_report", fail)
     assert cli(["diagnose", "--seconds", "1", "--json"]) == 1
     assert capsys.readouterr().err == "gpuwarden: NVML not available: driver not loaded\n"
 

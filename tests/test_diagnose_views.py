@@ -15,6 +15,9 @@ import pytest
 from tests.conftest import trace
 from tests.helpers import REPO, daemon, free_port
 
+pytestmark = pytest.mark.e2e  # every test here starts a process or an outside tool
+
+
 ENV = {**os.environ, "COLUMNS": "120", "LINES": "50", "TERM": "dumb"}
 
 

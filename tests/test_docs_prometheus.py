@@ -27,6 +27,7 @@ def _queries() -> dict[str, str]:
     return dict(re.findall(r"<!-- query: (\w+) -->\n```promql\n(.*?)```", DOC, re.S))
 
 
+@pytest.mark.e2e
 @needs_promtool
 @pytest.mark.parametrize("block", [b for b in _blocks("yaml") if "scrape_configs:" in b])
 def test_scrape_configurations_pass_promtool(tmp_path: Path, block: str) -> None:
@@ -110,16 +111,25 @@ def _expected() -> dict[str, list[dict]]:
         # GPU 1 of n1 and GPU 0 of n2 appear once per job; GPU 0 of n1 once for its two processes; GPU 2 not at all
         "starved_by_gpu_and_job": per_gpu,
         "starved_by_gpu_and_job_info": [
-            _sample(s, instance=i, job="gpuwarden", gpu=g, uuid=u, job_id=j,
-                    job_kind="slurm" if j == "4242" else "process", job_scope="cluster" if j == "4242" else "node")
+            _sample(
+                s,
+                instance=i,
+                job="gpuwarden",
+                gpu=g,
+                uuid=u,
+                job_id=j,
+                job_kind="slurm" if j == "4242" else "process",
+                job_scope="cluster" if j == "4242" else "node",
+            )
             for i, g, u, s, _ in GPUS
             for j in sorted({p[4] for p in PROCS if p[2] == u})
         ],  # fmt: skip
         # only the cluster-wide id: (0.2 + 0.4 + 0.6) / 3 over both nodes; "bob/jupyter" is not merged across nodes
         "starved_by_cluster_job": [_sample(0.4, job_id="4242")],
         "process_memory_with_job": [
-            _sample(mem, instance=i, job="gpuwarden", gpu=g, uuid=u, pid=pid, process_name="python3", job_id=j,
-                    user=usr)
+            _sample(
+                mem, instance=i, job="gpuwarden", gpu=g, uuid=u, pid=pid, process_name="python3", job_id=j, user=usr
+            )
             for i, g, u, pid, j, _, usr, mem in PROCS
         ],
         "full_gpus_of_a_job": [
@@ -145,6 +155,7 @@ def _promtool_test(
                           text=True, timeout=60, check=False)  # fmt: skip
 
 
+@pytest.mark.e2e
 @needs_promtool
 def test_the_documented_joins_answer_right_with_several_processes_and_jobs_on_a_gpu(tmp_path: Path) -> None:
     queries = _queries()
@@ -153,6 +164,7 @@ def test_the_documented_joins_answer_right_with_several_processes_and_jobs_on_a_
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.e2e
 @needs_promtool
 def test_the_naive_join_fails_on_a_gpu_with_two_processes(tmp_path: Path) -> None:
     # why the doc reduces the info series first: this join is what users write, and Prometheus refuses it

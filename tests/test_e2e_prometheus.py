@@ -33,12 +33,13 @@ TRACES = REPO / "tests" / "data" / "traces"
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None or ALERTMANAGER is None,
-    reason="prometheus / prometheus-alertmanager not installed (CI installs Debian's packages)",
-)
-
-
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        PROMETHEUS is None or ALERTMANAGER is None,
+        reason="prometheus / prometheus-alertmanager not installed (CI installs Debian's packages)",
+    ),
+]
 
 
 class Webhook(BaseHTTPRequestHandler):
@@ -132,7 +133,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
         prom = f"http://127.0.0.1:{prom_port}"
         for url in [f"http://127.0.0.1:{p}/healthz" for p in ports.values()] + [
-            f"{prom}/-/ready", f"http://127.0.0.1:{am_port}/-/ready"
+            f"{prom}/-/ready",
+            f"http://127.0.0.1:{am_port}/-/ready",
         ]:
             wait_http(url)
         time.sleep(20)  # a few scrapes and rule evaluations, so rates and for: have their samples

@@ -34,8 +34,8 @@ from gpuwarden.nvml import NvmlSource
 from gpuwarden.nvml import source as nvml_source
 from gpuwarden.poller import Poller
 from gpuwarden.sdnotify import Notifier
-from gpuwarden.server import create_app
 from gpuwarden.source import SourceError
+from gpuwarden.web.app import create_app
 from tests.helpers import free_port
 
 REPO = Path(__file__).parent.parent
@@ -309,6 +309,7 @@ def test_xid_events_are_counted_per_gpu(fake: FakeNvml) -> None:
     assert fake.calls["nvmlEventSetFree"] == 1
 
 
+@pytest.mark.e2e
 def test_sigterm_in_process_stops_cleanly_with_nvml_shutdown(fake: FakeNvml) -> None:
     cfg = load_config(overrides={"listen_address": "127.0.0.1:0", "poll_interval_seconds": 0.2})
     daemon = Daemon(cfg)
@@ -357,7 +358,6 @@ def test_notifier_is_a_no_op_without_systemd_and_speaks_abstract_sockets() -> No
 # -- the daemon as a process: SIGHUP reload, SIGTERM exit, --wait-for-nvml ---------------------------------
 
 
-
 def start_serve(*args: str) -> tuple[subprocess.Popen[str], str]:
     port = free_port()
     proc = subprocess.Popen(
@@ -403,6 +403,7 @@ def terminate(proc: subprocess.Popen[str]) -> tuple[int, float, str]:
     return proc.returncode, time.monotonic() - t, err
 
 
+@pytest.mark.e2e
 def test_sighup_reloads_the_config_and_sigterm_exits_0(tmp_path: Path) -> None:
     cfg = tmp_path / "gpuwarden.yml"
     cfg.write_text("poll_interval_seconds: 0.2\n")
@@ -428,6 +429,7 @@ def test_sighup_reloads_the_config_and_sigterm_exits_0(tmp_path: Path) -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.e2e
 def test_wait_for_nvml_process_serves_source_down_without_a_driver() -> None:
     try:
         pynvml.nvmlInit()

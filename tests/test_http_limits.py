@@ -1,5 +1,5 @@
 """The HTTP port under attack on the loopback: idle connections, slowloris, huge URLs and header floods leave
-/metrics answering and memory bounded (gpuwarden.httplimits). Bounded in count and time; loopback only."""
+/metrics answering and memory bounded (gpuwarden.web.limits). Bounded in count and time; loopback only."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ import pytest
 from tests.helpers import count_closed
 from tests.helpers import free_port as _free_port
 
+pytestmark = pytest.mark.e2e  # every test here starts a process or an outside tool
+
+
 MAX_CONNECTIONS = 1000  # the default
 IDLE = 1100
 SLOWLORIS = 300
 HEAD_TIMEOUT = 1.0
-
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ def fifo(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_special_files_are_refused_not_read(fifo: Path) -> None:
     for path in (fifo, Path("/dev/zero")):
         _one_line(gw("check-config", str(path)), 2, "not a regular file")
@@ -45,6 +46,7 @@ def test_special_files_are_refused_not_read(fifo: Path) -> None:
             read_trace(path)
 
 
+@pytest.mark.e2e
 def test_missing_and_oversized_config_files(tmp_path: Path) -> None:
     _one_line(gw("check-config", str(tmp_path / "nope.yml")), 2, "cannot read")
     big = tmp_path / "big.yml"
@@ -55,6 +57,7 @@ def test_missing_and_oversized_config_files(tmp_path: Path) -> None:
     _one_line(gw("check-config", str(web)), 2, "larger than")
 
 
+@pytest.mark.e2e
 def test_deep_nesting_is_one_line(tmp_path: Path) -> None:
     deep = tmp_path / "deep.jsonl"
     deep.write_text('{"type":"header","x":' + "[" * 100000 + "]" * 100000 + "}\n")
@@ -86,8 +89,14 @@ def test_unknown_environment_variables_are_refused(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("GPUWARDEN_PROCESSES__MAX_PER_GPU", "3")
     assert load_config(None).processes.max_per_gpu == 3
     monkeypatch.setenv("GPUWARDEN_ARGS", "--web.config.file /etc/gpuwarden/web-config.yml")  # the unit's flags
-    for link in ("GPUWARDEN_SERVICE_HOST", "GPUWARDEN_SERVICE_PORT", "GPUWARDEN_SERVICE_PORT_METRICS",
-                 "GPUWARDEN_PORT", "GPUWARDEN_PORT_10400_TCP", "GPUWARDEN_PORT_10400_TCP_ADDR"):
+    for link in (
+        "GPUWARDEN_SERVICE_HOST",
+        "GPUWARDEN_SERVICE_PORT",
+        "GPUWARDEN_SERVICE_PORT_METRICS",
+        "GPUWARDEN_PORT",
+        "GPUWARDEN_PORT_10400_TCP",
+        "GPUWARDEN_PORT_10400_TCP_ADDR",
+    ):
         monkeypatch.setenv(link, "10.0.0.1")  # what Kubernetes sets for a Service named gpuwarden
     assert load_config(None).processes.max_per_gpu == 3
     monkeypatch.setenv("GPUWARDEN_PROCESSES__NOPE", "3")
@@ -95,6 +104,7 @@ def test_unknown_environment_variables_are_refused(monkeypatch: pytest.MonkeyPat
         load_config(None)
 
 
+@pytest.mark.e2e
 def test_a_host_name_label_over_63_characters_is_one_line() -> None:
     _one_line(gw("serve", "--demo", "--web.listen-address", "a" * 70 + ":10400"), 1, "not a valid host name")
 
@@ -110,6 +120,7 @@ def test_an_insight_window_too_long_for_the_poll_is_bounded_with_a_warning(caplo
     assert analyzer.window_seconds == pytest.approx(MAX_WINDOW_POLLS * 0.05)
 
 
+@pytest.mark.e2e
 def test_check_config_refuses_what_serve_would(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"replay: {tmp_path / 'missing.jsonl'}\n")
@@ -119,6 +130,7 @@ def test_check_config_refuses_what_serve_would(tmp_path: Path) -> None:
     _one_line(gw("serve", "--demo", "--gpus", "0"), 2, "cannot apply to a replay or the demo")
 
 
+@pytest.mark.e2e
 def test_version_says_the_runtime() -> None:
     res = gw("--version")
     assert res.returncode == 0
@@ -126,13 +138,15 @@ def test_version_says_the_runtime() -> None:
         assert part in res.stdout, res.stdout
 
 
+@pytest.mark.e2e
 def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yml"
     cfg.write_text("poll_interval_seconds: 2\n")
     for _ in range(3):
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpuwarden", "check-config", str(cfg)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         assert proc.stdout is not None
         proc.stdout.close()  # the reader goes away before the output is written

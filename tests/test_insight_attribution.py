@@ -98,12 +98,11 @@ def test_slurm_job_id_from_the_environment_where_the_cgroup_does_not_name_the_jo
     from gpuwarden.insight.attribution import attribute
     from gpuwarden.model import ProcessReading
 
-    ref = attribute(
-        ProcessReading(pid=1, cgroup=cgroup, slurm_job_id=slurm_job_id, username="alice", name="python3")
-    )
+    ref = attribute(ProcessReading(pid=1, cgroup=cgroup, slurm_job_id=slurm_job_id, username="alice", name="python3"))
     assert (ref.kind, ref.job) == (kind, job)
 
 
+@pytest.mark.e2e
 def test_the_inspector_reads_slurm_job_id_from_a_real_process_environment() -> None:
     import os
     import subprocess

@@ -107,7 +107,7 @@ def test_api_shows_the_health_findings() -> None:
     from gpuwarden.collectors import CollectOptions
     from gpuwarden.exposition import Exposition
     from gpuwarden.insight.analyzer import InsightAnalyzer
-    from gpuwarden.server import create_app, diagnosis_route
+    from gpuwarden.web.app import create_app, diagnosis_route
 
     p = replay_poller(HEALTH, 20, analyzers={"insight": InsightAnalyzer().prepare})
     app = create_app(p, Exposition(p, select_collectors(), CollectOptions()), 1e9, diagnosis_route(p))
@@ -120,13 +120,17 @@ def test_api_shows_the_health_findings() -> None:
     assert d["remedies"][0].startswith("Uncorrectable memory errors")  # critical findings' remedies first
 
 
+@pytest.mark.e2e
 def test_diagnose_cli_shows_the_health_findings() -> None:
     import subprocess
     import sys
 
     out = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "diagnose", "--replay", str(HEALTH)],
-        capture_output=True, text=True, timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
     )
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())

@@ -308,10 +308,10 @@ def _stream(n: int, seed: int, dt: float = 0.1) -> list[_Interval]:
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_running_windows_equal_the_reference_over_a_long_synthetic_stream(seed: int) -> None:
-    """Every push of 12000 intervals (0.1 s apart, 2 s and 0.7 s windows: each interval enters and leaves):
+    """Every push of 4000 intervals (0.1 s apart, 2 s and 0.7 s windows: each interval enters and leaves):
     the running windows hold what ``span_of`` finds and give what ``window_of`` computes; a window that held
     bursts of 1e10 and now holds zeros reads exactly 0."""
-    ivs = _stream(12000, seed)
+    ivs = _stream(4000, seed)
     runs = [
         (an.Running(2.0, False), 2.0, False),
         (an.Running(2.0, True), 2.0, True),
@@ -328,7 +328,7 @@ def test_running_windows_equal_the_reference_over_a_long_synthetic_stream(seed: 
             _same(got, window_of(0, "u", span, None))
             zero_windows += got.pcie_rx == 0.0
             assert len(running.intervals) <= seconds / 0.05 + 2  # bounded by the window
-    assert zero_windows > 1000  # windows of zeros after bursts were met (and read exactly 0, as the reference)
+    assert zero_windows > 300  # windows of zeros after bursts were met (and read exactly 0, as the reference)
 
 
 def test_the_sums_are_exact_after_any_number_of_removals() -> None:

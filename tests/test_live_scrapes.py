@@ -46,6 +46,7 @@ def test_live_scrape_has_every_family(path: Path) -> None:
     assert f["gpuwarden_poll_duration_seconds"][0].value < 1.0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", SCRAPES, ids=[p.stem for p in SCRAPES])
 def test_live_scrape_passes_promtool(path: Path, promtool: str) -> None:
     res = subprocess.run(

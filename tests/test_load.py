@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 REPO = Path(__file__).parent.parent
 _spec = importlib.util.spec_from_file_location("loadtest", REPO / "tools" / "loadtest.py")
@@ -29,6 +30,7 @@ def test_percentile_is_nearest_rank() -> None:
     assert loadtest.percentile([], 0.5) == 0.0
 
 
+@pytest.mark.e2e
 def test_50_scrapers_for_10_seconds_against_8_replayed_gpus_have_no_error() -> None:
     proc, base = loadtest.start_daemon(loadtest.TRACE)
     try:

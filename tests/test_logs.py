@@ -39,14 +39,28 @@ def test_setup_refuses_unknown_levels_and_formats() -> None:
         setup("info", "xml")
 
 
+@pytest.mark.e2e
 def test_daemon_and_uvicorn_log_in_one_json_format() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.listen-address", f"127.0.0.1:{port}",
-         "--log.format", "json", "--log.level", "info"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "serve",
+            "--demo",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--log.format",
+            "json",
+            "--log.level",
+            "info",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 30

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuwarden.server import PAGE_CSP
+from gpuwarden.web.app import PAGE_CSP
 from tests.conftest import trace
 from tests.helpers import REPO, daemon
 
@@ -96,7 +96,7 @@ def test_page_and_assets_are_self_contained() -> None:
 
     from gpuwarden.poller import Poller
     from gpuwarden.replay import ReplaySource
-    from gpuwarden.server import create_app
+    from gpuwarden.web.app import create_app
 
     class _NoExposition:
         pass
@@ -115,6 +115,7 @@ def test_page_and_assets_are_self_contained() -> None:
     assert client.get("/page/nope.js").status_code == 404
 
 
+@pytest.mark.e2e
 @needs_chromium
 def test_page_shows_every_gpu_verdict_readings_and_strip() -> None:
     with daemon("--replay", str(trace("derived-8gpu"))) as url:
@@ -142,6 +143,7 @@ def test_page_shows_every_gpu_verdict_readings_and_strip() -> None:
     assert (SHOTS / "node-page-8gpu.png").stat().st_size > 10_000
 
 
+@pytest.mark.e2e
 @needs_chromium
 def test_page_of_the_demo() -> None:
     """The screenshot of the page with the demo running (the README's first command)."""

@@ -36,6 +36,7 @@ def _start(out: Path) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl"])
 def test_a_recording_killed_replays_its_complete_polls(tmp_path: Path, suffix: str) -> None:
     out = tmp_path / f"t{suffix}"
@@ -49,6 +50,7 @@ def test_a_recording_killed_replays_its_complete_polls(tmp_path: Path, suffix: s
     assert losses is None or "dropped" in losses
 
 
+@pytest.mark.e2e
 def test_sigterm_ends_a_recording_cleanly(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl.gz"
     proc = _start(out)
@@ -73,12 +75,14 @@ def gw(*args: str) -> subprocess.CompletedProcess[str]:
         (["--duration", "5", "--slow-interval", "0"], "--slow-interval must be"),
     ],
 )
+@pytest.mark.e2e
 def test_bad_record_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     res = gw("record", "--out", str(tmp_path / "t.jsonl"), *args)
     assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not (tmp_path / "t.jsonl").exists()
 
 
+@pytest.mark.e2e
 def test_record_does_not_overwrite_silently(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     out.write_text("keep me\n")

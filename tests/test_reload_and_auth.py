@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from gpuwarden.config import ConfigError
-from gpuwarden.webconfig import MAX_BCRYPT_COST, BasicAuthMiddleware, load_web_config
+from gpuwarden.web.auth import BasicAuthMiddleware
+from gpuwarden.web.config import MAX_BCRYPT_COST, load_web_config
 from tests.helpers import free_port as _free_port
 
 HASH4 = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
-
 
 
 def _start(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -70,6 +70,7 @@ def _reload(proc: subprocess.Popen[bytes], log: Path, n: int) -> None:
     pytest.fail("no reload line: " + log.read_text()[-2000:])
 
 
+@pytest.mark.e2e
 def test_basic_auth_turns_on_changes_and_off_by_sighup_and_tls_changes_are_refused(tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text("")  # no users: open
@@ -101,6 +102,7 @@ def test_basic_auth_turns_on_changes_and_off_by_sighup_and_tls_changes_are_refus
         proc.wait(10)
 
 
+@pytest.mark.e2e
 def test_sighup_at_any_moment_after_start_is_survived(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     proc, url = _start([], log)
@@ -138,6 +140,7 @@ def test_sighup_at_any_moment_after_start_is_survived(tmp_path: Path) -> None:
         ),
     ],
 )
+@pytest.mark.e2e
 def test_web_config_checks_as_strict_as_promtool(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "web.yml"
     path.write_text(text)
@@ -146,7 +149,10 @@ def test_web_config_checks_as_strict_as_promtool(tmp_path: Path, text: str, mess
     assert "\n" not in str(info.value)
     res = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.config.file", str(path)],
-        capture_output=True, text=True, timeout=30, env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ},
     )
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from gpuwarden.catalog import select_collectors
 from gpuwarden.collectors import CollectOptions
 from gpuwarden.exposition import Exposition
-from gpuwarden.server import create_app, readiness
+from gpuwarden.web.app import create_app, readiness
 
 
 def app_for(poller, stale_after: float = 5.0):  # noqa: ANN001, ANN201
@@ -99,7 +99,9 @@ def test_docs_page_loads_nothing_from_elsewhere() -> None:
             continue
         r = client.get("/" + url.lstrip("/"))
         assert r.status_code == 200, url
-    assert client.get("/docs/assets/swagger-ui-bundle.js").headers["content-type"].startswith(
-        ("application/javascript", "text/javascript")
+    assert (
+        client.get("/docs/assets/swagger-ui-bundle.js")
+        .headers["content-type"]
+        .startswith(("application/javascript", "text/javascript"))
     )
     assert client.get("/redoc").status_code == 404

@@ -32,11 +32,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fastapi import FastAPI
 
-from gpuwarden import webconfig
-from gpuwarden.daemon import AuthGate
-from gpuwarden.webconfig import (
+from gpuwarden.web import auth as webauth
+from gpuwarden.web.auth import AuthGate, BasicAuthMiddleware
+from gpuwarden.web.config import (
     DEFAULT_OPEN_PATHS,
-    BasicAuthMiddleware,
     WebConfig,
     WebConfigError,
     load_web_config,
@@ -218,6 +217,7 @@ def basic(user: str, password: str) -> dict[str, str]:
 # --- basic auth over TLS ------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_basic_auth_over_tls(pki: PKI, hashed: str, tmp_path: Path) -> None:
     path = write_config(
         tmp_path,
@@ -250,6 +250,7 @@ def test_basic_auth_over_tls(pki: PKI, hashed: str, tmp_path: Path) -> None:
             httpx.get(url.replace("https", "http") + "/healthz", timeout=5).raise_for_status()
 
 
+@pytest.mark.e2e
 def test_successful_check_is_cached_and_failures_are_not(
     pki: PKI, hashed: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -260,7 +261,7 @@ def test_successful_check_is_cached_and_failures_are_not(
         calls.append(h)
         return real(password, h)
 
-    monkeypatch.setattr(webconfig.bcrypt, "checkpw", counting)
+    monkeypatch.setattr(webauth.bcrypt, "checkpw", counting)
     mw = BasicAuthMiddleware(tiny_app(), {"prometheus": hashed.encode()}, DEFAULT_OPEN_PATHS)
     with serve(WebConfig(), app=mw) as url, httpx.Client(base_url=url, timeout=10) as c:
         for _ in range(5):
@@ -278,6 +279,7 @@ def test_successful_check_is_cached_and_failures_are_not(
         assert c.get("/metrics", auth=("prometheus", "new")).status_code == 200
 
 
+@pytest.mark.e2e
 def test_bcrypt_runs_off_the_event_loop(hashed: str) -> None:
     """While bcrypt checks a password, /healthz still answers: bcrypt runs in a worker thread."""
     slow = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(13)).decode()  # about half a second or more
@@ -299,8 +301,9 @@ def test_bcrypt_runs_off_the_event_loop(hashed: str) -> None:
     assert health < total / 2, (health, total)
 
 
+@pytest.mark.e2e
 def test_no_secret_in_logs(pki: PKI, hashed: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("DEBUG", logger="gpuwarden.webconfig")
+    caplog.set_level("DEBUG", logger="gpuwarden.web.auth")
     mw = BasicAuthMiddleware(tiny_app(), {"prometheus": hashed.encode()}, DEFAULT_OPEN_PATHS)
     with serve(WebConfig(), app=mw) as url, httpx.Client(base_url=url, timeout=10) as c:
         c.get("/metrics", auth=("prometheus", "wrong-password-xyz"))
@@ -339,6 +342,7 @@ def _raw_get(url: str, ctx: ssl.SSLContext) -> bytes | str:
             return str(exc.reason)
 
 
+@pytest.mark.e2e
 def test_mutual_tls_require_and_verify(pki: PKI, tmp_path: Path) -> None:
     web = mtls_config(pki, tmp_path)
     assert web.uvicorn_kwargs()["ssl_cert_reqs"] == ssl.CERT_REQUIRED
@@ -362,6 +366,7 @@ def test_mutual_tls_require_and_verify(pki: PKI, tmp_path: Path) -> None:
             httpx.get(url + "/healthz", verify=client_ctx(pki), timeout=10)
 
 
+@pytest.mark.e2e
 def test_verify_client_cert_if_given(pki: PKI, tmp_path: Path) -> None:
     web = mtls_config(pki, tmp_path, "VerifyClientCertIfGiven")
     assert web.uvicorn_kwargs()["ssl_cert_reqs"] == ssl.CERT_OPTIONAL
@@ -372,6 +377,7 @@ def test_verify_client_cert_if_given(pki: PKI, tmp_path: Path) -> None:
             httpx.get(url + "/metrics", verify=client_ctx(pki, pki.rogue_client), timeout=10)
 
 
+@pytest.mark.e2e
 def test_min_version_tls13_is_enforced(pki: PKI, tmp_path: Path) -> None:
     path = write_config(
         tmp_path,
@@ -397,6 +403,7 @@ def _served_serial(url: str, pki: PKI) -> int:
     return x509.load_der_x509_certificate(der).serial_number
 
 
+@pytest.mark.e2e
 def test_certificate_rotation_without_restart(pki: PKI, tmp_path: Path) -> None:
     first = pki.ca.issue("rotating", True)
     path = write_config(tmp_path, f"tls_server_config:\n  cert_file: {first.cert}\n  key_file: {first.key}\n")
@@ -413,6 +420,7 @@ def test_certificate_rotation_without_restart(pki: PKI, tmp_path: Path) -> None:
         assert _served_serial(url, pki) == second.serial
 
 
+@pytest.mark.e2e
 def test_headers_from_http_server_config(pki: PKI, hashed: str, tmp_path: Path) -> None:
     path = write_config(
         tmp_path,
@@ -531,6 +539,7 @@ def example_dir(pki: PKI, tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.e2e
 def test_promtool_accepts_the_example(example_dir: Path, promtool: str) -> None:
     res = subprocess.run(
         [promtool, "check", "web-config", str(example_dir / "web-config.yml")], capture_output=True, text=True
@@ -540,6 +549,7 @@ def test_promtool_accepts_the_example(example_dir: Path, promtool: str) -> None:
     assert web.tls_enabled and list(web.users) == ["prometheus"]
 
 
+@pytest.mark.e2e
 def test_example_without_certs_loads_its_users() -> None:
     """Without promtool: the example parses; it fails only on the certificate files it names."""
     with pytest.raises(WebConfigError, match="cannot read cert_file"):
@@ -563,6 +573,7 @@ def test_example_without_certs_loads_its_users() -> None:
         ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: Maybe\n", False),
     ],
 )
+@pytest.mark.e2e
 def test_same_verdict_as_promtool(example_dir: Path, promtool: str, hashed: str, text: str, valid: bool) -> None:
     path = write_config(example_dir, text.replace("HASH", hashed), "case.yml")
     res = subprocess.run([promtool, "check", "web-config", str(path)], capture_output=True, text=True)
@@ -577,6 +588,7 @@ def test_same_verdict_as_promtool(example_dir: Path, promtool: str, hashed: str,
 # --- the recipe for `gpuwarden serve --web.config.file`, on the real daemon and its demo trace ---------------
 
 
+@pytest.mark.e2e
 def test_real_daemon_behind_web_config(pki: PKI, hashed: str, tmp_path: Path) -> None:
     from gpuwarden.config import load_config
     from gpuwarden.daemon import Daemon
@@ -603,6 +615,7 @@ def test_real_daemon_behind_web_config(pki: PKI, hashed: str, tmp_path: Path) ->
         daemon.poller.stop()
 
 
+@pytest.mark.e2e
 def test_a_tls_handshake_that_never_comes_is_dropped_at_the_head_deadline(pki: PKI, tmp_path: Path) -> None:
     """Connections that never start their TLS handshake are closed after request_head_timeout_seconds (not
     asyncio's 60 s), while a real client is served."""
@@ -615,9 +628,19 @@ def test_a_tls_handshake_that_never_comes_is_dropped_at_the_head_deadline(pki: P
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.config.file", str(web),
-         "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "serve",
+            "--demo",
+            "--web.config.file",
+            str(web),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         env={**os.environ, "GPUWARDEN_REQUEST_HEAD_TIMEOUT_SECONDS": "1"},
     )
     try:

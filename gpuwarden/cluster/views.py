@@ -1,5 +1,6 @@
-"""What ``gpuwarden top`` (the cluster's jobs and GPUs ranked by GPU-hours lost, by cause) and ``gpuwarden report`` (one
-job's efficiency summary), print, both against a Prometheus HTTP API (gpuwarden.cluster.usage holds the accounting; gpuwarden.commands.top and .report their flags)."""
+"""What ``gpuwarden top`` (the cluster's jobs and GPUs ranked by GPU-hours lost, by cause) and ``gpuwarden report``
+(one job's efficiency summary) print, both from a Prometheus HTTP API (gpuwarden.cluster.usage holds the accounting,
+gpuwarden.commands.top and .report the flags)."""
 
 from __future__ import annotations
 

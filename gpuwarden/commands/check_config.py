@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(Path(args.file))
         if cfg.web_config_file is not None:
-            from gpuwarden.webconfig import load_web_config
+            from gpuwarden.web.config import load_web_config
 
             load_web_config(cfg.web_config_file)
         if cfg.replay is not None:  # what serve would refuse at start

@@ -155,8 +155,9 @@ def run(args: argparse.Namespace) -> int:
     source (one line on stderr)."""
     from gpuwarden import __version__
     from gpuwarden.config import ConfigError
-    from gpuwarden.daemon import Daemon, StartupError, bind
+    from gpuwarden.daemon import Daemon, bind
     from gpuwarden.source import SourceError
+    from gpuwarden.web.listener import StartupError
 
     try:
         cfg = load(args)

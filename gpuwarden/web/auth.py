@@ -1,0 +1,202 @@
+"""HTTP basic auth (RFC 7617) against bcrypt hashes, as exporter-toolkit does it, and the gate that puts the app
+behind it or not as the web config's users come and go (``basic_auth_users`` in gpuwarden.web.config)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import bcrypt
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gpuwarden.web.config import BCRYPT_HASH, DEFAULT_OPEN_PATHS, REALM
+
+log = logging.getLogger(__name__)
+
+class BasicAuthMiddleware:
+    """ASGI middleware: HTTP basic auth (RFC 7617) against bcrypt hashes, as exporter-toolkit does it.
+
+    ``users`` maps a user name to its bcrypt hash (bytes). A request to a path in ``open_paths`` (exact
+    match, see :data:`DEFAULT_OPEN_PATHS` for why ``/healthz`` and ``/readyz``) passes without credentials;
+    any other request without a valid ``Authorization: Basic`` header gets 401 with
+    ``WWW-Authenticate: Basic realm="gpuwarden"``. Lifespan events pass through; websocket connections are
+    treated like requests (closed with 1008 when not authorized).
+
+    Costs and safety:
+
+    * bcrypt (tens to hundreds of ms at cost 10-12) runs in a worker thread, one at a time, so a burst of bad
+      passwords neither blocks the event loop (/healthz keeps answering) nor uses more than one core.
+    * A successful check is cached under an HMAC-SHA256 of (user, hash, password) with a per-process random
+      key, so a scraper pays bcrypt once, not every 15 s, and no password is kept in memory in the clear.
+      The cache holds at most ``cache_size`` entries (least recently used evicted); failures are not cached.
+    * An unknown user is checked against a dummy hash of the highest cost in use, and every check that fails
+      or passes without the cache is padded to the time that cost takes, so response time does not reveal which
+      user names exist, whatever their costs.
+    * At most ``max_waiting`` checks wait for bcrypt; a request past that gets 401 at once, so a crowd of
+      password guessers cannot queue a real scraper behind them for longer than a few checks.
+    * Nothing secret is logged: failures are logged at debug level with path and client address only.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        users: dict[str, bytes],
+        open_paths: set[str] | frozenset[str] = DEFAULT_OPEN_PATHS,
+        cache_size: int = 256,
+        max_waiting: int = 4,
+    ) -> None:
+        self.app = app
+        self.open_paths = frozenset(open_paths)
+        self.cache_size = cache_size
+        self.max_waiting = max_waiting
+        self._waiting = 0
+        self.users: dict[str, bytes] = {}
+        self._key = secrets.token_bytes(32)
+        self._cache: OrderedDict[bytes, None] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._bcrypt_lock: asyncio.Lock | None = None
+        self.set_users(users)
+
+    def set_users(self, users: dict[str, bytes]) -> None:
+        """Replace the users (configuration reload); the cache of verified credentials is kept when the users are
+        the same, emptied otherwise. Raises ValueError on a non-bcrypt hash. An empty ``users`` turns auth off."""
+        if users == self.users and hasattr(self, "_dummy"):
+            return
+        costs = []
+        for user, hashed in users.items():
+            match = BCRYPT_HASH.match(hashed.decode("ascii", "replace"))
+            if not match:
+                raise ValueError(f"the password of {user!r} is not a bcrypt hash")
+            costs.append(int(match.group(1)))
+        # An unknown user is checked against this hash, at the highest cost in use: same time as a known one.
+        start = time.perf_counter()
+        self._dummy = bcrypt.hashpw(secrets.token_bytes(16).hex().encode(), bcrypt.gensalt(max(costs, default=4)))
+        self._check_seconds = time.perf_counter() - start  # a hash at the highest cost: what a check at it takes
+        self.users = dict(users)
+        with self._cache_lock:
+            self._cache.clear()
+
+    def _cache_key(self, user: bytes, hashed: bytes, password: bytes) -> bytes:
+        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        for part in (user, hashed, password):
+            mac.update(len(part).to_bytes(4, "big"))
+            mac.update(part)
+        return mac.digest()
+
+    async def authorized(self, header: bytes | None) -> bool:
+        """Return True when ``header`` (the raw Authorization value) holds a valid user and password."""
+        if not header or not self.users:
+            return False
+        scheme, _, token = header.strip().partition(b" ")
+        if scheme.lower() != b"basic":
+            return False
+        try:
+            decoded = base64.b64decode(token.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        user_b, sep, password = decoded.partition(b":")
+        if not sep:
+            return False
+        try:
+            user = user_b.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        hashed = self.users.get(user)
+        known = hashed is not None
+        if hashed is None:
+            hashed = self._dummy
+        key = self._cache_key(user_b, hashed, password)
+        with self._cache_lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return known
+        if self._bcrypt_lock is None:
+            self._bcrypt_lock = asyncio.Lock()
+        if self._waiting >= self.max_waiting:
+            return False  # a crowd of checks already waits: refuse at once rather than queue a real client
+        self._waiting += 1
+        try:
+            async with self._bcrypt_lock:
+                start = time.perf_counter()
+                ok = await asyncio.to_thread(_checkpw, password, hashed)
+                pad = self._check_seconds - (time.perf_counter() - start)
+            if pad > 0:  # a low-cost hash answers as slowly as the highest cost: no timing tells the users apart
+                await asyncio.sleep(pad)
+        finally:
+            self._waiting -= 1
+        if ok and known:
+            with self._cache_lock:
+                self._cache[key] = None
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return ok and known
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one ASGI connection: pass it on when open or authorized, else answer 401."""
+        if scope["type"] not in ("http", "websocket") or scope.get("path") in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+        if await self.authorized(header):
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        log.debug("basic auth refused: %s %s from %s", scope["type"], scope.get("path"), client[0] if client else "?")
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = b"Unauthorized\n"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"www-authenticate", f'Basic realm="{REALM}"'.encode()),
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"cache-control", b"no-store"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    try:
+        return bcrypt.checkpw(password, hashed)
+    except ValueError:  # bcrypt >= 5 refuses passwords over 72 bytes; no stored hash can match one
+        return False
+
+
+class AuthGate:
+    """The app behind basic auth when users are configured, the app itself when not; ``set_users`` switches
+    between them at once (configuration reload), so auth can be turned on, changed and off by SIGHUP."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.inner: ASGIApp = app
+        self._auth: Any = None
+
+    def set_users(self, users: dict[str, bytes]) -> None:
+        """Use ``users`` from the next request on (empty: no auth). Raises ValueError on a hash that is not bcrypt."""
+        if not users:
+            self.inner = self.app
+            return
+        if self._auth is None:
+            self._auth = BasicAuthMiddleware(self.app, users)
+        else:
+            self._auth.set_users(users)
+        self.inner = self._auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the connection to the app, through auth when users are configured."""
+        await self.inner(scope, receive, send)
