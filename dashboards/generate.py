@@ -30,10 +30,12 @@ from grafana_foundation_sdk.models import common as mc
 from grafana_foundation_sdk.models import dashboard as md
 from grafana_foundation_sdk.models import prometheus as mp
 
+from gpuwarden.catalog import THROTTLE_REASONS
+
 HERE = Path(__file__).parent
 DS = md.DataSourceRef(type_val="prometheus", uid="${datasource}")
-#: Clock event reasons that hold clocks down (NVML's "throttle" reasons); gpu_idle and the settings are not.
-THROTTLE = "sw_power_cap|hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
+#: Clock event reasons that hold clocks down (NVML's "throttle" reasons; gpuwarden.catalog.CLOCK_EVENT_GROUPS).
+THROTTLE = "|".join(THROTTLE_REASONS)
 #: Columns no table shows: the sample time of an instant query, the metric name, and labels for machines.
 HIDDEN_COLUMNS = ("Time", "__name__", "job", "uuid", "scenario", "container_id")
 RED = "red"

@@ -97,6 +97,26 @@ CLOCK_EVENT_REASONS: dict[int, str] = {
     0x100: "display_clock_setting",
 }
 
+#: Clock event reasons by what holds the clocks down (NVML's clocks event reasons): a power cap the GPU runs into,
+#: heat, or a hardware signal (slowdown, power brake). ``gpu_idle`` and the clock settings hold nothing down.
+CLOCK_EVENT_GROUPS: dict[str, tuple[str, ...]] = {
+    "power": ("sw_power_cap",),
+    "thermal": ("sw_thermal_slowdown", "hw_thermal_slowdown"),
+    "hardware": ("hw_slowdown", "hw_power_brake_slowdown"),
+}
+
+
+def clock_event_reasons(*groups: str) -> tuple[str, ...]:
+    """Return the reasons of ``groups`` (keys of CLOCK_EVENT_GROUPS) in bit order; raises KeyError for an unknown
+    group. The dashboards' and alerts' ``reason=~`` regexes are these names joined by ``|``."""
+    names = {n for g in groups for n in CLOCK_EVENT_GROUPS[g]}
+    return tuple(n for _, n in sorted(CLOCK_EVENT_REASONS.items()) if n in names)
+
+
+#: Reasons that hold the clocks down: NVML's "throttle" reasons.
+THROTTLE_REASONS = clock_event_reasons("power", "thermal", "hardware")
+
+
 #: ECC counters: key of GpuReading.ecc_errors_total ("<type>_<counter>") -> (error type, counter type).
 ECC_COUNTERS: dict[str, tuple[str, str]] = {
     "corrected_volatile": ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
@@ -107,6 +127,37 @@ ECC_COUNTERS: dict[str, tuple[str, str]] = {
 
 #: Keys of GpuReading.remapped_rows (nvmlDeviceGetRemappedRows): row counts, then 0/1 flags.
 REMAPPED_ROWS = ("corrected", "uncorrected", "pending", "failure")
+
+
+@dataclass(frozen=True)
+class Cumulative:
+    """A reading that only grows (a counter) in record ``record`` (``gpu``: GpuReading, ``process``:
+    ProcessReading, ``host``: HostReading): a number, or a dict of numbers when ``keys`` (None: every key; a
+    tuple: only those, the others being flags). ``integer``: a count, kept an int. A replay continues each across
+    its loops (gpuwarden.replay), and tests/test_catalog.py checks every ``*_total`` field of those models is here.
+    """
+
+    record: str
+    field: str
+    integer: bool = False
+    keyed: bool = False
+    keys: tuple[str, ...] | None = None
+
+
+CUMULATIVE: tuple[Cumulative, ...] = (
+    Cumulative("gpu", "energy_joules_total"),
+    Cumulative("gpu", "pcie_replay_total", integer=True),
+    Cumulative("gpu", "clock_event_seconds_total", keyed=True),
+    Cumulative("gpu", "ecc_errors_total", integer=True, keyed=True),
+    Cumulative("gpu", "nvlink_errors_total", integer=True, keyed=True),
+    Cumulative("gpu", "remapped_rows", integer=True, keyed=True, keys=REMAPPED_ROWS[:2]),
+    Cumulative("process", "cpu_seconds_total"),
+    Cumulative("process", "cgroup_cpu_seconds_total"),
+    Cumulative("process", "tree_cpu_seconds_total"),
+    Cumulative("process", "tree_read_bytes_total", integer=True),
+    Cumulative("host", "cpu_seconds_total", keyed=True),
+    Cumulative("host", "pressure_seconds_total", keyed=True),
+)
 
 _MIB = 1048576.0
 #: GPM metrics: key of GpuReading.gpm -> (nvmlGpmMetricId_t name, scale to base units). Activities become ratios
@@ -145,9 +196,7 @@ READINGS: tuple[Reading, ...] = (
     Reading("pcie_generation", "nvmlDeviceGetCurrPcieLinkGeneration", integer=True),
     # field values (nanosecond duration counters become seconds)
     Reading("temperature_memory_celsius", "NVML_FI_DEV_MEMORY_TEMP"),
-    Reading(
-        "clock_event_seconds_total", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP", key="sw_power_cap", scale=_NS
-    ),
+    Reading("clock_event_seconds_total", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP", key="sw_power_cap", scale=_NS),
     Reading("clock_event_seconds_total", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST", key="sync_boost", scale=_NS),
     Reading(
         "clock_event_seconds_total",
@@ -630,8 +679,18 @@ FAMILIES: tuple[Family, ...] = (
         "The job of a GPU process: Kubernetes pod UID, Slurm job, container, systemd unit, cgroup or user/command; "
         "job_scope cluster: the id means the same job on every node (Kubernetes, Slurm), node: only on this node.",
         "insight",
-        labels=("pid", "job_id", "job_kind", "job_scope", "container_id", "user", "process_name", "namespace", "pod",
-                "container"),
+        labels=(
+            "pid",
+            "job_id",
+            "job_kind",
+            "job_scope",
+            "container_id",
+            "user",
+            "process_name",
+            "namespace",
+            "pod",
+            "container",
+        ),
     ),
     Family(
         "gpu_job_info",
@@ -754,9 +813,7 @@ COLLECTORS: dict[str, CollectorInfo] = {
         CollectorInfo(
             "gpm", True, "GPM activity: SM activity/occupancy, tensor, DRAM, FP16/32/64/integer pipes, NVLink"
         ),
-        CollectorInfo(
-            "insight", True, "GPU state seconds, starved ratio, imbalance, job attribution and diagnosis"
-        ),
+        CollectorInfo("insight", True, "GPU state seconds, starved ratio, imbalance, job attribution and diagnosis"),
         CollectorInfo("memory", True, "Device memory total/used/free/reserved (nvmlDeviceGetMemoryInfo v2)"),
         CollectorInfo("mig", True, "MIG mode, and memory and GPM activity per MIG device"),
         CollectorInfo(

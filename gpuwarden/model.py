@@ -180,8 +180,9 @@ class GpuReading(_Model):
     pcie_width: int | None = None
     pcie_replay_total: int | None = None
     recovery_action: int | None = Field(
-        default=None, description="NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot, 3 drain "
-        "peer-to-peer, 4 drain and reset"
+        default=None,
+        description="NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot, 3 drain "
+        "peer-to-peer, 4 drain and reset",
     )
     nvlink_errors_total: dict[str, int] = Field(
         default_factory=dict, description="NVLink CRC errors over all links: crc_flit, crc_data"

@@ -6,8 +6,7 @@ import shutil
 import subprocess
 
 import pytest
-
-from tests.helpers import REPO
+from helpers import REPO
 
 AMTOOL = shutil.which("amtool")
 CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"

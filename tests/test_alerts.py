@@ -80,7 +80,8 @@ def test_parameters_change_thresholds_selectors_and_urls(tmp_path: Path, capsys)
 
 @pytest.mark.e2e
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:
-    fires, silent = set(), set()
+    fires: set[str] = set()
+    silent: set[str] = set()
     for f in TESTS:
         for t in yaml.safe_load(f.read_text())["tests"]:
             assert "interval" in t, f"{t['name']}: promtool 2.42 needs interval in every test group"

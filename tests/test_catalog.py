@@ -3,6 +3,8 @@ declared family - with nothing written for it but its declaration (and its model
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import render, trace
 from fake_nvml import FakeNvml
@@ -88,3 +90,37 @@ def test_collector_flags_both_forms_are_shown_and_work() -> None:
 
     args = build_parser().parse_args(["serve", "--no-collector.gpm", "--collector.disable-defaults", "--collector.xid"])
     assert overrides(args)["collectors"] == {"enable": ["xid"], "disable": ["gpm"], "disable_defaults": True}
+
+
+def test_every_counter_field_of_the_readings_is_declared_cumulative() -> None:
+    from pydantic import BaseModel
+
+    from gpuwarden.catalog import CUMULATIVE
+    from gpuwarden.model import GpuReading, HostReading, ProcessReading
+
+    declared = {(c.record, c.field) for c in CUMULATIVE}
+    models: dict[str, type[BaseModel]] = {"gpu": GpuReading, "process": ProcessReading, "host": HostReading}
+    for record, reading in models.items():
+        for name in reading.model_fields:
+            if name.endswith("_total") and name != "memory_total_bytes":
+                assert (record, name) in declared, f"{reading.__name__}.{name} is a counter: declare it in CUMULATIVE"
+    for c in CUMULATIVE:
+        assert c.field in models[c.record].model_fields, c
+
+
+def test_clock_event_groups_are_what_the_alerts_and_dashboards_match() -> None:
+    import re
+
+    from gpuwarden.catalog import CLOCK_EVENT_GROUPS, CLOCK_EVENT_REASONS, THROTTLE_REASONS, clock_event_reasons
+
+    assert {n for names in CLOCK_EVENT_GROUPS.values() for n in names} <= set(CLOCK_EVENT_REASONS.values())
+    template = (Path(__file__).parent.parent / "alerts" / "rules.template.yml").read_text()
+    for alert, group in (("GpuThermalSlowdown", "thermal"), ("GpuHardwareSlowdown", "hardware")):
+        block = template[template.index(f"alert: {alert}\n") :]
+        regex = re.search(r'reason=~"([^"]+)"', block)
+        assert regex and regex.group(1) == "|".join(clock_event_reasons(group)), alert
+    dashboards = Path(__file__).parent.parent / "dashboards"
+    throttle = "|".join(THROTTLE_REASONS)
+    for board in dashboards.glob("*.json"):
+        for regex in re.findall(r'reason=~\\"([^"\\]+)\\"', board.read_text()):
+            assert regex == throttle, (board.name, regex)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.cli import main
-from tests.helpers import free_port
 
 REPO = Path(__file__).parent.parent
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests.helpers import REPO, free_port, wait_http
+from helpers import REPO, free_port, wait_http
 
 TRACES = REPO / "tests" / "data" / "traces"
 PROMETHEUS = shutil.which("prometheus")
@@ -68,13 +67,13 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         time.sleep(60)  # one-second scrapes: node d's second job starts 49 s into its recording
         yield {"url": f"http://127.0.0.1:{port}", "ports": ports}
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
             try:
-                p.wait(10)
+                proc.wait(10)
             except subprocess.TimeoutExpired:
-                p.kill()
+                proc.kill()
 
 
 def gw(*args: str) -> subprocess.CompletedProcess[str]:
@@ -184,7 +183,7 @@ def test_the_cluster_traces_are_what_their_script_writes_and_say_they_are_modifi
     assert spec and spec.loader
     make = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make)
-    make.TRACES = tmp_path
+    make.TRACES = tmp_path  # type: ignore[attr-defined]
     for node in ("a", "b"):
         fresh = read_trace(make.write(node))
         committed = read_trace(TRACES / f"derived-h200x2-slurm-4242-{node}.jsonl.gz")

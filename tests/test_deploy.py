@@ -311,7 +311,7 @@ def test_daemonset_for_gpu_nodes() -> None:
 def test_probe_paths_exist_in_the_app() -> None:
     from gpuwarden.web.app import create_app
 
-    paths = {r.path for r in create_app(Held(None), None, 5.0).routes}  # type: ignore[arg-type]
+    paths = {getattr(r, "path") for r in create_app(Held(None), None, 5.0).routes}  # type: ignore[arg-type]  # noqa: B009
     assert {"/metrics", "/healthz", "/readyz", "/api/v1/gpus"} <= paths
 
 

@@ -67,6 +67,7 @@ def test_demo_trace_timeline_follows_the_recorded_scenarios() -> None:
     ]
     console = Console(file=io.StringIO(), width=120)
     diagnose.render(report, console)
+    assert isinstance(console.file, io.StringIO)
     text = console.file.getvalue()
     assert "verdicts over time" in text and "held idle" in text
 

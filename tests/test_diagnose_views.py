@@ -11,9 +11,8 @@ import time
 
 import httpx
 import pytest
-
-from tests.conftest import trace
-from tests.helpers import REPO, daemon, free_port
+from conftest import trace
+from helpers import REPO, daemon, free_port
 
 pytestmark = pytest.mark.e2e  # every test here starts a process or an outside tool
 

@@ -25,8 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
-from tests.helpers import free_port, wait_http
+from helpers import free_port, wait_http
 
 REPO = Path(__file__).parent.parent
 TRACES = REPO / "tests" / "data" / "traces"

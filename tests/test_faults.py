@@ -23,6 +23,7 @@ import pytest
 from conftest import render, replay_poller, trace
 from fake_nvml import FakeNvml
 from fastapi.testclient import TestClient
+from helpers import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.catalog import select_collectors
@@ -36,7 +37,6 @@ from gpuwarden.poller import Poller
 from gpuwarden.sdnotify import Notifier
 from gpuwarden.source import SourceError
 from gpuwarden.web.app import create_app
-from tests.helpers import free_port
 
 REPO = Path(__file__).parent.parent
 H200X2 = trace("h200x2-ddp_straggler")

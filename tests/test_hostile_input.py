@@ -195,7 +195,7 @@ def test_corrupted_lines_give_polls_or_trace_error(data: st.DataObject) -> None:
             lines[i] = lines[i][: data.draw(st.integers(0, len(lines[i])))]
         elif how == "flip" and lines[i]:
             pos = data.draw(st.integers(0, len(lines[i]) - 1))
-            lines[i] = lines[i][:pos] + data.draw(st.characters(blacklist_categories=("Cs",))) + lines[i][pos + 1 :]
+            lines[i] = lines[i][:pos] + data.draw(st.characters(exclude_categories=["Cs"])) + lines[i][pos + 1 :]
         elif how == "json":
             lines[i] = json.dumps(data.draw(json_values))
         elif how == "field":
@@ -219,7 +219,7 @@ def test_corrupted_lines_give_polls_or_trace_error(data: st.DataObject) -> None:
 
 
 @SETTINGS
-@given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=300))
+@given(st.text(st.characters(exclude_categories=["Cs"]), max_size=300))
 def test_random_text_gives_trace_error(text: str) -> None:
     _refused_trace(text.encode())
 

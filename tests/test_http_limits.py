@@ -13,9 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.helpers import count_closed
-from tests.helpers import free_port as _free_port
+from helpers import count_closed
+from helpers import free_port as _free_port
 
 pytestmark = pytest.mark.e2e  # every test here starts a process or an outside tool
 

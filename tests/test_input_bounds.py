@@ -112,7 +112,7 @@ def test_a_host_name_label_over_63_characters_is_one_line() -> None:
 def test_an_insight_window_too_long_for_the_poll_is_bounded_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     from gpuwarden.daemon import MAX_WINDOW_POLLS, build_analyzers
 
-    cfg = Config(poll_interval_seconds=0.05, insight={"window_seconds": 86400})
+    cfg = Config(poll_interval_seconds=0.05, insight={"window_seconds": 86400})  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING):
         analyzers = build_analyzers(cfg)
     assert "the window is" in caplog.text

@@ -29,7 +29,12 @@ def test_a_result_is_built_once_and_only_when_read(monkeypatch: pytest.MonkeyPat
     header, polls = read_trace(trace("h100-idle"))
     built = []
     real = an.build_result
-    monkeypatch.setattr(an, "build_result", lambda *a: built.append(1) or real(*a))
+
+    def counted(*a):  # noqa: ANN002, ANN202
+        built.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(an, "build_result", counted)
     analyzer = InsightAnalyzer()
     deferred = [analyzer.prepare(p, header.node) for p in polls]
     assert built == []

@@ -45,7 +45,7 @@ def _held_gpm(polls: list, every: int) -> list:
     computation every ``every`` polls gives the mean of the recorded per-poll values since the previous one, held
     until the next (none before the second sample)."""
     out = []
-    held: dict[str, float] = {}
+    held: dict[str, dict[str, float]] = {}
     for i, p in enumerate(polls):
         if i and i % every == 0:
             block = polls[i - every + 1 : i + 1]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import trace
+from helpers import REPO, daemon
 
 from gpuwarden.web.app import PAGE_CSP
-from tests.conftest import trace
-from tests.helpers import REPO, daemon
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 SHOTS = Path(os.environ.get("GPUWARDEN_SCREENSHOTS", REPO / "build" / "screenshots"))

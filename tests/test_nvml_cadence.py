@@ -201,3 +201,28 @@ def test_per_process_utilization_is_read_every_interval_and_carried(monkeypatch:
     carried = [{pr.pid: pr.sm_utilization_ratio for pr in p.gpus[0].processes or ()} for p in polls[1:]]
     assert carried[0] == carried[1] == carried[2]
     assert len(carried[0]) == 2 and all(v is not None and 0 <= v <= 1 for v in carried[0].values())
+
+
+def test_an_unsupported_call_is_asked_once_and_its_fallback_read_every_poll(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver without nvmlDeviceGetMemoryInfo v2 (NOT_SUPPORTED): v2 is asked at the first poll only, and memory
+    comes from v1 at every poll (never lost, never retried)."""
+    import pynvml
+
+    real = fake.nvmlDeviceGetMemoryInfo
+    versions: list[int | None] = []
+
+    def no_v2(handle, version=None):  # noqa: ANN001, ANN202
+        versions.append(version)
+        if version == pynvml.nvmlMemory_v2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return real(handle)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", no_v2)
+    source, gpu, _ = _poller(fake, monkeypatch)
+    t0 = 1_800_000_000.0
+    readings = [gpu.read(t0 + i) for i in range(10)]
+    assert all(r.memory_used_bytes is not None and r.memory_total_bytes for r in readings)
+    assert versions.count(pynvml.nvmlMemory_v2) == 1, versions
+    assert source.errors() == {}  # NOT_SUPPORTED is remembered, not counted as an error

@@ -14,11 +14,11 @@ from pathlib import Path
 import bcrypt
 import httpx
 import pytest
+from helpers import free_port as _free_port
 
 from gpuwarden.config import ConfigError
 from gpuwarden.web.auth import BasicAuthMiddleware
 from gpuwarden.web.config import MAX_BCRYPT_COST, load_web_config
-from tests.helpers import free_port as _free_port
 
 HASH4 = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
 

@@ -57,3 +57,43 @@ def test_recorded_timing_keeps_the_spacing_across_loops() -> None:
     recorded = [b.timestamp - a.timestamp for a, b in zip(polls, polls[1:], strict=False)]
     assert steps[: len(recorded)] == pytest.approx(recorded)
     assert all(0.5 < s < 1.5 for s in steps)  # including the step across the loop
+
+
+def _counter_values(poll: object) -> dict[tuple, float]:
+    from gpuwarden.catalog import CUMULATIVE
+
+    out: dict[tuple, float] = {}
+    records = [("gpu", g.index, -1, g) for g in poll.gpus]  # type: ignore[attr-defined]
+    records += [("process", g.index, p.pid, p) for g in poll.gpus for p in g.processes or ()]  # type: ignore[attr-defined]
+    if poll.host is not None:  # type: ignore[attr-defined]
+        records.append(("host", -1, -1, poll.host))  # type: ignore[attr-defined]
+    for record, gpu, pid, obj in records:
+        for c in CUMULATIVE:
+            value = getattr(obj, c.field) if c.record == record else None
+            if value is None:
+                continue
+            items = value.items() if c.keyed else [("", value)]
+            out.update({(gpu, pid, c.field, k): v for k, v in items if c.keys is None or k in c.keys})
+    return out
+
+
+@pytest.mark.parametrize("name", ["derived-h100-health", "h200x2-ddp_straggler", "h100-starved_dataloader"])
+def test_no_cumulative_reading_goes_back_at_a_loop_and_rates_hold(name: str) -> None:
+    """Over three loops, every counter the catalogue declares is at a loop's first poll at least what the pass before
+    ended with, and energy grows across each loop boundary at the pass's own mean rate (within 2x)."""
+    src = ReplaySource(trace(name), timing="recorded")
+    src.open()
+    n = src.polls_in_trace
+    polls = [src.poll() for _ in range(3 * n + 1)]
+    for loop in (1, 2, 3):
+        before, after = _counter_values(polls[loop * n - 1]), _counter_values(polls[loop * n])
+        back = {k: (before[k], v) for k, v in after.items() if k in before and v < before[k]}
+        assert not back, back
+    for g in range(len(polls[0].gpus)):
+        e = [p.gpus[g].energy_joules_total for p in polls]
+        if None in e or e[n - 1] == e[0]:
+            continue
+        dt = polls[n - 1].timestamp - polls[0].timestamp
+        mean = (e[n - 1] - e[0]) / dt  # type: ignore[operator]
+        step = (e[n] - e[n - 1]) / (polls[n].timestamp - polls[n - 1].timestamp)  # type: ignore[operator]
+        assert mean / 2 <= step <= mean * 2, (g, mean, step)

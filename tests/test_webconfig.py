@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fastapi import FastAPI
+from helpers import count_closed
 
 from gpuwarden.web import auth as webauth
 from gpuwarden.web.auth import AuthGate, BasicAuthMiddleware
@@ -40,7 +41,6 @@ from gpuwarden.web.config import (
     WebConfigError,
     load_web_config,
 )
-from tests.helpers import count_closed
 
 EXAMPLE = Path(__file__).parent.parent / "deploy" / "web-config.example.yml"
 PASSWORD = "s3cret-scrape-pw"
@@ -177,7 +177,7 @@ def serve(web: WebConfig, app: object | None = None) -> Iterator[str]:
     sock.listen(64)
     port = sock.getsockname()[1]
     asgi = app if app is not None else _gate(web, tiny_app())
-    config = uvicorn.Config(asgi, log_config=None, log_level="warning", **web.uvicorn_kwargs())
+    config = uvicorn.Config(asgi, log_config=None, log_level="warning", **web.uvicorn_kwargs())  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -349,7 +349,8 @@ def test_mutual_tls_require_and_verify(pki: PKI, tmp_path: Path) -> None:
     with serve(web) as url:
         with httpx.Client(base_url=url, verify=client_ctx(pki, pki.client), timeout=10) as c:
             assert c.get("/metrics").status_code == 200
-        assert _raw_get(url, client_ctx(pki, pki.client)).startswith(b"HTTP/1.1 200")
+        answer = _raw_get(url, client_ctx(pki, pki.client))
+        assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 200")
         # No client certificate: the server aborts the TLS session and never answers.
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/metrics", verify=client_ctx(pki), timeout=10)

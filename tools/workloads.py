@@ -76,7 +76,11 @@ def loader_workers(dev: object, end: float, workers: int, size: int) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(size, size), torch.nn.ReLU(), torch.nn.Linear(size, 100)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(
-        _Heavy(size, 30), batch_size=128, num_workers=workers, pin_memory=True, persistent_workers=True,
+        _Heavy(size, 30),
+        batch_size=128,
+        num_workers=workers,
+        pin_memory=True,
+        persistent_workers=True,
         prefetch_factor=4,
     )
     steps = 0

@@ -78,10 +78,13 @@ def top(args: argparse.Namespace) -> int:
         doc = {
             "prometheus": args.prometheus,
             "range": args.range,
-            "jobs": [{"job_id": k.job_id, "instance": k.instance, "job_kind": u.kind, **_usage_json(u)}
-                     for k, u in ranked_jobs],  # fmt: skip
-            "gpus": [{"instance": i, "gpu": g, "node": names.get(i, ""), **_usage_json(u)}
-                     for (i, g), u in ranked_gpus],  # fmt: skip
+            "jobs": [
+                {"job_id": k.job_id, "instance": k.instance, "job_kind": u.kind, **_usage_json(u)}
+                for k, u in ranked_jobs
+            ],  # fmt: skip
+            "gpus": [
+                {"instance": i, "gpu": g, "node": names.get(i, ""), **_usage_json(u)} for (i, g), u in ranked_gpus
+            ],  # fmt: skip
         }
         print(json.dumps(doc, indent=2))
         return 0

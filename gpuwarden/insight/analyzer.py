@@ -41,6 +41,7 @@ _IDLE_CPU_MODES = ("idle", "iowait")
 #: cgroups (a systemd unit, a session, a runner's shared cgroup) may hold unrelated processes.
 CGROUP_JOBS = frozenset({"kubernetes", "slurm", "container"})
 
+
 @dataclass(slots=True)
 class _GpuState:
     index: int

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuwarden.catalog import clock_event_reasons
 from gpuwarden.insight.states import IO_READ_BYTES_PER_SECOND, JOB_CPU_BUSY_CORES, WORK_SAMPLE_RATIO
 
 #: Every reason ``gpu_diagnosis{reason}`` may carry (bounded label set), in exposition order.
@@ -114,8 +115,8 @@ MIN_SECONDS = 2.0
 
 #: Clock-event reasons that slow the clocks (NVML nvmlClocksEventReason*): "power" ones are expected at full
 #: load; the others mean cooling, power delivery or a hardware fault.
-POWER_REASONS = ("sw_power_cap",)
-SEVERE_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+POWER_REASONS = clock_event_reasons("power")
+SEVERE_REASONS = clock_event_reasons("thermal", "hardware")
 
 SEVERITY = {
     "compute_bound": "ok",
@@ -579,9 +580,7 @@ def _verdict(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[str, str]:
     # while the GPU idled. Per poll, util.gpu is a short sample and misplaces the edges of pauses; the window's means
     # do not.
     quiet = (
-        not reading
-        and w.job_cpu_cores is not None
-        and w.job_cpu_cores - w.share("busy") < JOB_CPU_BUSY_CORES * idle
+        not reading and w.job_cpu_cores is not None and w.job_cpu_cores - w.share("busy") < JOB_CPU_BUSY_CORES * idle
     )
     if idle >= PAUSED_MIN and (quiet or w.share("paused") > w.share("starved")):
         return "job_paused", (
@@ -594,8 +593,10 @@ def _verdict(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[str, str]:
         if reading:
             rate = (w.io_read_bytes_per_second or 0.0) / 1e6
             text += f" from storage (the job reads {rate:.0f} MB/s with processes in I/O wait)."
-        elif w.job_cpu_cores is not None and w.max_process_cpu_cores is not None and w.job_cpu_cores >= 1.5 * max(
-            w.max_process_cpu_cores, 0.1
+        elif (
+            w.job_cpu_cores is not None
+            and w.max_process_cpu_cores is not None
+            and w.job_cpu_cores >= 1.5 * max(w.max_process_cpu_cores, 0.1)
         ):
             text += (
                 f" prepared on the CPU by helper processes (the job uses {w.job_cpu_cores:.1f} cores, its GPU process "

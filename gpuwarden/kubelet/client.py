@@ -73,8 +73,9 @@ class PodResources:
             log.info("kubelet pod-resources answers again", extra={"socket": str(self.socket)})
         self._failing = False
         self._cached = [
-            PodAssignment(namespace=pod.namespace, pod=pod.name, container=c.name, device_id=dev_id,
-                          resource=dev.resource_name)  # fmt: skip
+            PodAssignment(
+                namespace=pod.namespace, pod=pod.name, container=c.name, device_id=dev_id, resource=dev.resource_name
+            )  # fmt: skip
             for pod in resp.pod_resources
             for c in pod.containers
             for dev in c.devices

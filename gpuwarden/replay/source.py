@@ -1,8 +1,12 @@
 """A Source that plays a recorded trace back, looping, as if it were live.
 
-Each ``poll()`` returns the next recorded poll re-stamped to the current time. Cumulative counters
-(energy, clock event seconds, PCIe replays, ECC errors, process and host CPU seconds) continue
-across a loop instead of jumping back, so rates over a replay stay true to the recording.
+Each ``poll()`` returns the next recorded poll re-stamped to the current time. Every cumulative reading the
+catalogue declares (gpuwarden.catalog.CUMULATIVE: energy, clock event seconds, PCIe replays, ECC, NVLink and
+remapped-row counts, process, cgroup and host CPU seconds, ...) continues across a loop instead of jumping back:
+loop ``k`` adds ``k`` times the counter's growth over one pass (its growth from the first to the last poll, scaled
+to the pass's length, which includes one poll interval more), and the first poll of a loop is never below the last
+one played (a float sum can land a hair below it), so Prometheus sees no reset at a loop and rates over a replay stay
+those of the recording. Within a pass the recorded values are played as recorded.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
+from gpuwarden.catalog import CUMULATIVE, Cumulative
 from gpuwarden.model import GpuReading, HostReading, NodeStatic, PollResult, ProcessReading, XidEvent
 from gpuwarden.source import SourceError
 from gpuwarden.trace import TraceError, TraceHeader, read_trace
@@ -23,19 +29,37 @@ def demo_trace_path() -> Path:
     return Path(str(resources.files("gpuwarden.replay").joinpath("data", DEMO_TRACE)))
 
 
-def _counters(g: GpuReading) -> dict[str, float]:
-    out: dict[str, float] = {}
-    if g.energy_joules_total is not None:
-        out["energy"] = g.energy_joules_total
-    if g.pcie_replay_total is not None:
-        out["pcie_replay"] = g.pcie_replay_total
-    for k, v in g.clock_event_seconds_total.items():
-        out[f"event:{k}"] = v
-    for k, v in g.ecc_errors_total.items():
-        out[f"ecc:{k}"] = v
-    for p in g.processes or ():
-        if p.cpu_seconds_total is not None:
-            out[f"proc:{p.pid}"] = p.cpu_seconds_total
+#: The catalogue's cumulative readings, by record.
+_BY_RECORD: dict[str, tuple[Cumulative, ...]] = {
+    r: tuple(c for c in CUMULATIVE if c.record == r) for r in ("gpu", "process", "host")
+}
+
+#: A counter's identity in a trace: (GPU index or -1 for the host, pid or -1, field, key or "").
+CounterId = tuple[int, int, str, str]
+
+
+def _values(obj: Any, record: str, gpu: int, pid: int) -> dict[CounterId, float]:
+    """Every cumulative value of ``obj`` (a GpuReading, ProcessReading or HostReading), by counter id."""
+    out: dict[CounterId, float] = {}
+    for c in _BY_RECORD[record]:
+        value = getattr(obj, c.field)
+        if value is None:
+            continue
+        if c.keyed:
+            out.update({(gpu, pid, c.field, k): v for k, v in value.items() if c.keys is None or k in c.keys})
+        else:
+            out[(gpu, pid, c.field, "")] = value
+    return out
+
+
+def _poll_values(poll: PollResult) -> dict[CounterId, float]:
+    out: dict[CounterId, float] = {}
+    for g in poll.gpus:
+        out.update(_values(g, "gpu", g.index, -1))
+        for p in g.processes or ():
+            out.update(_values(p, "process", g.index, p.pid))
+    if poll.host is not None:
+        out.update(_values(poll.host, "host", -1, -1))
     return out
 
 
@@ -61,8 +85,9 @@ class ReplaySource:
         self.loops = 0
         self._polls: list[PollResult] = []
         self._next = 0
-        self._gpu_span: dict[int, dict[str, float]] = {}
-        self._host_span: dict[str, float] = {}
+        self._span: dict[CounterId, float] = {}  # each counter's growth over one pass
+        self._played: dict[CounterId, float] = {}  # each counter's last value played
+        self._boundary = False  # the poll in hand is the first of a loop after the first
 
     @property
     def up(self) -> bool:
@@ -83,13 +108,12 @@ class ReplaySource:
         first, last = self._polls[0], self._polls[-1]
         self._period = last.timestamp - first.timestamp + self.header.poll_interval_seconds
         self._anchor = time.time() - first.timestamp
-        firsts = {g.index: _counters(g) for g in first.gpus}
-        for g in last.gpus:
-            a = firsts.get(g.index, {})
-            self._gpu_span[g.index] = {k: v - a[k] for k, v in _counters(g).items() if k in a and v >= a[k]}
-        if first.host is not None and last.host is not None:
-            a = first.host.cpu_seconds_total
-            self._host_span = {k: v - a[k] for k, v in last.host.cpu_seconds_total.items() if k in a}
+        recorded = last.timestamp - first.timestamp
+        scale = self._period / recorded if recorded > 0 else 1.0
+        a = _poll_values(first)
+        self._span = {k: (v - a[k]) * scale for k, v in _poll_values(last).items() if k in a and v >= a[k]}
+        self._played = {}
+        self._boundary = False
         return self.header.node
 
     @property
@@ -108,6 +132,7 @@ class ReplaySource:
             raise SourceError(f"{self.path}: replay finished")
         rec = self._polls[self._next]
         k = self.loops
+        self._boundary = k > 0 and self._next == 0
         self._next += 1
         if self._next == len(self._polls):
             self._next = 0
@@ -123,39 +148,46 @@ class ReplaySource:
         host = None
         if rec.host is not None:
             host = HostReading.model_construct(
-                timestamp=rec.host.timestamp + shift,
-                cpu_count=rec.host.cpu_count,
-                cpu_seconds_total={
-                    m: v + k * self._host_span.get(m, 0.0) for m, v in rec.host.cpu_seconds_total.items()
-                },
+                **{**rec.host.__dict__, "timestamp": rec.host.timestamp + shift, **self._continued(rec.host, k, "host")}
             )
         return PollResult.model_construct(timestamp=now, duration_seconds=rec.duration_seconds, gpus=gpus, host=host)
 
+    def _continued(self, obj: Any, k: int, record: str, gpu: int = -1, pid: int = -1) -> dict[str, Any]:
+        """The cumulative fields of ``obj`` in loop ``k``: recorded value + k passes' growth, never below the value
+        played before at a loop's first poll (a float sum can land a hair below it: Prometheus would read a reset)."""
+        out: dict[str, Any] = {}
+        for c in _BY_RECORD[record]:
+            value = getattr(obj, c.field)
+            if value is None:
+                continue
+            items = value.items() if c.keyed else (("", value),)
+            new = {}
+            for key, v in items:
+                cid = (gpu, pid, c.field, key)
+                if c.keyed and c.keys is not None and key not in c.keys:
+                    new[key] = v  # a flag, not a counter
+                    continue
+                x = v + k * self._span.get(cid, 0.0)
+                if self._boundary:
+                    x = max(x, self._played.get(cid, x))
+                x = int(round(x)) if c.integer else x
+                self._played[cid] = x
+                new[key] = x
+            out[c.field] = new if c.keyed else new[""]
+        return out
+
     def _gpu(self, g: GpuReading, shift: float, k: int) -> GpuReading:
-        span = self._gpu_span.get(g.index, {})
         upd: dict[str, object] = {
             "timestamp": g.timestamp + shift,
             "utilization_samples": [(t + shift, v) for t, v in g.utilization_samples],
             "xid_events": [XidEvent(timestamp=e.timestamp + shift, xid=e.xid) for e in g.xid_events],
+            **self._continued(g, k, "gpu", g.index),
         }
-        if k:
-            if g.energy_joules_total is not None:
-                upd["energy_joules_total"] = g.energy_joules_total + k * span.get("energy", 0.0)
-            if g.pcie_replay_total is not None:
-                upd["pcie_replay_total"] = g.pcie_replay_total + int(k * span.get("pcie_replay", 0))
-            upd["clock_event_seconds_total"] = {
-                r: v + k * span.get(f"event:{r}", 0.0) for r, v in g.clock_event_seconds_total.items()
-            }
-            upd["ecc_errors_total"] = {e: v + int(k * span.get(f"ecc:{e}", 0)) for e, v in g.ecc_errors_total.items()}
-            if g.processes is not None:
-                upd["processes"] = [
-                    p
-                    if p.cpu_seconds_total is None
-                    else ProcessReading.model_construct(
-                        **{**p.__dict__, "cpu_seconds_total": p.cpu_seconds_total + k * span.get(f"proc:{p.pid}", 0.0)}
-                    )
-                    for p in g.processes
-                ]
+        if g.processes is not None:
+            upd["processes"] = [
+                ProcessReading.model_construct(**{**p.__dict__, **self._continued(p, k, "process", g.index, p.pid)})
+                for p in g.processes
+            ]
         return g.model_copy(update=upd)
 
     def errors(self) -> dict[tuple[str, str], int]:

@@ -22,6 +22,7 @@ from gpuwarden.web.config import BCRYPT_HASH, DEFAULT_OPEN_PATHS, REALM
 
 log = logging.getLogger(__name__)
 
+
 class BasicAuthMiddleware:
     """ASGI middleware: HTTP basic auth (RFC 7617) against bcrypt hashes, as exporter-toolkit does it.
 

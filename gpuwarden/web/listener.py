@@ -263,8 +263,6 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
     return BoundedHttpToolsProtocol
 
 
-
-
 def serve(
     app: Any,
     sock: socket.socket,
