@@ -118,8 +118,16 @@ def test_no_verdict_before_two_seconds_of_history() -> None:
     assert all(g.diagnosis is None for r in results for g in r.gpus)
 
 
-def test_every_reason_has_severity_and_remedies() -> None:
-    assert set(REASONS) == set(SEVERITY) == set(REMEDIES)
+def test_the_reason_table_gives_each_reason_severity_remedies_and_each_verdict_a_rule() -> None:
+    from gpuwarden.insight.diagnosis import REASON_TABLE, VERDICT_RULES
+
+    assert len(REASONS) == len(set(REASONS)) == len(REASON_TABLE)
+    assert all(SEVERITY[r] in ("ok", "info", "warning", "critical") and REMEDIES[r] for r in REASONS)
+    ranks = [r.rank for r in VERDICT_RULES]
+    assert ranks == sorted(set(ranks)), "each verdict rule has its own rank"
+    assert all(r.summary is not None for r in VERDICT_RULES)
+    # only the last rule holds unconditionally: every GPU gets a verdict, and no rule after it is dead
+    assert [r.name for r in VERDICT_RULES if r.when is None] == [VERDICT_RULES[-1].name] == ["underutilized"]
 
 
 def test_underutilized_when_no_rule_holds() -> None:

@@ -15,6 +15,7 @@ import functools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
@@ -40,6 +41,44 @@ _IDLE_CPU_MODES = ("idle", "iowait")
 #: Job kinds whose cgroup is the job itself: its CPU is the cgroup's (cgroup v2 cpu.stat, v1 cpuacct). Other
 #: cgroups (a systemd unit, a session, a runner's shared cgroup) may hold unrelated processes.
 CGROUP_JOBS = frozenset({"kubernetes", "slurm", "container"})
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSeen:
+    """A GPU process's counters at the poll it was last seen (from ProcessReading): start time (Unix s), its CPU
+    seconds, the poll's time, its tree's CPU seconds and bytes read, its cgroup's CPU seconds (None: unknown)."""
+
+    create_time: float | None
+    cpu_seconds: float
+    timestamp: float
+    tree_cpu_seconds: float
+    tree_read_bytes: int | None
+    cgroup_cpu_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRates:
+    """A GPU process's rates since the previous poll: CPU cores of the process, of the process with its
+    descendants (DataLoader workers, where recorded), bytes per second its tree read, CPU cores of its cgroup
+    (None where unknown)."""
+
+    cpu_cores: float
+    tree_cpu_cores: float
+    read_bytes_per_second: float | None = None
+    cgroup_cpu_cores: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobInputs:
+    """What a GPU's processes did over one interval, from their ProcessRates: the jobs' CPU cores (``_job_cpu``),
+    the busiest process's cores, bytes per second read, processes in uninterruptible sleep, and whether the job
+    waits on storage (reads >= IO_READ_BYTES_PER_SECOND or any process in I/O wait). None: not known."""
+
+    job_cpu: float | None = None
+    max_proc_cpu: float | None = None
+    io_read: float | None = None
+    blocked: float | None = None
+    io_waiting: bool = False
 
 
 @dataclass(slots=True)
@@ -76,7 +115,7 @@ class InsightAnalyzer:
         self.window_seconds = float(window_seconds)
         self.diagnosis_seconds = float(min(diagnosis_seconds, window_seconds))
         self._gpus: dict[str, _GpuState] = {}
-        self._proc_cpu: dict[int, tuple[float | None, float, float, float, int | None, float | None]] = {}
+        self._proc_cpu: dict[int, ProcessSeen] = {}
         self._host: HostReading | None = None
         self._busy: float | None = None
         self._jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
@@ -97,50 +136,29 @@ class InsightAnalyzer:
                 self._busy = min(1.0, max(0.0, (total - idle) / total))
         return self._busy
 
-    def _process_rates(self, gpus: list[GpuReading]) -> dict[int, tuple[float, float, float | None, float | None]]:
-        """Per GPU process since the previous poll: (CPU cores of the process, CPU cores of the process with its
-        descendants such as DataLoader workers, where recorded, bytes read per second by them, CPU cores of its
-        cgroup; None where unknown). First sight: see FIRST_SIGHT_MAX_AGE."""
-        rates: dict[int, tuple[float, float, float | None, float | None]] = {}
-        seen: dict[int, tuple[float | None, float, float, float, int | None, float | None]] = {}
+    def _process_rates(self, gpus: list[GpuReading]) -> dict[int, ProcessRates]:
+        """Per GPU process (by pid) its rates since the previous poll. First sight: see FIRST_SIGHT_MAX_AGE."""
+        rates: dict[int, ProcessRates] = {}
+        seen: dict[int, ProcessSeen] = {}
         for g in gpus:
             for p in g.processes or ():
                 if p.cpu_seconds_total is None or p.pid in seen:
                     continue
-                tree = p.tree_cpu_seconds_total if p.tree_cpu_seconds_total is not None else p.cpu_seconds_total
-                seen[p.pid] = (
+                now = seen[p.pid] = ProcessSeen(
                     p.create_time,
                     p.cpu_seconds_total,
                     g.timestamp,
-                    tree,
+                    p.tree_cpu_seconds_total if p.tree_cpu_seconds_total is not None else p.cpu_seconds_total,
                     p.tree_read_bytes_total,
                     p.cgroup_cpu_seconds_total,
                 )
-                prev = self._proc_cpu.get(p.pid)
-                if prev is None or prev[0] != p.create_time:
-                    # first sight of a young process: its mean since it started estimates this interval;
-                    # an older one's lifetime mean says little about now, so it stays unknown until next poll
-                    age = g.timestamp - p.create_time if p.create_time is not None else 0.0
-                    if FIRST_SIGHT_MIN_AGE <= age <= FIRST_SIGHT_MAX_AGE:
-                        rates[p.pid] = (p.cpu_seconds_total / age, tree / age, None, None)
-                    continue
-                dt = g.timestamp - prev[2]
-                dc = p.cpu_seconds_total - prev[1]
-                dtree = tree - prev[3]
-                if dt > 0 and dc >= 0:
-                    read = None
-                    if p.tree_read_bytes_total is not None and prev[4] is not None:
-                        read = max(0.0, (p.tree_read_bytes_total - prev[4]) / dt)
-                    group = None
-                    if p.cgroup_cpu_seconds_total is not None and prev[5] is not None:
-                        group = max(0.0, (p.cgroup_cpu_seconds_total - prev[5]) / dt)
-                    rates[p.pid] = (dc / dt, max(dtree, dc) / dt, read, group)
+                rate = _rates(now, self._proc_cpu.get(p.pid))
+                if rate is not None:
+                    rates[p.pid] = rate
         self._proc_cpu = seen
         return rates
 
-    def _job_cpu(
-        self, procs: Sequence[ProcessReading], rates: dict[int, tuple[float, float, float | None, float | None]]
-    ) -> float:
+    def _job_cpu(self, procs: Sequence[ProcessReading], rates: dict[int, ProcessRates]) -> float:
         """CPU cores of the GPU's jobs: a job that is its cgroup (Kubernetes pod, Slurm job, container) counts its
         cgroup's CPU once; any other process counts itself and its descendants."""
         groups: dict[str, float] = {}
@@ -149,10 +167,10 @@ class InsightAnalyzer:
             r = rates.get(p.pid)
             if r is None:
                 continue
-            if r[3] is not None and p.cgroup and self._job(p).kind in CGROUP_JOBS:
-                groups[p.cgroup] = r[3]
+            if r.cgroup_cpu_cores is not None and p.cgroup and self._job(p).kind in CGROUP_JOBS:
+                groups[p.cgroup] = r.cgroup_cpu_cores
             else:
-                total += r[1]
+                total += r.tree_cpu_cores
         return total + sum(groups.values())
 
     def _job(self, p) -> JobRef:  # noqa: ANN001 - ProcessReading
@@ -198,7 +216,7 @@ class InsightAnalyzer:
                         pod=names.pod if names else "",
                         container=names.container if names else "",
                         gpu_memory_bytes=p.gpu_memory_bytes,
-                        cpu_cores=rates[p.pid][0] if p.pid in rates else None,
+                        cpu_cores=rates[p.pid].cpu_cores if p.pid in rates else None,
                     )
                 )
                 rank = (p.gpu_memory_bytes or 0, -p.pid)
@@ -236,14 +254,8 @@ class InsightAnalyzer:
             )
         )
 
-    def _account(
-        self,
-        g: GpuReading,
-        s: GpuStatic | None,
-        rates: dict[int, tuple[float, float, float | None, float | None]],
-        host_busy: float | None,
-        job: JobRef | None,
-    ) -> None:
+    def _state(self, g: GpuReading) -> _GpuState:
+        """The running state of GPU ``g`` (by UUID), made at its first poll."""
         state = self._gpus.get(g.uuid)
         if state is None:
             state = self._gpus[g.uuid] = _GpuState(
@@ -253,46 +265,54 @@ class InsightAnalyzer:
                 diag=Running(self.diagnosis_seconds, same_holder=True),
             )
         state.index = g.index
+        return state
+
+    def _job_inputs(self, procs: Sequence[ProcessReading], rates: dict[int, ProcessRates]) -> JobInputs:
+        """What the GPU's processes ``procs`` did over the interval (JobInputs), from their ``rates``."""
+        known = [rates[p.pid] for p in procs if p.pid in rates]
+        reads = [k.read_bytes_per_second for k in known if k.read_bytes_per_second is not None]
+        io_read = sum(reads) if reads else None
+        blocked_counts = [p.tree_blocked for p in procs if p.tree_blocked is not None]
+        blocked = float(sum(blocked_counts)) if blocked_counts else None
+        return JobInputs(
+            job_cpu=self._job_cpu(procs, rates) if known else None,
+            max_proc_cpu=max(k.cpu_cores for k in known) if known else None,
+            io_read=io_read,
+            blocked=blocked,
+            io_waiting=(io_read or 0.0) >= st.IO_READ_BYTES_PER_SECOND or (blocked or 0.0) > 0,
+        )
+
+    def _account(
+        self,
+        g: GpuReading,
+        s: GpuStatic | None,
+        rates: dict[int, ProcessRates],
+        host_busy: float | None,
+        job: JobRef | None,
+    ) -> None:
+        """Account poll ``g`` of one GPU: its states since its previous poll, idle causes, energy held idle, and
+        one Interval pushed into the node, job and diagnosis windows."""
+        state = self._state(g)
         procs = g.processes
         pids = frozenset(p.pid for p in procs or ())
-        if pids != state.last_pids and not (pids & state.last_pids):
-            state.last_work = None  # another job: the previous one's GPU work says nothing about this one
-            state.gpm_changes = 0
-        if g.gpm and g.gpm != state.gpm_seen:
-            state.gpm_changes += 1
-        state.gpm_seen = g.gpm
-        start, state.last_ts, state.last_pids = state.last_ts, g.timestamp, pids
-        if g.xid_events:
-            state.xids = tuple(sorted(set(state.xids) | {e.xid for e in g.xid_events}))
+        start = _track(state, g, pids)
         if start is None or not 0 < g.timestamp - start <= st.MAX_INTERVAL_SECONDS:
             return
-        known = [rates[p.pid] for p in procs or () if p.pid in rates]
-        job_cpu = self._job_cpu(procs or (), rates) if known else None
-        reads = [k[2] for k in known if k[2] is not None]
-        io_read = sum(reads) if reads else None
-        blocked_counts = [p.tree_blocked for p in procs or () if p.tree_blocked is not None]
-        blocked = float(sum(blocked_counts)) if blocked_counts else None
-        io_waiting = (io_read or 0.0) >= st.IO_READ_BYTES_PER_SECOND or (blocked or 0.0) > 0
+        inputs = self._job_inputs(procs or (), rates)
         holder = st.holder_of(
             procs is not None, len(procs or ()), g.memory_used_bytes, g.memory_reserved_bytes is not None
         )
         segs = st.segments(start, g.timestamp, g.utilization_samples, g.utilization_gpu_ratio)
-        secs, state.last_work = st.account(segs, holder, job_cpu, state.last_work, io_waiting)
+        secs, state.last_work = st.account(segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting)
         for k, v in secs.items():
             state.totals[k] += v
-        for k, v in st.idle_causes(secs, job_cpu, io_waiting).items():
+        for k, v in st.idle_causes(secs, inputs.job_cpu, inputs.io_waiting).items():
             state.idle[k] += v
-        power = finite(g.power_usage_watts)
-        if power is not None:
-            floor = power if state.idle_floor_watts is None else min(state.idle_floor_watts, power)
-            state.idle_floor_watts = floor
-            state.held_idle_joules += secs.get("held_idle", 0.0) * (power - floor)
-        bits = g.clock_event_reasons or 0
-        clock_max = s.clock_max_hertz.get("sm") if s is not None else None
-        clock = g.clock_hertz.get("sm")
+        _held_idle_energy(state, g, secs)
         # GPM metrics average over the time since the previous computation (every gpm_interval in serve, carried in
         # between): the first one after a job change covers time before it. Only the second on describes this job.
         gpm = g.gpm if state.gpm_changes >= 2 else {}
+        clocks = _clocks(g, s)
         iv = Interval(
             end=g.timestamp,
             seconds=g.timestamp - start,
@@ -304,36 +324,110 @@ class InsightAnalyzer:
             tensor=finite(gpm.get("tensor_activity")),
             pcie_rx=finite(gpm.get("pcie_rx_bytes_per_second")),
             nvlink_rx=finite(gpm.get("nvlink_rx_bytes_per_second")),
-            job_cpu=job_cpu,
-            max_proc_cpu=max(k[0] for k in known) if known else None,
+            job_cpu=inputs.job_cpu,
+            max_proc_cpu=inputs.max_proc_cpu,
             dram=finite(gpm.get("dram_activity")),
             fp32=finite(gpm.get("fp32_activity")),
-            io_read=io_read,
-            blocked=blocked,
+            io_read=inputs.io_read,
+            blocked=inputs.blocked,
             host_busy=host_busy,
-            clock_ratio=finite(clock / clock_max) if clock is not None and clock_max else None,
-            throttle=bool(bits & (_POWER_BITS | _SEVERE_BITS)),
-            severe=bool(bits & _SEVERE_BITS),
-            reasons=frozenset(n for b, n in CLOCK_EVENT_REASONS.items() if bits & b and n != "gpu_idle"),
             power=finite(g.power_usage_watts),
             power_limit=g.power_limit_watts,
             mem_used=g.memory_used_bytes,
             mem_total=g.memory_total_bytes or (s.memory_total_bytes if s is not None else None),
-            health=Health(
-                temperature_celsius=g.temperature_gpu_celsius,
-                slowdown_celsius=s.temperature_thresholds_celsius.get("slowdown") if s is not None else None,
-                memory_temperature_celsius=g.temperature_memory_celsius,
-                memory_max_celsius=s.temperature_thresholds_celsius.get("memory_max") if s is not None else None,
-                uncorrected_ecc=g.ecc_errors_total.get("uncorrected_volatile"),
-                remap_pending=bool(g.remapped_rows.get("pending")),
-                remap_failed=bool(g.remapped_rows.get("failure")),
-                xids=state.xids,
-            ),
+            health=_health(g, s, state.xids),
+            clock_ratio=clocks.ratio,
+            throttle=clocks.throttle,
+            severe=clocks.severe,
+            reasons=clocks.reasons,
         )
         added = terms(iv)
         for running in (state.node, state.job, state.diag):
             running.push(iv, added)
         _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
+
+
+def _rates(now: ProcessSeen, prev: ProcessSeen | None) -> ProcessRates | None:
+    """The rates of a process between ``prev`` and ``now``; None where not known. First sight of a young process
+    (FIRST_SIGHT_MIN_AGE..MAX_AGE): its mean since it started estimates this interval; an older one's lifetime mean
+    says little about now, so it stays unknown until the next poll."""
+    if prev is None or prev.create_time != now.create_time:
+        age = now.timestamp - now.create_time if now.create_time is not None else 0.0
+        if FIRST_SIGHT_MIN_AGE <= age <= FIRST_SIGHT_MAX_AGE:
+            return ProcessRates(now.cpu_seconds / age, now.tree_cpu_seconds / age)
+        return None
+    dt = now.timestamp - prev.timestamp
+    dc = now.cpu_seconds - prev.cpu_seconds
+    if not (dt > 0 and dc >= 0):
+        return None
+    read = None
+    if now.tree_read_bytes is not None and prev.tree_read_bytes is not None:
+        read = max(0.0, (now.tree_read_bytes - prev.tree_read_bytes) / dt)
+    group = None
+    if now.cgroup_cpu_seconds is not None and prev.cgroup_cpu_seconds is not None:
+        group = max(0.0, (now.cgroup_cpu_seconds - prev.cgroup_cpu_seconds) / dt)
+    return ProcessRates(dc / dt, max(now.tree_cpu_seconds - prev.tree_cpu_seconds, dc) / dt, read, group)
+
+
+def _track(state: _GpuState, g: GpuReading, pids: frozenset[int]) -> float | None:
+    """Note the poll in ``state`` (job change, GPM computations, XIDs); return the previous poll's time or None."""
+    if pids != state.last_pids and not (pids & state.last_pids):
+        state.last_work = None  # another job: the previous one's GPU work says nothing about this one
+        state.gpm_changes = 0
+    if g.gpm and g.gpm != state.gpm_seen:
+        state.gpm_changes += 1
+    state.gpm_seen = g.gpm
+    start, state.last_ts, state.last_pids = state.last_ts, g.timestamp, pids
+    if g.xid_events:
+        state.xids = tuple(sorted(set(state.xids) | {e.xid for e in g.xid_events}))
+    return start
+
+
+def _held_idle_energy(state: _GpuState, g: GpuReading, secs: dict[str, float]) -> None:
+    """Add the energy above the GPU's own idle floor (the lowest power seen) spent while held idle."""
+    power = finite(g.power_usage_watts)
+    if power is not None:
+        floor = power if state.idle_floor_watts is None else min(state.idle_floor_watts, power)
+        state.idle_floor_watts = floor
+        state.held_idle_joules += secs.get("held_idle", 0.0) * (power - floor)
+
+
+class Clocks(NamedTuple):
+    """An interval's clocks: SM clock / its max (None: unknown), held down by a power or severe reason, by a severe
+    one (gpuwarden.catalog.CLOCK_EVENT_GROUPS), and the active reasons but gpu_idle."""
+
+    ratio: float | None
+    throttle: bool
+    severe: bool
+    reasons: frozenset[str]
+
+
+def _clocks(g: GpuReading, s: GpuStatic | None) -> Clocks:
+    """The clocks of poll ``g`` (nvmlDeviceGetClockInfo, nvmlDeviceGetCurrentClocksEventReasons) against the max."""
+    bits = g.clock_event_reasons or 0
+    clock_max = s.clock_max_hertz.get("sm") if s is not None else None
+    clock = g.clock_hertz.get("sm")
+    return Clocks(
+        finite(clock / clock_max) if clock is not None and clock_max else None,
+        bool(bits & (_POWER_BITS | _SEVERE_BITS)),
+        bool(bits & _SEVERE_BITS),
+        frozenset(n for b, n in CLOCK_EVENT_REASONS.items() if bits & b and n != "gpu_idle"),
+    )
+
+
+def _health(g: GpuReading, s: GpuStatic | None, xids: tuple[int, ...]) -> Health:
+    """The card's health at this poll: temperatures against its own thresholds, memory errors, XIDs."""
+    thresholds = s.temperature_thresholds_celsius if s is not None else {}
+    return Health(
+        temperature_celsius=g.temperature_gpu_celsius,
+        slowdown_celsius=thresholds.get("slowdown"),
+        memory_temperature_celsius=g.temperature_memory_celsius,
+        memory_max_celsius=thresholds.get("memory_max"),
+        uncorrected_ecc=g.ecc_errors_total.get("uncorrected_volatile"),
+        remap_pending=bool(g.remapped_rows.get("pending")),
+        remap_failed=bool(g.remapped_rows.get("failure")),
+        xids=xids,
+    )
 
 
 def _extend_runs(runs: deque[StateRun], secs: dict[str, float], start: float, end: float, window: float) -> None:

@@ -33,7 +33,8 @@ A GPU that cannot be read at all (lost, off the bus) gets ``gpu_lost`` (``lost``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,29 +43,6 @@ from gpuwarden.catalog import clock_event_reasons
 from gpuwarden.insight.states import IO_READ_BYTES_PER_SECOND, JOB_CPU_BUSY_CORES, WORK_SAMPLE_RATIO
 
 #: Every reason ``gpu_diagnosis{reason}`` may carry (bounded label set), in exposition order.
-REASONS = (
-    "compute_bound",
-    "memory_bound",
-    "input_starved",
-    "h2d_copy_bound",
-    "held_idle",
-    "job_paused",
-    "launch_bound",
-    "waiting_on_peers",
-    "throttled",
-    "memory_nearly_full",
-    "tensor_cores_idle",
-    "straggler",
-    "hot",
-    "uncorrectable_ecc",
-    "xid_errors",
-    "row_remap_pending",
-    "row_remap_failed",
-    "underutilized",
-    "blind",
-    "gpu_lost",
-    "free",
-)
 
 #: util.gpu at or above this is "utilized" (a kernel ran at least half the time).
 BUSY_UTIL = 0.5
@@ -117,123 +95,6 @@ MIN_SECONDS = 2.0
 #: load; the others mean cooling, power delivery or a hardware fault.
 POWER_REASONS = clock_event_reasons("power")
 SEVERE_REASONS = clock_event_reasons("thermal", "hardware")
-
-SEVERITY = {
-    "compute_bound": "ok",
-    "free": "ok",
-    "underutilized": "info",
-    "memory_nearly_full": "info",
-    "throttled": "warning",
-    "input_starved": "warning",
-    "h2d_copy_bound": "warning",
-    "held_idle": "warning",
-    "launch_bound": "warning",
-    "waiting_on_peers": "warning",
-    "memory_bound": "ok",
-    "job_paused": "info",
-    "tensor_cores_idle": "info",
-    "straggler": "warning",
-    "hot": "warning",
-    "uncorrectable_ecc": "critical",
-    "xid_errors": "warning",
-    "row_remap_pending": "warning",
-    "row_remap_failed": "critical",
-    "blind": "info",
-    "gpu_lost": "critical",
-}
-
-REMEDIES: dict[str, tuple[str, ...]] = {
-    "compute_bound": (
-        "Nothing blocks the GPU. To go faster: mixed precision (bf16/fp8), larger batches, fused kernels, "
-        "or more GPUs.",
-    ),
-    "input_starved": (
-        "Move input work off the training loop: DataLoader(num_workers=N, pin_memory=True, "
-        "persistent_workers=True, prefetch_factor>=2).",
-        "Do decoding and augmentation on the GPU (NVIDIA DALI, torchvision.transforms.v2 on CUDA tensors).",
-        "Cache preprocessed data; check that the job was given enough CPU cores (cgroup cpu.max, Slurm "
-        "--cpus-per-task, Kubernetes CPU limits).",
-    ),
-    "h2d_copy_bound": (
-        "Copy from pinned memory: pin_memory=True in the DataLoader, or tensor.pin_memory() once; then "
-        ".to(device, non_blocking=True) to overlap copies with compute.",
-        "Keep data on the GPU across steps; send compact dtypes (uint8 images, not float32) and convert there.",
-    ),
-    "held_idle": (
-        "The GPU's memory is held but nothing runs: end the idle process (notebook kernel, stopped job) or "
-        "release memory (del tensors; torch.cuda.empty_cache()).",
-        "Schedulers: reclaim idle GPUs (JupyterHub culling, Slurm/Kubernetes idle-GPU policies).",
-    ),
-    "launch_bound": (
-        "Capture the step in CUDA Graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead')) so one launch "
-        "replays many kernels.",
-        "Fuse small operations into larger kernels (torch.compile, fused optimizers foreach=True/fused=True) and "
-        "use larger batches so each kernel fills the SMs.",
-        "Remove host synchronisations in the loop (.item(), .cpu(), printing tensors).",
-    ),
-    "memory_bound": (
-        "The kernels run at HBM bandwidth: cut bytes moved - fuse elementwise chains (torch.compile), keep data "
-        "in bf16/fp8 instead of fp32, avoid needless copies (.contiguous(), .clone(), device-to-device copies).",
-        "Raise arithmetic intensity: larger matrix tiles or batches; FlashAttention-style fused kernels.",
-    ),
-    "job_paused": (
-        "The job itself stops between bursts of GPU work (evaluation, checkpointing, logging, sleeps, waiting on "
-        "a service): overlap them with training (asynchronous checkpointing such as torch.distributed.checkpoint "
-        "async_save, evaluation on another GPU), or release the GPU while waiting.",
-    ),
-    "tensor_cores_idle": (
-        "The math runs on the FP32 pipes with the tensor cores idle: enable TF32 "
-        "(torch.backends.cuda.matmul.allow_tf32 = True, torch.set_float32_matmul_precision('high')) or train "
-        "in bf16 with torch.autocast.",
-    ),
-    "straggler": (
-        "The other GPUs of this job wait on this one: give it less work (balance shards, sequence lengths or "
-        "the input pipeline across ranks) or find what slows it (its own verdict).",
-    ),
-    "hot": (
-        "The GPU runs within a few degrees of its own slowdown threshold: check airflow, fans, inlet temperature "
-        "and neighbouring cards before the clocks drop (nvidia-smi -q -d TEMPERATURE).",
-    ),
-    "uncorrectable_ecc": (
-        "Uncorrectable memory errors since the driver loaded: drain the GPU, reset it (nvidia-smi -r) so rows are "
-        "remapped, and replace it if errors return.",
-    ),
-    "xid_errors": (
-        "The driver reported XID errors on this GPU: look each code up in NVIDIA's XID catalog "
-        "(dmesg | grep -i xid) and follow its recovery action.",
-    ),
-    "row_remap_pending": ("A memory row remap is pending: reset the GPU to apply it (drain it first).",),
-    "row_remap_failed": ("A row remap failed: the GPU's memory cannot be repaired in place; service the GPU.",),
-    "waiting_on_peers": (
-        "This GPU spins in a collective waiting for a slower rank: fix the straggler (its own diagnosis says "
-        "why), balance the input work across ranks.",
-        "Check the interconnect if no rank is slow (NVLink/PCIe errors, NCCL_DEBUG=INFO).",
-    ),
-    "throttled": (
-        "Clocks are held below their maximum: power cap (expected at full load; raise the limit with "
-        "nvidia-smi -pl if allowed), thermal (check cooling, airflow, fan/chassis), hardware slowdown or "
-        "power brake (check the power supply; nvidia-smi -q -d PERFORMANCE).",
-    ),
-    "memory_nearly_full": (
-        "Over 90% of GPU memory is used: expect out-of-memory errors on growth; use smaller batches, "
-        "activation checkpointing, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against "
-        "fragmentation.",
-    ),
-    "underutilized": (
-        "No single cause dominates: profile a few steps (torch.profiler, Nsight Systems) to see where the "
-        "step time goes.",
-    ),
-    "gpu_lost": (
-        "The GPU does not answer (NVML_ERROR_GPU_IS_LOST: fallen off the bus, XID 79): drain the node, check "
-        "dmesg for XID 79 and PCIe/power errors, reset the GPU (nvidia-smi -r) or reboot; replace it if it recurs.",
-    ),
-    "blind": (
-        "gpuwarden cannot see this GPU's processes or their CPU: run it in the host PID namespace (hostPID: true, "
-        "or --pid=host) with /proc and the cgroup mount readable, so the diagnosis can tell input, pauses and "
-        "launch overhead apart.",
-    ),
-    "free": ("No process holds this GPU: it is available.",),
-}
 
 
 class Evidence(BaseModel):
@@ -525,104 +386,434 @@ def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
     )
 
 
-def _verdict(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[str, str]:
-    if not w.held:
-        return "free", "No process holds this GPU."
-    cpu = "n/a" if w.job_cpu_cores is None else f"{w.job_cpu_cores:.2f} cores"
-    if w.pcie_rx is not None and w.sm is not None and w.pcie_rx >= H2D_RX_BYTES_PER_SECOND and w.sm < H2D_SM_MAX:
-        return "h2d_copy_bound", (
-            f"PCIe receive {w.pcie_rx / 1e9:.1f} GB/s while SMs are {_pct(w.sm)} active: "
-            f"the job waits on host-to-device copies (job CPU {cpu})."
-        )
-    reading = (w.io_read_bytes_per_second or 0.0) >= IO_READ_BYTES_PER_SECOND or (w.io_blocked_processes or 0) > 0
-    both_idle = (
-        w.util is not None
-        and w.util < WORK_SAMPLE_RATIO
-        and w.job_cpu_cores is not None
-        and w.job_cpu_cores < JOB_CPU_BUSY_CORES
-        and not reading
+class Facts:
+    """What the verdict rules read about one GPU's window ``w`` given its job's other GPUs ``peers``: the window and
+    the values several rules share, each computed once when first read (module constants are the thresholds)."""
+
+    def __init__(self, w: GpuWindow, peers: Sequence[GpuWindow]) -> None:
+        self.w, self.peers = w, peers
+
+    @functools.cached_property
+    def cpu(self) -> str:
+        """The job's CPU in words: ``n/a`` or ``1.23 cores``."""
+        return "n/a" if self.w.job_cpu_cores is None else f"{self.w.job_cpu_cores:.2f} cores"
+
+    @functools.cached_property
+    def reading(self) -> bool:
+        """The job reads storage (>= IO_READ_BYTES_PER_SECOND) or has processes in I/O wait."""
+        w = self.w
+        return (w.io_read_bytes_per_second or 0.0) >= IO_READ_BYTES_PER_SECOND or (w.io_blocked_processes or 0) > 0
+
+    @functools.cached_property
+    def both_idle(self) -> bool:
+        """Kernels ran below WORK_SAMPLE_RATIO of the time and the job's CPU is below JOB_CPU_BUSY_CORES, no reads."""
+        w = self.w
+        if w.util is None or w.job_cpu_cores is None:
+            return False
+        return w.util < WORK_SAMPLE_RATIO and w.job_cpu_cores < JOB_CPU_BUSY_CORES and not self.reading
+
+    @functools.cached_property
+    def idle(self) -> float:
+        """The window's paused + starved share."""
+        return self.w.share("paused") + self.w.share("starved")
+
+    @functools.cached_property
+    def quiet(self) -> bool:
+        """The job's CPU beyond what its GPU-busy time explains (a core per busy second at most) is below
+        JOB_CPU_BUSY_CORES per idle second, and it reads nothing: the job does not work while its GPU idles. Per
+        poll, util.gpu is a short sample and misplaces the edges of pauses; the window's means do not."""
+        w = self.w
+        if self.reading or w.job_cpu_cores is None:
+            return False
+        return w.job_cpu_cores - w.share("busy") < JOB_CPU_BUSY_CORES * self.idle
+
+    @functools.cached_property
+    def lag(self) -> tuple[GpuWindow, str] | None:
+        """The peer this GPU waits on in a collective and how it lags (``_straggler``), or None."""
+        return _straggler(self.w, self.peers) if _waits_on(self.w, self.peers) is not None else None
+
+
+def _free_when(f: Facts) -> bool:
+    return not f.w.held
+
+
+def _free_summary(f: Facts) -> str:
+    return "No process holds this GPU."
+
+
+def _h2d_copy_bound_when(f: Facts) -> bool:
+    w = f.w
+    return w.pcie_rx is not None and w.sm is not None and w.pcie_rx >= H2D_RX_BYTES_PER_SECOND and w.sm < H2D_SM_MAX
+
+
+def _h2d_copy_bound_summary(f: Facts) -> str:
+    return (
+        f"PCIe receive {(f.w.pcie_rx or 0.0) / 1e9:.1f} GB/s while SMs are {_pct(f.w.sm)} active: "
+        f"the job waits on host-to-device copies (job CPU {f.cpu})."
     )
-    if w.share("held_idle") >= HELD_IDLE_MIN or both_idle:
-        mem = "" if w.memory_used_bytes is None else f"{w.memory_used_bytes / 1e9:.1f} GB held; "
-        return "held_idle", (
-            f"{mem}kernels ran {_pct(w.util)} of the time and the job's processes use {cpu} of CPU: "
-            f"nobody is using this GPU (held idle {_pct(w.share('held_idle'))} of the window)."
-        )
-    if _utilized(w) and _throttled(w) and w.severe_throttle_fraction >= THROTTLE_MIN_FRACTION:
-        return "throttled", (
-            f"SM clock at {_pct(w.sm_clock_ratio)} of max for {_pct(w.severe_throttle_fraction)} of the time: "
-            f"{', '.join(w.throttle_reasons)}."
-        )
-    if _waits_on(w, peers) is not None:
-        lag = _straggler(w, peers)
-        if lag is not None:
-            peer, side = lag
-            return "waiting_on_peers", (
-                f"util.gpu {_pct(w.util)} but SMs only {_pct(w.sm)} active: spinning in a collective while "
-                f"GPU {peer.index} of the same job (the {side} straggler) runs kernels {_pct(peer.util)} of the "
-                f"time with SMs {_pct(peer.sm)} active."
-            )
-    if (
-        w.util is not None
-        and w.sm is not None
-        and w.util >= LAUNCH_UTIL_MIN
-        and w.sm < LAUNCH_SM_PER_UTIL * w.util
-        and w.max_process_cpu_cores is not None
-        and w.max_process_cpu_cores >= LAUNCH_CPU_CORES
-    ):
-        return "launch_bound", (
-            f"Kernels run {_pct(w.util)} of the time but fill few SMs ({_pct(w.sm)} active) while one process "
-            f"keeps {w.max_process_cpu_cores:.2f} cores busy: small kernels launched one at a time; the host "
-            "thread launching them is the limit."
-        )
-    idle = w.share("paused") + w.share("starved")
-    # Over the window, CPU beyond what the GPU-busy time explains (a core per busy second at most) is work done
-    # while the GPU idled. Per poll, util.gpu is a short sample and misplaces the edges of pauses; the window's means
-    # do not.
-    quiet = (
-        not reading and w.job_cpu_cores is not None and w.job_cpu_cores - w.share("busy") < JOB_CPU_BUSY_CORES * idle
+
+
+def _held_idle_when(f: Facts) -> bool:
+    return f.w.share("held_idle") >= HELD_IDLE_MIN or f.both_idle
+
+
+def _held_idle_summary(f: Facts) -> str:
+    w = f.w
+    mem = "" if w.memory_used_bytes is None else f"{w.memory_used_bytes / 1e9:.1f} GB held; "
+    return (
+        f"{mem}kernels ran {_pct(w.util)} of the time and the job's processes use {f.cpu} of CPU: "
+        f"nobody is using this GPU (held idle {_pct(w.share('held_idle'))} of the window)."
     )
-    if idle >= PAUSED_MIN and (quiet or w.share("paused") > w.share("starved")):
-        return "job_paused", (
-            f"GPU idle {_pct(w.share('paused'))} of the time right after GPU work while the job's CPU idles too: "
-            f"the job itself pauses (busy {_pct(w.share('busy'))}, job CPU {cpu})."
+
+
+def _throttled_when(f: Facts) -> bool:
+    return _utilized(f.w) and _throttled(f.w) and f.w.severe_throttle_fraction >= THROTTLE_MIN_FRACTION
+
+
+def _throttled_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"SM clock at {_pct(w.sm_clock_ratio)} of max for {_pct(w.severe_throttle_fraction)} of the time: "
+        f"{', '.join(w.throttle_reasons)}."
+    )
+
+
+def _waiting_on_peers_when(f: Facts) -> bool:
+    return f.lag is not None
+
+
+def _waiting_on_peers_summary(f: Facts) -> str:
+    assert f.lag is not None  # the rule held
+    peer, side = f.lag
+    return (
+        f"util.gpu {_pct(f.w.util)} but SMs only {_pct(f.w.sm)} active: spinning in a collective while "
+        f"GPU {peer.index} of the same job (the {side} straggler) runs kernels {_pct(peer.util)} of the "
+        f"time with SMs {_pct(peer.sm)} active."
+    )
+
+
+def _launch_bound_when(f: Facts) -> bool:
+    w = f.w
+    if w.util is None or w.sm is None or w.max_process_cpu_cores is None:
+        return False
+    return (
+        w.util >= LAUNCH_UTIL_MIN and w.sm < LAUNCH_SM_PER_UTIL * w.util and w.max_process_cpu_cores >= LAUNCH_CPU_CORES
+    )
+
+
+def _launch_bound_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"Kernels run {_pct(w.util)} of the time but fill few SMs ({_pct(w.sm)} active) while one process "
+        f"keeps {w.max_process_cpu_cores or 0.0:.2f} cores busy: small kernels launched one at a time; the host "
+        "thread launching them is the limit."
+    )
+
+
+def _job_paused_when(f: Facts) -> bool:
+    return f.idle >= PAUSED_MIN and (f.quiet or f.w.share("paused") > f.w.share("starved"))
+
+
+def _job_paused_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"GPU idle {_pct(w.share('paused'))} of the time right after GPU work while the job's CPU idles too: "
+        f"the job itself pauses (busy {_pct(w.share('busy'))}, job CPU {f.cpu})."
+    )
+
+
+def _input_starved_when(f: Facts) -> bool:
+    working = f.w.job_cpu_cores is not None and not f.quiet  # the job works while its GPU idles (window means)
+    return f.w.share("starved") >= STARVED_MIN or (working and f.idle >= STARVED_MIN)
+
+
+def _input_starved_summary(f: Facts) -> str:
+    w = f.w
+    text = f"GPU idle {_pct(f.idle)} of the time while its job works (job CPU {f.cpu}): waiting for input"
+    if f.reading:
+        rate = (w.io_read_bytes_per_second or 0.0) / 1e6
+        return text + f" from storage (the job reads {rate:.0f} MB/s with processes in I/O wait)."
+    job, proc = w.job_cpu_cores, w.max_process_cpu_cores
+    if job is not None and proc is not None and job >= 1.5 * max(proc, 0.1):
+        return text + (
+            f" prepared on the CPU by helper processes (the job uses {job:.1f} cores, its GPU process "
+            f"{proc:.2f}): more workers or cheaper preprocessing."
         )
-    working = w.job_cpu_cores is not None and not quiet  # the job works while its GPU idles (window means)
-    if w.share("starved") >= STARVED_MIN or (working and idle >= STARVED_MIN):
-        text = f"GPU idle {_pct(idle)} of the time while its job works (job CPU {cpu}): waiting for input"
-        if reading:
-            rate = (w.io_read_bytes_per_second or 0.0) / 1e6
-            text += f" from storage (the job reads {rate:.0f} MB/s with processes in I/O wait)."
-        elif (
-            w.job_cpu_cores is not None
-            and w.max_process_cpu_cores is not None
-            and w.job_cpu_cores >= 1.5 * max(w.max_process_cpu_cores, 0.1)
-        ):
-            text += (
-                f" prepared on the CPU by helper processes (the job uses {w.job_cpu_cores:.1f} cores, its GPU process "
-                f"{w.max_process_cpu_cores:.2f}): more workers or cheaper preprocessing."
-            )
-        elif w.max_process_cpu_cores is not None and w.max_process_cpu_cores >= 0.8:
-            text += f" prepared in the training process itself ({w.max_process_cpu_cores:.2f} cores, single-threaded)."
-        else:
-            text += "."
-        return "input_starved", text
-    if _utilized(w) and w.dram is not None and w.dram >= MEMORY_BOUND_DRAM:
-        return "memory_bound", (
-            f"Busy {_pct(w.util)} with DRAM bandwidth {_pct(w.dram)} of peak and tensor cores {_pct(w.tensor)}: "
-            "the kernels wait on HBM, not on arithmetic."
-        )
-    if _utilized(w):
-        return "compute_bound", (
-            f"Busy: a kernel runs {_pct(w.util)} of the time, SMs {_pct(w.sm)} active, tensor cores {_pct(w.tensor)}."
-        )
+    if proc is not None and proc >= 0.8:
+        return text + f" prepared in the training process itself ({proc:.2f} cores, single-threaded)."
+    return text + "."
+
+
+def _memory_bound_when(f: Facts) -> bool:
+    return _utilized(f.w) and f.w.dram is not None and f.w.dram >= MEMORY_BOUND_DRAM
+
+
+def _memory_bound_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"Busy {_pct(w.util)} with DRAM bandwidth {_pct(w.dram)} of peak and tensor cores {_pct(w.tensor)}: "
+        "the kernels wait on HBM, not on arithmetic."
+    )
+
+
+def _compute_bound_when(f: Facts) -> bool:
+    return _utilized(f.w)
+
+
+def _compute_bound_summary(f: Facts) -> str:
+    w = f.w
+    return f"Busy: a kernel runs {_pct(w.util)} of the time, SMs {_pct(w.sm)} active, tensor cores {_pct(w.tensor)}."
+
+
+def _underutilized_summary(f: Facts) -> str:
+    w = f.w
     if w.job_cpu_cores is None:
-        return "underutilized", (
+        return (
             f"Busy {_pct(w.share('busy'))}, starved {_pct(w.share('starved'))}, unknown {_pct(w.share('unknown'))}: "
             "the GPU's processes or their CPU are not visible to gpuwarden (another PID namespace?), so the cause "
             "cannot be told."
         )
-    return "underutilized", (
+    return (
         f"Busy {_pct(w.share('busy'))}, starved {_pct(w.share('starved'))}, paused {_pct(w.share('paused'))}, "
         f"held idle {_pct(w.share('held_idle'))}, unknown {_pct(w.share('unknown'))}: no single cause dominates."
     )
+
+
+def _verdict(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[str, str]:
+    """The first verdict rule (VERDICT_RULES, by rank) that holds for ``w``, and its summary."""
+    facts = Facts(w, peers)
+    rule = next(r for r in VERDICT_RULES if r.when is None or r.when(facts))
+    assert rule.summary is not None  # every verdict rule has one
+    return rule.name, rule.summary(facts)
+
+
+Predicate = Callable[[Facts], bool]
+Summary = Callable[[Facts], str]
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One reason of the diagnosis: ``name`` (a gpu_diagnosis reason label), ``severity`` (ok, info, warning,
+    critical), ``remedies`` (what to do, most useful first), and for a verdict its ``rank`` among the verdict rules,
+    its rule ``when`` and its one-line ``summary`` (both of the window's Facts)."""
+
+    name: str
+    severity: str
+    remedies: tuple[str, ...]
+    rank: int | None = None
+    when: Predicate | None = None
+    summary: Summary | None = None
+
+
+#: Every reason a GPU can be given, in the order gpu_diagnosis{reason} lists them: its severity, what to do, and
+#: for a verdict its rank (rules are tried lowest rank first; the first that holds is the verdict), its rule and its
+#: summary. A reason without a rule is a finding reported next to a verdict (or ``gpu_lost``, from ``lost``).
+REASON_TABLE: tuple[Reason, ...] = (
+    Reason(
+        "compute_bound",
+        "ok",
+        (
+            "Nothing blocks the GPU. To go faster: mixed precision (bf16/fp8), larger batches, fused kernels, "
+            "or more GPUs.",
+        ),
+        rank=9,
+        when=_compute_bound_when,
+        summary=_compute_bound_summary,
+    ),
+    Reason(
+        "memory_bound",
+        "ok",
+        (
+            "The kernels run at HBM bandwidth: cut bytes moved - fuse elementwise chains (torch.compile), keep data "
+            "in bf16/fp8 instead of fp32, avoid needless copies (.contiguous(), .clone(), device-to-device copies).",
+            "Raise arithmetic intensity: larger matrix tiles or batches; FlashAttention-style fused kernels.",
+        ),
+        rank=8,
+        when=_memory_bound_when,
+        summary=_memory_bound_summary,
+    ),
+    Reason(
+        "input_starved",
+        "warning",
+        (
+            "Move input work off the training loop: DataLoader(num_workers=N, pin_memory=True, "
+            "persistent_workers=True, prefetch_factor>=2).",
+            "Do decoding and augmentation on the GPU (NVIDIA DALI, torchvision.transforms.v2 on CUDA tensors).",
+            "Cache preprocessed data; check that the job was given enough CPU cores (cgroup cpu.max, Slurm "
+            "--cpus-per-task, Kubernetes CPU limits).",
+        ),
+        rank=7,
+        when=_input_starved_when,
+        summary=_input_starved_summary,
+    ),
+    Reason(
+        "h2d_copy_bound",
+        "warning",
+        (
+            "Copy from pinned memory: pin_memory=True in the DataLoader, or tensor.pin_memory() once; then "
+            ".to(device, non_blocking=True) to overlap copies with compute.",
+            "Keep data on the GPU across steps; send compact dtypes (uint8 images, not float32) and convert there.",
+        ),
+        rank=1,
+        when=_h2d_copy_bound_when,
+        summary=_h2d_copy_bound_summary,
+    ),
+    Reason(
+        "held_idle",
+        "warning",
+        (
+            "The GPU's memory is held but nothing runs: end the idle process (notebook kernel, stopped job) or "
+            "release memory (del tensors; torch.cuda.empty_cache()).",
+            "Schedulers: reclaim idle GPUs (JupyterHub culling, Slurm/Kubernetes idle-GPU policies).",
+        ),
+        rank=2,
+        when=_held_idle_when,
+        summary=_held_idle_summary,
+    ),
+    Reason(
+        "job_paused",
+        "info",
+        (
+            "The job itself stops between bursts of GPU work (evaluation, checkpointing, logging, sleeps, waiting on "
+            "a service): overlap them with training (asynchronous checkpointing such as torch.distributed.checkpoint "
+            "async_save, evaluation on another GPU), or release the GPU while waiting.",
+        ),
+        rank=6,
+        when=_job_paused_when,
+        summary=_job_paused_summary,
+    ),
+    Reason(
+        "launch_bound",
+        "warning",
+        (
+            "Capture the step in CUDA Graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead')) so one launch "
+            "replays many kernels.",
+            "Fuse small operations into larger kernels (torch.compile, fused optimizers foreach=True/fused=True) and "
+            "use larger batches so each kernel fills the SMs.",
+            "Remove host synchronisations in the loop (.item(), .cpu(), printing tensors).",
+        ),
+        rank=5,
+        when=_launch_bound_when,
+        summary=_launch_bound_summary,
+    ),
+    Reason(
+        "waiting_on_peers",
+        "warning",
+        (
+            "This GPU spins in a collective waiting for a slower rank: fix the straggler (its own diagnosis says "
+            "why), balance the input work across ranks.",
+            "Check the interconnect if no rank is slow (NVLink/PCIe errors, NCCL_DEBUG=INFO).",
+        ),
+        rank=4,
+        when=_waiting_on_peers_when,
+        summary=_waiting_on_peers_summary,
+    ),
+    Reason(
+        "throttled",
+        "warning",
+        (
+            "Clocks are held below their maximum: power cap (expected at full load; raise the limit with "
+            "nvidia-smi -pl if allowed), thermal (check cooling, airflow, fan/chassis), hardware slowdown or "
+            "power brake (check the power supply; nvidia-smi -q -d PERFORMANCE).",
+        ),
+        rank=3,
+        when=_throttled_when,
+        summary=_throttled_summary,
+    ),
+    Reason(
+        "memory_nearly_full",
+        "info",
+        (
+            "Over 90% of GPU memory is used: expect out-of-memory errors on growth; use smaller batches, "
+            "activation checkpointing, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against "
+            "fragmentation.",
+        ),
+    ),
+    Reason(
+        "tensor_cores_idle",
+        "info",
+        (
+            "The math runs on the FP32 pipes with the tensor cores idle: enable TF32 "
+            "(torch.backends.cuda.matmul.allow_tf32 = True, torch.set_float32_matmul_precision('high')) or train "
+            "in bf16 with torch.autocast.",
+        ),
+    ),
+    Reason(
+        "straggler",
+        "warning",
+        (
+            "The other GPUs of this job wait on this one: give it less work (balance shards, sequence lengths or "
+            "the input pipeline across ranks) or find what slows it (its own verdict).",
+        ),
+    ),
+    Reason(
+        "hot",
+        "warning",
+        (
+            "The GPU runs within a few degrees of its own slowdown threshold: check airflow, fans, inlet temperature "
+            "and neighbouring cards before the clocks drop (nvidia-smi -q -d TEMPERATURE).",
+        ),
+    ),
+    Reason(
+        "uncorrectable_ecc",
+        "critical",
+        (
+            "Uncorrectable memory errors since the driver loaded: drain the GPU, reset it (nvidia-smi -r) so rows are "
+            "remapped, and replace it if errors return.",
+        ),
+    ),
+    Reason(
+        "xid_errors",
+        "warning",
+        (
+            "The driver reported XID errors on this GPU: look each code up in NVIDIA's XID catalog "
+            "(dmesg | grep -i xid) and follow its recovery action.",
+        ),
+    ),
+    Reason(
+        "row_remap_pending", "warning", ("A memory row remap is pending: reset the GPU to apply it (drain it first).",)
+    ),
+    Reason(
+        "row_remap_failed",
+        "critical",
+        ("A row remap failed: the GPU's memory cannot be repaired in place; service the GPU.",),
+    ),
+    Reason(
+        "underutilized",
+        "info",
+        (
+            "No single cause dominates: profile a few steps (torch.profiler, Nsight Systems) to see where the "
+            "step time goes.",
+        ),
+        rank=10,
+        when=None,
+        summary=_underutilized_summary,
+    ),
+    Reason(
+        "blind",
+        "info",
+        (
+            "gpuwarden cannot see this GPU's processes or their CPU: run it in the host PID namespace (hostPID: true, "
+            "or --pid=host) with /proc and the cgroup mount readable, so the diagnosis can tell input, pauses and "
+            "launch overhead apart.",
+        ),
+    ),
+    Reason(
+        "gpu_lost",
+        "critical",
+        (
+            "The GPU does not answer (NVML_ERROR_GPU_IS_LOST: fallen off the bus, XID 79): drain the node, check "
+            "dmesg for XID 79 and PCIe/power errors, reset the GPU (nvidia-smi -r) or reboot; replace it if it recurs.",
+        ),
+    ),
+    Reason(
+        "free", "ok", ("No process holds this GPU: it is available.",), rank=0, when=_free_when, summary=_free_summary
+    ),
+)
+
+
+#: Derived from REASON_TABLE: the reason names, each one's severity and remedies, the verdict rules in their order.
+REASONS = tuple(r.name for r in REASON_TABLE)
+SEVERITY = {r.name: r.severity for r in REASON_TABLE}
+REMEDIES: dict[str, tuple[str, ...]] = {r.name: r.remedies for r in REASON_TABLE}
+VERDICT_RULES = tuple(sorted((r for r in REASON_TABLE if r.rank is not None), key=lambda r: r.rank or 0))
