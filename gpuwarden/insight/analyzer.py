@@ -180,19 +180,11 @@ class InsightAnalyzer:
             ref = self._jobs[key] = attribute(p)
         return ref
 
-    # -- the analyzer ----------------------------------------------------------------------------------
-
-    def __call__(self, poll: PollResult, static: NodeStatic) -> InsightResult:
-        """Account the poll, update the windows and return the new InsightResult (``prepare(...)()``)."""
-        return self.prepare(poll, static)()
-
-    def prepare(self, poll: PollResult, static: NodeStatic) -> DeferredInsight:
-        """Account the poll and update the windows; return the InsightResult of this poll, computed when first
-        asked for (the daemon's analyzer: a result is read once per scrape, and polls come more often)."""
-        statics = {s.index: s for s in static.gpus}
-        host_busy = self._host_busy(poll.host)
-        up = [g for g in poll.gpus if g.up]
-        rates = self._process_rates(up)
+    def _process_jobs(
+        self, up: list[GpuReading], rates: dict[int, ProcessRates]
+    ) -> tuple[list[ProcessJob], dict[str, JobRef]]:
+        """Each GPU process with its job (gpuwarden.insight.attribution) and pod, and each GPU's job: the one whose
+        process holds most of its memory. Forgets the jobs of processes gone."""
         live_jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
         processes: list[ProcessJob] = []
         primary: dict[str, JobRef] = {}
@@ -223,6 +215,22 @@ class InsightAnalyzer:
                 if best is None or rank > best:
                     best, primary[g.uuid] = rank, ref
         self._jobs = live_jobs
+        return processes, primary
+
+    # -- the analyzer ----------------------------------------------------------------------------------
+
+    def __call__(self, poll: PollResult, static: NodeStatic) -> InsightResult:
+        """Account the poll, update the windows and return the new InsightResult (``prepare(...)()``)."""
+        return self.prepare(poll, static)()
+
+    def prepare(self, poll: PollResult, static: NodeStatic) -> DeferredInsight:
+        """Account the poll and update the windows; return the InsightResult of this poll, computed when first
+        asked for (the daemon's analyzer: a result is read once per scrape, and polls come more often)."""
+        statics = {s.index: s for s in static.gpus}
+        host_busy = self._host_busy(poll.host)
+        up = [g for g in poll.gpus if g.up]
+        rates = self._process_rates(up)
+        processes, primary = self._process_jobs(up, rates)
         for g in up:
             self._account(g, statics.get(g.index), rates, host_busy, primary.get(g.uuid))
         up_uuids = {g.uuid for g in up}

@@ -326,16 +326,11 @@ def lost(index: int, uuid: str, error: str) -> Diagnosis:
     )
 
 
-def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
-    """Return the verdict on GPU ``w`` given the other GPUs of its job (``peers``); None before MIN_SECONDS.
-
-    Rules and their order are in the module docstring; thresholds are the module constants.
-    """
-    if w.seconds < MIN_SECONDS:
-        return None
-    verdict, summary = _verdict(w, peers)
-    findings = [verdict]
-    extra = []
+def _findings(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> tuple[list[str], list[str]]:
+    """The findings next to ``verdict`` (throttled, memory nearly full, tensor cores idle, straggler, health, blind)
+    and one sentence for each that says why (``blind`` has none: its remedy says it)."""
+    findings: list[str] = []
+    extra: list[str] = []
     if verdict != "throttled" and verdict != "free" and _utilized(w) and _throttled(w):
         findings.append("throttled")
         extra.append(
@@ -345,13 +340,7 @@ def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
     if ratio is not None and ratio > MEMORY_FULL_RATIO:
         findings.append("memory_nearly_full")
         extra.append(f"Memory {_pct(ratio)} full.")
-    if (
-        verdict == "compute_bound"
-        and w.tensor is not None
-        and w.fp32 is not None
-        and w.tensor < TENSOR_IDLE_MAX
-        and w.fp32 >= FP32_BUSY_MIN
-    ):
+    if verdict == "compute_bound" and _tensor_cores_idle(w):
         findings.append("tensor_cores_idle")
         extra.append(f"Tensor cores {_pct(w.tensor)} active while the FP32 pipes are {_pct(w.fp32)}: no TF32/bf16.")
     waiters = _waiters(w, peers)
@@ -363,6 +352,24 @@ def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
         extra.append(text)
     if verdict == "underutilized" and w.held and w.job_cpu_cores is None:
         findings.append("blind")
+    return findings, extra
+
+
+def _tensor_cores_idle(w: GpuWindow) -> bool:
+    """Tensor cores below TENSOR_IDLE_MAX while the FP32 pipes are at least FP32_BUSY_MIN (GPM)."""
+    return w.tensor is not None and w.fp32 is not None and w.tensor < TENSOR_IDLE_MAX and w.fp32 >= FP32_BUSY_MIN
+
+
+def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
+    """Return the verdict on GPU ``w`` given the other GPUs of its job (``peers``); None before MIN_SECONDS.
+
+    Rules and their order are in the module docstring and REASON_TABLE; thresholds are the module constants.
+    """
+    if w.seconds < MIN_SECONDS:
+        return None
+    verdict, summary = _verdict(w, peers)
+    more, extra = _findings(w, peers, verdict)
+    findings = [verdict, *more]
     remedies: list[str] = []
     order = [f for f in findings if SEVERITY[f] == "critical"] + [f for f in findings if SEVERITY[f] != "critical"]
     for f in order:
