@@ -6,9 +6,12 @@ Made by the poller (``gpuwarden.poller``), immutable once published.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuwarden.model import GpuReading, NodeStatic, PollResult
+
+if TYPE_CHECKING:
+    from gpuwarden.insight.result import InsightResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,14 @@ class NodeSnapshot:
     extra_info: dict[str, str] = field(default_factory=dict)
     reload_successful: bool = True
     reload_success_timestamp: float | None = None
+
+    @property
+    def insight(self) -> InsightResult | None:
+        """The insight analyzer's result of this poll (``analyses["insight"]``: built on first read when deferred),
+        None when the analyzer is not running or has not run."""
+        from gpuwarden.insight.result import insight_result  # the analysis layer sits above the snapshot
+
+        return insight_result(self.analyses.get("insight"))
 
     def fresh(self, now: float, max_age_seconds: float) -> bool:
         """True when the last successful poll is at most ``max_age_seconds`` old at ``now``."""

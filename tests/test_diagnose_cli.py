@@ -102,3 +102,17 @@ def test_diagnosis_document_without_analysis_or_poll() -> None:
     ok = diagnose.diagnosis_document(snap_of(static, polls[-1], results[-1]))
     assert ok.available and ok.gpus[0].diagnosis.verdict == "held_idle"
     json.loads(ok.model_dump_json())
+
+
+def test_the_api_document_carries_every_field_of_the_insight_it_extends() -> None:
+    """GpuDiagnosisDocument extends GpuInsight: idle causes, held-idle energy and shortfall (what /metrics exports)
+    are in the API document too, with the same values."""
+    from gpuwarden.insight.result import GpuInsight
+
+    static, polls, results = run_trace(h100("held_idle"))
+    doc = diagnose.diagnosis_document(snap_of(static, polls[-1], results[-1]))
+    assert set(GpuInsight.model_fields) <= set(doc.gpus[0].model_dump())
+    for g, insight in zip(doc.gpus, results[-1].gpus, strict=True):
+        assert g.idle_seconds_total == insight.idle_seconds_total and g.idle_seconds_total
+        assert g.held_idle_energy_joules_total == insight.held_idle_energy_joules_total
+        assert g.shortfall_ratio == insight.shortfall_ratio

@@ -1,6 +1,6 @@
 """Time accounting, starved and imbalance scores, job attribution and diagnosis (``gpuwarden.insight``).
 
-Reads ``snapshot.analyses["insight"]`` (an ``InsightResult``); definitions in docs/scores.md.
+Reads ``snapshot.insight`` (an ``InsightResult``); definitions in docs/scores.md.
 
 - ``gpu_state_seconds_total{gpu,uuid,state}`` counter: seconds the GPU spent in each state since the daemon
   started; ``state`` is one of busy, starved, held_idle, free, unknown (they add up to the accounted wall time).
@@ -28,7 +28,7 @@ from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.diagnosis import REASONS
-from gpuwarden.insight.result import GpuInsight, InsightResult, insight_result
+from gpuwarden.insight.result import GpuInsight, InsightResult
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -36,7 +36,7 @@ from gpuwarden.snapshot import NodeSnapshot
 def _result(snap: NodeSnapshot) -> InsightResult | None:
     if snap.poll is None:
         return None
-    return insight_result(snap.analyses.get("insight"))
+    return snap.insight
 
 
 #: A GPU's samples of one family: (extra label values, value) pairs.

@@ -6,26 +6,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from gpuwarden.insight.diagnosis import Diagnosis
-from gpuwarden.insight.result import JobInsight, ProcessJob, StateRun, insight_result
+from gpuwarden.insight.result import GpuInsight, JobInsight, ProcessJob
 from gpuwarden.snapshot import NodeSnapshot
 
 
-class GpuDiagnosisDocument(BaseModel):
-    """One GPU in the diagnosis document: identity, time accounting, scores and verdict (None: no verdict yet)."""
+class GpuDiagnosisDocument(GpuInsight):
+    """One GPU in the diagnosis document: the insight on it (GpuInsight: time accounting, idle causes, held-idle
+    energy, scores, verdict, None while there is none yet) and its name."""
 
-    gpu: int
-    uuid: str
     name: str | None = None
-    starved_ratio: float | None = None
-    activity_ratio: float | None = None
-    activity_source: str | None = None
-    state_seconds_total: dict[str, float] = Field(default_factory=dict)
-    window_state_seconds: dict[str, float] = Field(default_factory=dict)
-    diagnosis: Diagnosis | None = None
-    state_runs: list[StateRun] = Field(
-        default_factory=list, description="the window's poll intervals by main state, oldest first (Unix s)"
-    )
 
 
 class DiagnosisDocument(BaseModel):
@@ -50,13 +39,13 @@ class DiagnosisDocument(BaseModel):
 
 
 def diagnosis_document(snapshot: NodeSnapshot) -> DiagnosisDocument:
-    """Return the ``/api/v1/diagnosis`` document of ``snapshot`` (reads ``snapshot.analyses["insight"]``).
+    """Return the ``/api/v1/diagnosis`` document of ``snapshot`` (reads ``snapshot.insight``).
 
     Never raises; without a usable analysis the document has ``available`` False and a ``reason``.
     """
     node = snapshot.static
     base: dict[str, Any] = {"hostname": node.hostname, "source": snapshot.source}
-    res = insight_result(snapshot.analyses.get("insight"))
+    res = snapshot.insight
     if res is None:
         return DiagnosisDocument(**base, available=False, reason="the insight analyzer has not run")
     if snapshot.poll is None:
@@ -71,18 +60,7 @@ def diagnosis_document(snapshot: NodeSnapshot) -> DiagnosisDocument:
         node_imbalance_ratio=res.node_imbalance_ratio,
         node_activity_source=res.node_activity_source,
         gpus=[
-            GpuDiagnosisDocument(
-                gpu=g.gpu,
-                uuid=g.uuid,
-                name=names.get(g.uuid),
-                starved_ratio=g.starved_ratio,
-                activity_ratio=g.activity_ratio,
-                activity_source=g.activity_source,
-                state_seconds_total=g.state_seconds_total,
-                window_state_seconds=g.window_state_seconds,
-                diagnosis=g.diagnosis,
-                state_runs=g.state_runs,
-            )
+            GpuDiagnosisDocument.model_construct(**dict(g), name=names.get(g.uuid))  # g was validated
             for g in res.gpus
         ],
         jobs=res.jobs,
