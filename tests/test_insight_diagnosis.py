@@ -224,3 +224,21 @@ def test_pausing_job_seen_live_with_pause_edges_misplaced() -> None:
     loader = GpuWindow(**{**w.__dict__, "job_cpu_cores": 1.0, "max_process_cpu_cores": 1.0})
     d = diagnose(loader)
     assert d is not None and d.verdict == "input_starved"
+
+
+def test_every_declared_mean_is_a_window_reading_and_undeclared_ones_are_refused() -> None:
+    import dataclasses
+
+    from gpuwarden.insight.diagnosis import EVIDENCE, MEANS, pack_means
+
+    fields = {f.name: f.type for f in dataclasses.fields(GpuWindow)}
+    for m in MEANS:
+        assert fields.get(m.name) == "float | None", m
+    names = [e.evidence for e in EVIDENCE]
+    assert len(names) == len(set(names))
+    values = {m.name: float(i) for i, m in enumerate(MEANS)}
+    assert pack_means(**values) == tuple(float(i) for i in range(len(MEANS)))
+    with pytest.raises(KeyError, match="not declared in MEANS"):
+        pack_means(**values, gpu_temperature=1.0)
+    with pytest.raises(KeyError):
+        pack_means(**{k: v for k, v in values.items() if k != "sm"})

@@ -20,7 +20,7 @@ from gpuwarden.insight import states as st
 from gpuwarden.insight import windows as an
 from gpuwarden.insight.analyzer import InsightAnalyzer
 from gpuwarden.insight.attribution import JobRef
-from gpuwarden.insight.diagnosis import GpuWindow, Health
+from gpuwarden.insight.diagnosis import MEANS, GpuWindow, Health, pack_means
 from gpuwarden.insight.scores import starved_ratio
 from gpuwarden.insight.windows import Interval as _Interval
 from gpuwarden.model import PollResult
@@ -74,24 +74,24 @@ def window_of(index: int, uuid: str, ivs: list[_Interval], job: JobRef | None) -
         states=states,
         held=last is not None and last.holder != "none",
         util=states["busy"] / util_secs if util_secs > 0 else None,
-        sm=_mean((iv.sm, iv.seconds) for iv in ivs),
-        tensor=_mean((iv.tensor, iv.seconds) for iv in ivs),
-        pcie_rx=_mean((iv.pcie_rx, iv.seconds) for iv in ivs),
-        nvlink_rx=_mean((iv.nvlink_rx, iv.seconds) for iv in ivs),
-        job_cpu_cores=_mean((iv.job_cpu, iv.seconds) for iv in ivs),
-        max_process_cpu_cores=_mean((iv.max_proc_cpu, iv.seconds) for iv in ivs),
-        dram=_mean((iv.dram, iv.seconds) for iv in ivs),
-        fp32=_mean((iv.fp32, iv.seconds) for iv in ivs),
-        io_read_bytes_per_second=_mean((iv.io_read, iv.seconds) for iv in ivs),
-        io_blocked_processes=_mean((iv.blocked, iv.seconds) for iv in ivs),
-        host_cpu_busy_ratio=_mean((iv.host_busy, iv.seconds) for iv in ivs),
+        sm=_mean((_m(iv, "sm"), iv.seconds) for iv in ivs),
+        tensor=_mean((_m(iv, "tensor"), iv.seconds) for iv in ivs),
+        pcie_rx=_mean((_m(iv, "pcie_rx"), iv.seconds) for iv in ivs),
+        nvlink_rx=_mean((_m(iv, "nvlink_rx"), iv.seconds) for iv in ivs),
+        job_cpu_cores=_mean((_m(iv, "job_cpu_cores"), iv.seconds) for iv in ivs),
+        max_process_cpu_cores=_mean((_m(iv, "max_process_cpu_cores"), iv.seconds) for iv in ivs),
+        dram=_mean((_m(iv, "dram"), iv.seconds) for iv in ivs),
+        fp32=_mean((_m(iv, "fp32"), iv.seconds) for iv in ivs),
+        io_read_bytes_per_second=_mean((_m(iv, "io_read_bytes_per_second"), iv.seconds) for iv in ivs),
+        io_blocked_processes=_mean((_m(iv, "io_blocked_processes"), iv.seconds) for iv in ivs),
+        host_cpu_busy_ratio=_mean((_m(iv, "host_cpu_busy_ratio"), iv.seconds) for iv in ivs),
         memory_used_bytes=last.mem_used if last else None,
         memory_total_bytes=last.mem_total if last else None,
         sm_clock_ratio=_mean((iv.clock_ratio, iv.seconds) for iv in throttled),
         throttle_fraction=sum(iv.seconds for iv in throttled) / total if total > 0 else 0.0,
         severe_throttle_fraction=sum(iv.seconds for iv in ivs if iv.severe) / total if total > 0 else 0.0,
         throttle_reasons=tuple(sorted(frozenset().union(*(iv.reasons for iv in throttled)))) if throttled else (),
-        power_watts=_mean((iv.power, iv.seconds) for iv in ivs),
+        power_watts=_mean((_m(iv, "power_watts"), iv.seconds) for iv in ivs),
         power_limit_watts=last.power_limit if last else None,
         job=job.job if job and last and last.holder == "job" else None,
         job_kind=job.kind if job and last and last.holder == "job" else None,
@@ -244,6 +244,11 @@ def test_starved_ratio_is_that_of_the_reference_window(scenario: str) -> None:
 REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown")
 
 
+def _m(iv: _Interval, name: str) -> float | None:
+    """The mean ``name`` of ``iv`` (its slot in ``Interval.means``, gpuwarden.insight.diagnosis.MEANS)."""
+    return iv.means[[m.name for m in MEANS].index(name)]
+
+
 def _stream(n: int, seed: int, dt: float = 0.1) -> list[_Interval]:
     """``n`` random intervals about ``dt`` apart: bursts of large values (PCIe bytes/s ~1e10, NVLink ~1e11) between
     runs of zeros and unknowns, throttling with varying reasons, holder and PID changes, and gaps longer than a
@@ -281,22 +286,24 @@ def _stream(n: int, seed: int, dt: float = 0.1) -> list[_Interval]:
                 util_seconds=w if phase != 2 else 0.0,
                 holder=holder,
                 pids=pids,
-                sm=val(1.0),
-                tensor=val(1.0),
-                pcie_rx=val(3e10),
-                nvlink_rx=val(4e11),
-                job_cpu=val(8.0),
-                max_proc_cpu=val(1.0),
-                dram=val(1.0),
-                fp32=val(1.0),
-                io_read=val(1e9),
-                blocked=val(3.0),
-                host_busy=val(1.0),
+                means=pack_means(
+                    sm=val(1.0),
+                    tensor=val(1.0),
+                    pcie_rx=val(3e10),
+                    nvlink_rx=val(4e11),
+                    job_cpu_cores=val(8.0),
+                    max_process_cpu_cores=val(1.0),
+                    dram=val(1.0),
+                    fp32=val(1.0),
+                    io_read_bytes_per_second=val(1e9),
+                    io_blocked_processes=val(3.0),
+                    host_cpu_busy_ratio=val(1.0),
+                    power_watts=val(700.0),
+                ),
                 clock_ratio=val(1.0),
                 throttle=throttle,
                 severe=throttle and rng.random() < 0.3,
                 reasons=frozenset(rng.sample(REASONS, rng.randint(1, 2))) if throttle else frozenset(),
-                power=val(700.0),
                 power_limit=700.0,
                 mem_used=k,
                 mem_total=80 << 30,

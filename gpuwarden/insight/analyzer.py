@@ -21,7 +21,7 @@ from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
 from gpuwarden.insight.analysis import build_result
 from gpuwarden.insight.attribution import JobRef, attribute, pod_of
-from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Health
+from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Health, pack_means
 from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
 from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, terms
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult, ProcessReading
@@ -328,18 +328,20 @@ class InsightAnalyzer:
             util_seconds=sum(x.seconds for x in segs if x.util is not None),
             holder=holder,
             pids=pids,
-            sm=finite(gpm.get("sm_activity")),
-            tensor=finite(gpm.get("tensor_activity")),
-            pcie_rx=finite(gpm.get("pcie_rx_bytes_per_second")),
-            nvlink_rx=finite(gpm.get("nvlink_rx_bytes_per_second")),
-            job_cpu=inputs.job_cpu,
-            max_proc_cpu=inputs.max_proc_cpu,
-            dram=finite(gpm.get("dram_activity")),
-            fp32=finite(gpm.get("fp32_activity")),
-            io_read=inputs.io_read,
-            blocked=inputs.blocked,
-            host_busy=host_busy,
-            power=finite(g.power_usage_watts),
+            means=pack_means(
+                sm=finite(gpm.get("sm_activity")),
+                tensor=finite(gpm.get("tensor_activity")),
+                pcie_rx=finite(gpm.get("pcie_rx_bytes_per_second")),
+                nvlink_rx=finite(gpm.get("nvlink_rx_bytes_per_second")),
+                job_cpu_cores=inputs.job_cpu,
+                max_process_cpu_cores=inputs.max_proc_cpu,
+                dram=finite(gpm.get("dram_activity")),
+                fp32=finite(gpm.get("fp32_activity")),
+                io_read_bytes_per_second=inputs.io_read,
+                io_blocked_processes=inputs.blocked,
+                host_cpu_busy_ratio=host_busy,
+                power_watts=finite(g.power_usage_watts),
+            ),
             power_limit=g.power_limit_watts,
             mem_used=g.memory_used_bytes,
             mem_total=g.memory_total_bytes or (s.memory_total_bytes if s is not None else None),

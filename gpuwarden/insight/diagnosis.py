@@ -201,47 +201,97 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
 
-def _evidence(w: GpuWindow) -> list[Evidence]:
-    ev: list[Evidence] = []
+@dataclass(frozen=True)
+class Mean:
+    """A reading averaged over a window, weighted by each interval's seconds (None: unknown, left out): declared once
+    here, it is a slot of every Interval (``Interval.means``, in MEANS order, filled by the analyzer by ``name``),
+    a pair of exact window sums (gpuwarden.insight.windows), the GpuWindow attribute ``name``, and the Evidence
+    ``evidence`` in ``unit`` with ``rule``: the threshold a verdict rule compares it with, in words."""
 
-    def add(name: str, value: float | None, unit: str, rule: str | None = None) -> None:
-        if value is not None:
-            ev.append(Evidence(name=name, value=round(float(value), 6), unit=unit, rule=rule))
+    name: str
+    evidence: str
+    unit: str
+    rule: str | None = None
 
-    add("utilization_gpu", w.util, "ratio", f"utilized at >= {BUSY_UTIL:.0%}")
-    add("sm_activity", w.sm, "ratio", f"launch bound below {LAUNCH_SM_PER_UTIL:g} x utilization_gpu")
-    add("tensor_activity", w.tensor, "ratio", f"tensor cores idle below {TENSOR_IDLE_MAX:.0%}")
-    add("dram_activity", w.dram, "ratio", f"memory bound at >= {MEMORY_BOUND_DRAM:.0%}")
-    add("fp32_activity", w.fp32, "ratio", f"FP32 pipes busy at >= {FP32_BUSY_MIN:.0%}")
-    add("busy_share", w.share("busy"), "ratio")
-    add("starved_share", w.share("starved"), "ratio", f"input starved at >= {STARVED_MIN:.0%}")
-    add("paused_share", w.share("paused"), "ratio", f"job paused at >= {PAUSED_MIN:.0%}")
-    add("held_idle_share", w.share("held_idle"), "ratio", f"held idle at >= {HELD_IDLE_MIN:.0%}")
-    add("job_cpu", w.job_cpu_cores, "cores", f"job working at >= {JOB_CPU_BUSY_CORES:g} cores")
-    add("max_process_cpu", w.max_process_cpu_cores, "cores", f"a launching thread at >= {LAUNCH_CPU_CORES:g} cores")
-    add("job_read_rate", w.io_read_bytes_per_second, "bytes_per_second")
-    add("job_processes_in_io_wait", w.io_blocked_processes, "processes")
-    add("host_cpu_busy", w.host_cpu_busy_ratio, "ratio")
-    add(
+    def get(self, w: GpuWindow) -> float | None:
+        """Its value on window ``w``."""
+        value: float | None = getattr(w, self.name)
+        return value
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Evidence that is not a windowed mean: ``get`` reads it from the window (a state's share, the last poll's
+    memory, the card's health, the window's length)."""
+
+    evidence: str
+    unit: str
+    get: Callable[[GpuWindow], float | None]
+    rule: str | None = None
+
+
+#: The evidence of every verdict, in the order it is shown: the windowed means and the values derived from a window.
+EVIDENCE: tuple[Mean | Derived, ...] = (
+    Derived("utilization_gpu", "ratio", lambda w: w.util, f"utilized at >= {BUSY_UTIL:.0%}"),
+    Mean("sm", "sm_activity", "ratio", f"launch bound below {LAUNCH_SM_PER_UTIL:g} x utilization_gpu"),
+    Mean("tensor", "tensor_activity", "ratio", f"tensor cores idle below {TENSOR_IDLE_MAX:.0%}"),
+    Mean("dram", "dram_activity", "ratio", f"memory bound at >= {MEMORY_BOUND_DRAM:.0%}"),
+    Mean("fp32", "fp32_activity", "ratio", f"FP32 pipes busy at >= {FP32_BUSY_MIN:.0%}"),
+    Derived("busy_share", "ratio", lambda w: w.share("busy")),
+    Derived("starved_share", "ratio", lambda w: w.share("starved"), f"input starved at >= {STARVED_MIN:.0%}"),
+    Derived("paused_share", "ratio", lambda w: w.share("paused"), f"job paused at >= {PAUSED_MIN:.0%}"),
+    Derived("held_idle_share", "ratio", lambda w: w.share("held_idle"), f"held idle at >= {HELD_IDLE_MIN:.0%}"),
+    Mean("job_cpu_cores", "job_cpu", "cores", f"job working at >= {JOB_CPU_BUSY_CORES:g} cores"),
+    Mean("max_process_cpu_cores", "max_process_cpu", "cores", f"a launching thread at >= {LAUNCH_CPU_CORES:g} cores"),
+    Mean("io_read_bytes_per_second", "job_read_rate", "bytes_per_second"),
+    Mean("io_blocked_processes", "job_processes_in_io_wait", "processes"),
+    Mean("host_cpu_busy_ratio", "host_cpu_busy", "ratio"),
+    Mean(
         "pcie_rx",
-        w.pcie_rx,
+        "pcie_rx",
         "bytes_per_second",
         f"copy bound at >= {H2D_RX_BYTES_PER_SECOND / 1e9:.2f} GB/s with SM activity < {H2D_SM_MAX:.0%}",
-    )
-    add("nvlink_rx", w.nvlink_rx, "bytes_per_second")
-    add("memory_used", w.memory_used_bytes, "bytes")
-    add("memory_used_ratio", w.memory_used_ratio, "ratio", f"nearly full above {MEMORY_FULL_RATIO:.0%}")
-    add("sm_clock_of_max", w.sm_clock_ratio, "ratio", f"throttled below {THROTTLE_CLOCK_RATIO:.0%}")
-    add("throttle_share", w.throttle_fraction, "ratio", f"throttled at >= {THROTTLE_MIN_FRACTION:.0%}")
-    h = w.health
-    add("temperature", h.temperature_celsius, "celsius")
-    add("slowdown_threshold", h.slowdown_celsius, "celsius", f"hot within {HOT_MARGIN_CELSIUS:g} °C of it")
-    add("memory_temperature", h.memory_temperature_celsius, "celsius")
-    add("uncorrected_ecc_errors", h.uncorrected_ecc, "errors")
-    add("power", w.power_watts, "watts")
-    add("power_limit", w.power_limit_watts, "watts")
-    add("window", w.seconds, "seconds")
-    return ev
+    ),
+    Mean("nvlink_rx", "nvlink_rx", "bytes_per_second"),
+    Derived("memory_used", "bytes", lambda w: w.memory_used_bytes),
+    Derived("memory_used_ratio", "ratio", lambda w: w.memory_used_ratio, f"nearly full above {MEMORY_FULL_RATIO:.0%}"),
+    Derived("sm_clock_of_max", "ratio", lambda w: w.sm_clock_ratio, f"throttled below {THROTTLE_CLOCK_RATIO:.0%}"),
+    Derived("throttle_share", "ratio", lambda w: w.throttle_fraction, f"throttled at >= {THROTTLE_MIN_FRACTION:.0%}"),
+    Derived("temperature", "celsius", lambda w: w.health.temperature_celsius),
+    Derived(
+        "slowdown_threshold",
+        "celsius",
+        lambda w: w.health.slowdown_celsius,
+        f"hot within {HOT_MARGIN_CELSIUS:g} °C of it",
+    ),
+    Derived("memory_temperature", "celsius", lambda w: w.health.memory_temperature_celsius),
+    Derived("uncorrected_ecc_errors", "errors", lambda w: w.health.uncorrected_ecc),
+    Mean("power_watts", "power", "watts"),
+    Derived("power_limit", "watts", lambda w: w.power_limit_watts),
+    Derived("window", "seconds", lambda w: w.seconds),
+)
+
+#: The windowed means, in EVIDENCE order: the slots of ``Interval.means``.
+MEANS: tuple[Mean, ...] = tuple(e for e in EVIDENCE if isinstance(e, Mean))
+
+
+def pack_means(**values: float | None) -> tuple[float | None, ...]:
+    """Return ``values`` (one per MEANS name) as an Interval's ``means``. Raises KeyError naming a missing or an
+    undeclared mean."""
+    extra = set(values) - {m.name for m in MEANS}
+    if extra:
+        raise KeyError(f"not declared in MEANS: {sorted(extra)}")
+    return tuple(values[m.name] for m in MEANS)
+
+
+def _evidence(w: GpuWindow) -> list[Evidence]:
+    """The numbers behind a verdict on ``w``: every EVIDENCE row with a value, in the table's order."""
+    out = []
+    for row in EVIDENCE:
+        value = row.get(w)
+        if value is not None:
+            out.append(Evidence(name=row.evidence, value=round(float(value), 6), unit=row.unit, rule=row.rule))
+    return out
 
 
 def _utilized(w: GpuWindow) -> bool:

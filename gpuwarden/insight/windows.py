@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gpuwarden.insight import states as st
 from gpuwarden.insight.attribution import JobRef
-from gpuwarden.insight.diagnosis import GpuWindow, Health
+from gpuwarden.insight.diagnosis import MEANS, GpuWindow, Health
 from gpuwarden.insight.result import StateRun
 
 
@@ -29,50 +29,23 @@ class Interval:
     util_seconds: float
     holder: str
     pids: frozenset[int]
-    sm: float | None
-    tensor: float | None
-    pcie_rx: float | None
-    nvlink_rx: float | None
-    job_cpu: float | None
-    max_proc_cpu: float | None
-    dram: float | None
-    fp32: float | None
-    io_read: float | None
-    blocked: float | None
-    host_busy: float | None
+    means: tuple[float | None, ...]  # one per gpuwarden.insight.diagnosis.MEANS (pack_means)
     clock_ratio: float | None
     throttle: bool
     severe: bool
     reasons: frozenset[str]
-    power: float | None
     power_limit: float | None
     mem_used: int | None
     mem_total: int | None
     health: Health
 
 
-#: Interval fields averaged over a window, weighted by the interval's seconds (None values skipped).
-_MEAN_FIELDS = (
-    "sm",
-    "tensor",
-    "pcie_rx",
-    "nvlink_rx",
-    "job_cpu",
-    "max_proc_cpu",
-    "host_busy",
-    "power",
-    "dram",
-    "fp32",
-    "io_read",
-    "blocked",
-)
-
 # Slots of a window's sums: seconds per state, then the other sums, then a (value x seconds, seconds) pair per
 # mean field.
 _STATE_SLOT = {name: i for i, name in enumerate(st.STATES)}
 _UTIL_SECONDS, _SECONDS, _THROTTLED, _SEVERE, _CLOCK_NUM, _CLOCK_DEN = range(len(st.STATES), len(st.STATES) + 6)
-_MEAN_SLOT = {name: _CLOCK_DEN + 1 + 2 * i for i, name in enumerate(_MEAN_FIELDS)}
-_SLOTS = _CLOCK_DEN + 1 + 2 * len(_MEAN_FIELDS)
+_MEAN_SLOT = [_CLOCK_DEN + 1 + 2 * i for i in range(len(MEANS))]
+_SLOTS = _CLOCK_DEN + 1 + 2 * len(MEANS)
 
 #: Every finite double is an integer multiple of 2**-1074, so a sum held as an integer count of 2**-1074 is
 #: exact: adding an interval and later removing it restores the sum bit for bit (no drift, no rebuild, and a
@@ -105,10 +78,8 @@ def terms(iv: Interval) -> list[tuple[int, int]]:
         ew = _exact(w)
         out.append((_SECONDS, ew))
         if w > 0:
-            for name in _MEAN_FIELDS:
-                v = getattr(iv, name)
+            for slot, v in zip(_MEAN_SLOT, iv.means, strict=True):
                 if v is not None:
-                    slot = _MEAN_SLOT[name]
                     out.append((slot, _exact(v * w)))
                     out.append((slot + 1, ew))
             if iv.throttle and iv.clock_ratio is not None:
@@ -162,9 +133,9 @@ class Captured:
         (tests/test_insight_running.py)."""
         sums, last = self.sums, self.last
 
-        def mean(name: str) -> float | None:
-            slot = _MEAN_SLOT[name]
-            return sums[slot] / sums[slot + 1] if sums[slot + 1] > 0 else None
+        means = {
+            m.name: sums[s] / sums[s + 1] if sums[s + 1] > 0 else None for m, s in zip(MEANS, _MEAN_SLOT, strict=True)
+        }
 
         one = 1 << _SHIFT
         states = {k: sums[i] / one for k, i in _STATE_SLOT.items()}
@@ -178,29 +149,18 @@ class Captured:
             states=states,
             held=last is not None and last.holder != "none",
             util=sums[_STATE_SLOT["busy"]] / util_secs if util_secs > 0 else None,
-            sm=mean("sm"),
-            tensor=mean("tensor"),
-            pcie_rx=mean("pcie_rx"),
-            nvlink_rx=mean("nvlink_rx"),
-            job_cpu_cores=mean("job_cpu"),
-            max_process_cpu_cores=mean("max_proc_cpu"),
-            dram=mean("dram"),
-            fp32=mean("fp32"),
-            io_read_bytes_per_second=mean("io_read"),
-            io_blocked_processes=mean("blocked"),
-            host_cpu_busy_ratio=mean("host_busy"),
             memory_used_bytes=last.mem_used if last else None,
             memory_total_bytes=last.mem_total if last else None,
             sm_clock_ratio=sums[_CLOCK_NUM] / sums[_CLOCK_DEN] if sums[_CLOCK_DEN] > 0 else None,
             throttle_fraction=sums[_THROTTLED] / total if total > 0 else 0.0,
             severe_throttle_fraction=sums[_SEVERE] / total if total > 0 else 0.0,
             throttle_reasons=tuple(sorted(r for r, n in self.reasons.items() if n > 0)),
-            power_watts=mean("power"),
             power_limit_watts=last.power_limit if last else None,
             health=last.health if last else Health(),
             job=job.job if held_job else None,  # type: ignore[union-attr]
             job_kind=job.kind if held_job else None,  # type: ignore[union-attr]
             processes=tuple(sorted(last.pids)) if last else (),
+            **means,  # every MEANS name is a float | None field of GpuWindow (tests/test_insight_diagnosis.py)
         )
 
 
