@@ -132,36 +132,40 @@ class Captured:
         """The GpuWindow of the intervals summed; equals the from-scratch computation to float rounding
         (tests/test_insight_running.py)."""
         sums, last = self.sums, self.last
-
-        means = {
-            m.name: sums[s] / sums[s + 1] if sums[s + 1] > 0 else None for m, s in zip(MEANS, _MEAN_SLOT, strict=True)
-        }
-
         one = 1 << _SHIFT
-        states = {k: sums[i] / one for k, i in _STATE_SLOT.items()}
         total = sums[_SECONDS]
-        util_secs = sums[_UTIL_SECONDS]
         held_job = job is not None and last is not None and last.holder == "job"
         return GpuWindow(
             index=index,
             uuid=uuid,
             seconds=sum(sums[i] for i in _STATE_SLOT.values()) / one,
-            states=states,
+            states={k: sums[i] / one for k, i in _STATE_SLOT.items()},
             held=last is not None and last.holder != "none",
-            util=sums[_STATE_SLOT["busy"]] / util_secs if util_secs > 0 else None,
-            memory_used_bytes=last.mem_used if last else None,
-            memory_total_bytes=last.mem_total if last else None,
-            sm_clock_ratio=sums[_CLOCK_NUM] / sums[_CLOCK_DEN] if sums[_CLOCK_DEN] > 0 else None,
-            throttle_fraction=sums[_THROTTLED] / total if total > 0 else 0.0,
-            severe_throttle_fraction=sums[_SEVERE] / total if total > 0 else 0.0,
+            util=_ratio(sums[_STATE_SLOT["busy"]], sums[_UTIL_SECONDS]),
+            sm_clock_ratio=_ratio(sums[_CLOCK_NUM], sums[_CLOCK_DEN]),
+            throttle_fraction=_ratio(sums[_THROTTLED], total) or 0.0,
+            severe_throttle_fraction=_ratio(sums[_SEVERE], total) or 0.0,
             throttle_reasons=tuple(sorted(r for r, n in self.reasons.items() if n > 0)),
-            power_limit_watts=last.power_limit if last else None,
-            health=last.health if last else Health(),
             job=job.job if held_job else None,  # type: ignore[union-attr]
             job_kind=job.kind if held_job else None,  # type: ignore[union-attr]
+            memory_used_bytes=last.mem_used if last else None,
+            memory_total_bytes=last.mem_total if last else None,
+            power_limit_watts=last.power_limit if last else None,
+            health=last.health if last else Health(),
             processes=tuple(sorted(last.pids)) if last else (),
-            **means,  # every MEANS name is a float | None field of GpuWindow (tests/test_insight_diagnosis.py)
+            # every MEANS name is a float | None field of GpuWindow (tests/test_insight_diagnosis.py)
+            **_means(sums),
         )
+
+
+def _ratio(num: int, den: int) -> float | None:
+    """``num / den``; None when ``den`` is not positive (nothing summed)."""
+    return num / den if den > 0 else None
+
+
+def _means(sums: list[int]) -> dict[str, float | None]:
+    """Each MEANS reading's time-weighted mean from a window's sums (None: no interval knew it)."""
+    return {m.name: _ratio(sums[s], sums[s + 1]) for m, s in zip(MEANS, _MEAN_SLOT, strict=True)}
 
 
 class Running:
