@@ -45,9 +45,9 @@ STEPS: list[tuple[str, str | None, str, str]] = [
     ("gpuwarden.nvml.source", None, "read_host", "poll: host CPU times (/proc/stat)"),
     ("gpuwarden.replay.source", "ReplaySource", "poll", "poll: replay source"),
     ("gpuwarden.insight.analyzer", "InsightAnalyzer", "prepare", "poll: insight accounting (every poll)"),
-    ("gpuwarden.insight.analyzer", None, "_result", "insight: result built (when first read)"),
+    ("gpuwarden.insight.analyzer", None, "build_result", "insight: result built (when first read)"),
     ("gpuwarden.exposition", "Exposition", "render", "render: the exposition (collectors + text)"),
-    ("gpuwarden.exposition", None, "generate_latest", "render: generate_latest of the families that changed"),
+    ("gpuwarden.exposition", "FamilyTexts", "render", "render: text of the families that changed"),
     ("gpuwarden.exposition", "Exposition", "cached", "scrape: look-up of the ready text"),
 ]
 
@@ -93,6 +93,8 @@ def instrument() -> list[Step]:
         except ImportError:  # e.g. no pynvml: the NVML steps are skipped
             continue
         owner = getattr(mod, cls) if cls else mod  # a module-level name is patched where it is looked up
+        if not hasattr(owner, attr):
+            raise AttributeError(f"bench.cpu_breakdown.STEPS: {module}.{cls or ''}.{attr} is gone; update STEPS")
         step = Step(label)
         setattr(owner, attr, step.wrap(getattr(owner, attr)))
         steps.append(step)

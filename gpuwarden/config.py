@@ -103,6 +103,13 @@ class Config(BaseSettings):
         le=65536,
         description="open HTTP connections at most; past it the one waiting longest for a request head is closed",
     )
+    keep_alive_timeout_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="an idle keep-alive connection is closed after this many seconds: longer than the scrape interval "
+        "(Prometheus's default is 1 m), so each scrape reuses its connection instead of reconnecting",
+    )
     request_head_timeout_seconds: float = Field(
         default=10.0, gt=0, le=300, description="a request line and headers must arrive within this many seconds"
     )

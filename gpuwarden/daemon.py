@@ -224,6 +224,7 @@ class Daemon:
         self.http_limits = HttpLimits(
             max_connections=self.cfg.max_connections,
             head_timeout=self.cfg.request_head_timeout_seconds,
+            keep_alive=self.cfg.keep_alive_timeout_seconds,
             max_head_bytes=self.cfg.max_request_head_bytes,
         )
         try:

@@ -26,6 +26,9 @@ from gpuwarden.source import Source
 
 log = logging.getLogger(__name__)
 
+#: A slow poll (over half the interval) is logged at most this often.
+SLOW_POLL_LOG_SECONDS = 300.0
+
 
 #: An analyzer sees each new poll (and the snapshot before it) and returns its result for the snapshot.
 Analyzer = Callable[[PollResult, NodeStatic], Any]
@@ -66,6 +69,8 @@ class Poller:
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
         self._hung_logged_at = 0.0
+        self._slow_logged_at = -SLOW_POLL_LOG_SECONDS  # the first slow poll is logged at once
+        self._slow_polls = 0
         self.analyzers = analyzers or {}
         self._extra_info = extra_info or {}
         self._stop = threading.Event()
@@ -202,6 +207,24 @@ class Poller:
                 log.exception("before-publish hook failed")
         with self._lock:
             self.snapshot = snap
+        self._warn_if_slow(time.time() - started)
+
+    def _warn_if_slow(self, seconds: float) -> None:
+        """Log a warning when a poll (reading, analysis, render ahead) took more than half the poll interval: the
+        poll thread is near falling behind. At most once per SLOW_POLL_LOG_SECONDS, with how many were slow."""
+        if seconds <= self.interval / 2:
+            return
+        self._slow_polls += 1
+        now = time.monotonic()
+        if now - self._slow_logged_at >= SLOW_POLL_LOG_SECONDS:
+            log.warning(
+                "polls take more than half the poll interval: the last %.3f s of %.3f s (%d slow since the last "
+                "warning); raise poll_interval_seconds, or read fewer GPUs or collectors",
+                seconds,
+                self.interval,
+                self._slow_polls,
+            )
+            self._slow_logged_at, self._slow_polls = now, 0
 
     def _finished(self, started: float) -> None:
         self.poll_started = None

@@ -2,11 +2,21 @@
 
 NVML gives the PIDs that hold a GPU context and their GPU memory; this module adds each process's
 name, command line, user, CPU time and cgroup, and the host's CPU times. None of it needs a GPU.
+
+The cost of a poll grows with the GPU jobs, never with the host: a GPU process's descendants (DataLoader workers)
+are found by walking ``/proc/PID/task/*/children`` down from it (the kernel's CONFIG_PROC_CHILDREN, on in every
+distribution kernel), at most once per TREE_REFRESH_SECONDS; in between, each poll reads only the members' own
+counters. A process seen on several GPUs in one poll is read once. Where the kernel has no children files, one
+scan of /proc per refresh (not per GPU process, not per poll) gives every parent's children.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -49,13 +59,37 @@ class ProcessInspector:
     read are None. Handles of processes no longer asked for are dropped by ``forget_except``.
     """
 
-    def __init__(self, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+    def __init__(
+        self,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        proc_root: Path = Path("/proc"),
+        tree_refresh: float = 5.0,
+    ) -> None:
         self.cgroup_root = cgroup_root
+        self.proc_root = proc_root
+        self.tree_refresh = tree_refresh
         self._procs: dict[int, psutil.Process] = {}
         self._static: dict[int, _Static] = {}
+        self._trees: dict[int, _Members] = {}  # GPU process pid -> its descendants, as last walked
+        self._polled: dict[int, ProcessReading] = {}  # this poll's readings, by pid
+        self._parents: tuple[float, dict[int, list[int]]] | None = None  # the /proc scan, where no children files
+        self.walks = 0  # tree walks done (a refresh of one GPU process's descendants)
+
+    def new_poll(self) -> None:
+        """Start a poll: a process asked for again in it (one process on several GPUs) is read once."""
+        self._polled = {}
 
     def describe(self, pid: int, gpu_memory_bytes: int | None) -> ProcessReading:
-        """Return what /proc tells of ``pid`` (name, cmdline, user, CPU seconds, start, cgroup)."""
+        """Return what /proc tells of ``pid`` (name, cmdline, user, CPU seconds, start, cgroup, and its tree of
+        descendants' CPU seconds, count, processes in I/O wait and bytes read)."""
+        seen = self._polled.get(pid)
+        if seen is not None:
+            return seen.model_copy(update={"gpu_memory_bytes": gpu_memory_bytes})
+        reading = self._describe(pid, gpu_memory_bytes)
+        self._polled[pid] = reading
+        return reading
+
+    def _describe(self, pid: int, gpu_memory_bytes: int | None) -> ProcessReading:
         proc = self._procs.get(pid)
         try:
             if proc is None:
@@ -68,10 +102,11 @@ class ProcessInspector:
                     )  # fmt: skip
             cpu = proc.cpu_times()
             cpu_total: float | None = cpu.user + cpu.system
-            tree = _tree(proc, cpu)
+            tree = _tree(proc, cpu, self._members(proc))
         except (psutil.Error, OSError):
             self._procs.pop(pid, None)
             self._static.pop(pid, None)
+            self._trees.pop(pid, None)
             return ProcessReading.model_construct(pid=pid, gpu_memory_bytes=gpu_memory_bytes)
         name, cmd, user, created, cgroup, env = self._static[pid]
         return ProcessReading.model_construct(
@@ -98,6 +133,36 @@ class ProcessInspector:
             if pid not in live:
                 del self._procs[pid]
                 self._static.pop(pid, None)
+                self._trees.pop(pid, None)
+
+    def _members(self, proc: psutil.Process) -> list[psutil.Process]:
+        """The live descendants of ``proc`` as last walked, walked again when TREE_REFRESH_SECONDS old."""
+        now = time.monotonic()
+        tree = self._trees.get(proc.pid)
+        if tree is not None and now - tree.walked < self.tree_refresh:
+            return tree.members
+        old = {m.pid: m for m in tree.members} if tree is not None else {}
+        members = []
+        for pid in self._descendants(proc.pid, now):
+            handle = old.get(pid)
+            if handle is None:
+                try:
+                    handle = psutil.Process(pid)
+                except psutil.Error:
+                    continue  # ended meanwhile
+            members.append(handle)
+        self._trees[proc.pid] = _Members(now, members)
+        self.walks += 1
+        return members
+
+    def _descendants(self, pid: int, now: float) -> list[int]:
+        """Every descendant of ``pid``, from the children files, or from one /proc scan per refresh without them."""
+        if children_files(self.proc_root):
+            return descendants(pid, lambda p: read_children(p, self.proc_root))
+        if self._parents is None or now - self._parents[0] >= self.tree_refresh:
+            self._parents = (now, scan_children(self.proc_root))
+        kids = self._parents[1]
+        return descendants(pid, lambda p: kids.get(p, []))
 
 
 def _environ(proc: psutil.Process) -> dict[str, str]:
@@ -119,12 +184,84 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
     return out
 
 
-def _tree(proc: psutil.Process, cpu: object) -> tuple[float, int, int, int | None]:
-    """(CPU seconds, processes, processes in state D, bytes read) of ``proc`` and its live descendants, the CPU
-    including its reaped children's (psutil's children_user/children_system). Raises psutil.Error for ``proc``."""
+@dataclass(frozen=True, slots=True)
+class _Members:
+    """A GPU process's descendants (psutil handles) and when they were walked (time.monotonic)."""
+
+    walked: float
+    members: list[psutil.Process]
+
+
+_CHILDREN_FILES: dict[Path, bool] = {}
+_CHILDREN_LOCK = threading.Lock()
+
+
+def children_files(proc_root: Path = Path("/proc")) -> bool:
+    """True when the kernel has ``/proc/PID/task/TID/children`` (CONFIG_PROC_CHILDREN); checked once per root."""
+    with _CHILDREN_LOCK:
+        if proc_root not in _CHILDREN_FILES:
+            me = proc_root / str(os.getpid()) / "task" / str(threading.get_native_id()) / "children"
+            _CHILDREN_FILES[proc_root] = me.exists()
+        return _CHILDREN_FILES[proc_root]
+
+
+def read_children(pid: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """The direct children of ``pid``: the PIDs in ``/proc/PID/task/*/children`` (each thread's children); [] when
+    the process is gone or unreadable. Costs one read per thread of ``pid``, whatever the host runs."""
+    task = proc_root / str(pid) / "task"
+    try:
+        tids = os.listdir(task)
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tids:
+        try:
+            with open(task / tid / "children") as f:
+                out.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return out
+
+
+def scan_children(proc_root: Path = Path("/proc")) -> dict[int, list[int]]:
+    """Every process's children, from one pass over ``/proc/*/stat`` (the parent PID, field 4): the fallback where
+    the kernel has no children files. Costs one read per host process: done once per refresh, for every GPU
+    process at once."""
+    out: dict[int, list[int]] = {}
+    for name in os.listdir(proc_root):
+        if not name.isdigit():
+            continue
+        try:
+            with open(proc_root / name / "stat", "rb") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(b")") + 2 :].split(None, 2)[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out.setdefault(ppid, []).append(int(name))
+    return out
+
+
+def descendants(pid: int, children: Callable[[int], list[int]]) -> list[int]:
+    """Every descendant of ``pid`` (breadth first), each once, given each process's ``children``."""
+    out: list[int] = []
+    seen = {pid}
+    todo = [pid]
+    while todo:
+        for child in children(todo.pop()):
+            if child not in seen:
+                seen.add(child)
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+def _tree(proc: psutil.Process, cpu: object, members: list[psutil.Process]) -> tuple[float, int, int, int | None]:
+    """(CPU seconds, processes, processes in state D, bytes read) of ``proc`` and its live descendants
+    (``members``), the CPU including its reaped children's (psutil's children_user/children_system). Raises
+    psutil.Error for ``proc``."""
     seconds = sum(getattr(cpu, k, 0.0) for k in ("user", "system", "children_user", "children_system"))
     count, blocked, read = 1, int(proc.status() == psutil.STATUS_DISK_SLEEP), _read_bytes(proc)
-    for child in proc.children(recursive=True):
+    for child in members:
         try:
             with child.oneshot():
                 t = child.cpu_times()

@@ -23,6 +23,7 @@ MAX_CONNECTIONS = 1000  # the default
 IDLE = 1100
 SLOWLORIS = 300
 HEAD_TIMEOUT = 1.0
+KEEP_ALIVE = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subp
         **os.environ,
         "GPUWARDEN_REQUEST_HEAD_TIMEOUT_SECONDS": str(HEAD_TIMEOUT),
         "GPUWARDEN_MAX_REQUEST_HEAD_BYTES": "16384",
+        "GPUWARDEN_KEEP_ALIVE_TIMEOUT_SECONDS": str(KEEP_ALIVE),
     }
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -66,6 +68,15 @@ def _scrapes(url: str, n: int) -> list[float]:
         assert r.status_code == 200 and b"gpu_up" in r.content
         out.append(time.monotonic() - t0)
     return out
+
+
+def _length(response: bytes) -> int:
+    """The content-length of a response head (0 without one)."""
+    head = response.split(b"\r\n\r\n", 1)[0].lower()
+    for line in head.split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
 
 
 def _rss_mib(proc: subprocess.Popen[bytes]) -> float:
@@ -142,6 +153,36 @@ def test_huge_request_heads_get_431_and_memory_stays_bounded(
         assert reply == b"" or reply.startswith(b"HTTP/1.1 431"), reply
     assert _rss_mib(proc) < 128
     assert max(_scrapes(url, 5)) < 1.0
+
+
+def test_a_kept_alive_connection_outlives_the_head_deadline_until_the_keep_alive_timeout(
+    daemon: tuple[str, subprocess.Popen[bytes], Path],
+) -> None:
+    """A scraper idle between scrapes for longer than the head deadline keeps its connection (Prometheus reuses it);
+    an idle connection is closed once the keep-alive timeout passes."""
+    url = daemon[0]
+    host, port = url.removeprefix("http://").split(":")
+    request = f"GET /healthz HTTP/1.1\r\nhost: {host}\r\n\r\n".encode()
+
+    def answer(s: socket.socket) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + _length(data):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request)
+        assert answer(s).startswith(b"HTTP/1.1 200")
+        time.sleep(HEAD_TIMEOUT * 2.5)  # idle past the head deadline, within keep-alive
+        s.sendall(request)
+        assert answer(s).startswith(b"HTTP/1.1 200"), "the kept-alive connection was closed at the head deadline"
+        s.settimeout(KEEP_ALIVE * 5)
+        t0 = time.monotonic()
+        assert s.recv(65536) == b""  # the server closes the idle connection ...
+        assert time.monotonic() - t0 >= KEEP_ALIVE * 0.8  # ... at the keep-alive timeout, not before
 
 
 def test_the_log_stays_small(daemon: tuple[str, subprocess.Popen[bytes], Path]) -> None:

@@ -124,7 +124,8 @@ class NvmlSource:
         self._annotate = annotate
         self._errors: Counter[tuple[str, str]] = Counter()
         self._pollers: list[GpuPoller] = []
-        self._inspector = ProcessInspector() if processes else None
+        # a GPU process's tree of workers is walked again at the host cadence (per poll only its members are read)
+        self._inspector = ProcessInspector(tree_refresh=host_min_gap) if processes else None
         self._xid: XidWatcher | None = None
         self._open = False
         self.static: NodeStatic | None = None
@@ -228,6 +229,8 @@ class NvmlSource:
         gpus: list[GpuReading] = []
         gone = 0
         reasons: Counter[str] = Counter()
+        if self._inspector is not None:
+            self._inspector.new_poll()
         for p in self._pollers:
             before = self._gone_errors()
             g = p.read(now)

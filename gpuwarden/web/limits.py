@@ -8,8 +8,9 @@ which gpuwarden.web.listener adds to uvicorn's own httptools protocol, so the HT
 - **connections**: at most ``max_connections`` open; a new connection past the cap evicts the connection that has
   waited longest for its request head (an idle or slow client), so a scraper that connects during a flood of idle
   connections still gets in; when every open connection is inside a request, the new one is closed;
-- **head deadline**: a request head must be complete within ``head_timeout`` seconds of the connection, or of the
-  previous response (slowloris, idle sockets): the connection is closed;
+- **head deadline**: a request head must be complete within ``head_timeout`` seconds of the connection or of its
+  first byte (slowloris, idle sockets), and the next request on a kept-alive connection must start within
+  ``keep_alive`` seconds of the previous response: else the connection is closed;
 - **head size**: a request line and headers over ``max_head_bytes`` get ``431`` and the connection is closed.
 
 Each eviction, timeout or refusal is counted (``HttpLimits.counts``); logging them is left to a rate-limited
@@ -34,6 +35,7 @@ class HttpLimits:
 
     max_connections: int = 1000
     head_timeout: float = 10.0
+    keep_alive: float = 120.0
     max_head_bytes: int = 65536
     counts: Counter[str] = field(default_factory=Counter)
     pending: OrderedDict[Any, float] = field(default_factory=OrderedDict)

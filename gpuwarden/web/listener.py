@@ -199,7 +199,7 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
                 transport.abort()
                 return
             super().connection_made(transport)
-            self._await_head()
+            self._await_head(limits.head_timeout)
 
         def _evict(self) -> bool:
             while limits.pending:
@@ -210,11 +210,11 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
                     return True
             return False
 
-        def _await_head(self) -> None:
+        def _await_head(self, seconds: float) -> None:
             self._head_bytes = 0
             limits.pending[self] = time.monotonic()
             self._cancel_head_timer()
-            self._head_timer = self.loop.call_later(limits.head_timeout, self._head_timed_out)
+            self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
 
         def _cancel_head_timer(self) -> None:
             if self._head_timer is not None:
@@ -234,6 +234,8 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
 
         def data_received(self, data: bytes) -> None:
             if self in limits.pending:
+                if self._head_bytes == 0 and limits.keep_alive != limits.head_timeout:
+                    self._await_head(limits.head_timeout)  # a request began: its head has the head deadline
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_head_bytes:
                     limits.counts["head_too_large"] += 1
@@ -252,7 +254,7 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if not self.transport.is_closing():
-                self._await_head()  # the next request head (keep-alive) has the same deadline
+                self._await_head(limits.keep_alive)  # idle until the next request (keep-alive)
 
         def connection_lost(self, exc: Exception | None) -> None:
             limits.pending.pop(self, None)
@@ -288,6 +290,7 @@ def serve(
         log_config=None,
         log_level=log_level,
         access_log=log_level == "debug",
+        timeout_keep_alive=max(1, round(limits.keep_alive)),
         # uvicorn's httptools protocol (faster than h11, docs/performance.md) with the bounds it lacks
         http=bounded_protocol(limits),
         **(uvicorn_kwargs or {}),

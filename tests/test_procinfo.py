@@ -1,0 +1,97 @@
+"""Process trees at O(the job): a GPU process's descendants come from /proc/PID/task/*/children (or one /proc scan per
+refresh where the kernel has none), are walked again only at the refresh cadence, and a process on several GPUs is
+read once per poll. Real local processes (a parent shell with sleeping children), no GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpuwarden import procinfo
+from gpuwarden.procinfo import ProcessInspector, children_files, descendants, read_children, scan_children
+
+
+@pytest.fixture
+def tree() -> Iterator[tuple[int, set[int]]]:
+    """A shell with two sleeping children and a shell child with a sleeping child: (root pid, the 4 descendants)."""
+    root = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & sh -c 'sleep 60 & wait' & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            kids = {p.pid for p in psutil.Process(root.pid).children(recursive=True)}
+            if len(kids) >= 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)  # the shells fork their children: wait until all four exist
+        assert len(kids) == 4, kids
+        yield root.pid, kids
+    finally:
+        for p in psutil.Process(root.pid).children(recursive=True):
+            p.kill()
+        root.kill()
+        root.wait()
+
+
+def test_children_files_and_the_proc_scan_find_the_same_descendants(tree: tuple[int, set[int]]) -> None:
+    root, kids = tree
+    assert children_files(), "this kernel has CONFIG_PROC_CHILDREN"
+    assert set(descendants(root, read_children)) == kids
+    parents = scan_children()
+    assert set(descendants(root, lambda p: parents.get(p, []))) == kids
+    assert read_children(2**22 + 7) == []  # no such process: no children, no error
+
+
+def test_a_poll_reads_the_tree_without_scanning_the_host(tree: tuple[int, set[int]], monkeypatch) -> None:  # noqa: ANN001
+    root, kids = tree
+
+    def no_host_walks(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a host-wide walk in the poll")
+
+    monkeypatch.setattr(psutil.Process, "children", no_host_walks)
+    monkeypatch.setattr(procinfo, "scan_children", no_host_walks)
+    inspector = ProcessInspector(tree_refresh=60.0)
+    for _ in range(3):
+        inspector.new_poll()
+        first = inspector.describe(root, 1 << 30)
+        again = inspector.describe(root, 2 << 30)  # the same process on a second GPU
+    assert first.tree_processes == 1 + len(kids) and again.tree_processes == first.tree_processes
+    assert again.gpu_memory_bytes == 2 << 30 and first.gpu_memory_bytes == 1 << 30
+    assert inspector.walks == 1  # one walk, then the members' own counters at each poll
+
+
+def test_without_children_files_one_scan_per_refresh_serves_every_gpu_process(
+    tree: tuple[int, set[int]], monkeypatch
+) -> None:  # noqa: ANN001
+    root, kids = tree
+    monkeypatch.setitem(procinfo._CHILDREN_FILES, Path("/proc"), False)
+    scans = []
+    real = procinfo.scan_children
+    monkeypatch.setattr(procinfo, "scan_children", lambda root=Path("/proc"): scans.append(1) or real(root))
+    inspector = ProcessInspector(tree_refresh=0.0)  # walk at every poll: the scan is still shared within it
+    inspector.new_poll()
+    a = inspector.describe(root, None)
+    b = inspector.describe(min(kids), None)  # a second GPU process
+    assert a.tree_processes == 1 + len(kids) and b.tree_processes is not None
+    assert len(scans) <= 2  # at most one per refresh; with tree_refresh 0 the two walks may each rescan
+
+
+def test_a_new_worker_is_seen_at_the_next_refresh(tree: tuple[int, set[int]]) -> None:
+    root, kids = tree
+    inspector = ProcessInspector(tree_refresh=0.05)
+    inspector.new_poll()
+    before = inspector.describe(root, None).tree_processes
+    for p in psutil.Process(root).children():
+        if p.name() == "sleep":
+            p.kill()
+            break
+    deadline = time.monotonic() + 10
+    after = before
+    while after == before and time.monotonic() < deadline:
+        time.sleep(0.06)  # past the refresh
+        inspector.new_poll()
+        after = inspector.describe(root, None).tree_processes
+    assert after == (before or 0) - 1
