@@ -22,7 +22,7 @@ from gpuwarden.poller import Analyzer, Poller
 from gpuwarden.source import Source
 from gpuwarden.web import listener
 from gpuwarden.web.app import create_app, diagnosis_route
-from gpuwarden.web.auth import AuthGate
+from gpuwarden.web.gate import AuthGate
 from gpuwarden.web.limits import HttpLimits
 
 log = logging.getLogger(__name__)

@@ -34,13 +34,14 @@ from fastapi import FastAPI
 from helpers import count_closed
 
 from gpuwarden.web import auth as webauth
-from gpuwarden.web.auth import AuthGate, BasicAuthMiddleware
+from gpuwarden.web.auth import BasicAuthMiddleware
 from gpuwarden.web.config import (
     DEFAULT_OPEN_PATHS,
     WebConfig,
     WebConfigError,
     load_web_config,
 )
+from gpuwarden.web.gate import AuthGate
 
 EXAMPLE = Path(__file__).parent.parent / "deploy" / "web-config.example.yml"
 PASSWORD = "s3cret-scrape-pw"

@@ -1,5 +1,5 @@
-"""HTTP basic auth (RFC 7617) against bcrypt hashes, as exporter-toolkit does it, and the gate that puts the app
-behind it or not as the web config's users come and go (``basic_auth_users`` in gpuwarden.web.config)."""
+"""HTTP basic auth (RFC 7617) against bcrypt hashes, as exporter-toolkit does it, for the users of the web config
+(``basic_auth_users`` in gpuwarden.web.config; gpuwarden.web.gate switches it on and off)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from typing import Any
 
 import bcrypt
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -176,28 +175,3 @@ def _checkpw(password: bytes, hashed: bytes) -> bool:
         return bcrypt.checkpw(password, hashed)
     except ValueError:  # bcrypt >= 5 refuses passwords over 72 bytes; no stored hash can match one
         return False
-
-
-class AuthGate:
-    """The app behind basic auth when users are configured, the app itself when not; ``set_users`` switches
-    between them at once (configuration reload), so auth can be turned on, changed and off by SIGHUP."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.inner: ASGIApp = app
-        self._auth: Any = None
-
-    def set_users(self, users: dict[str, bytes]) -> None:
-        """Use ``users`` from the next request on (empty: no auth). Raises ValueError on a hash that is not bcrypt."""
-        if not users:
-            self.inner = self.app
-            return
-        if self._auth is None:
-            self._auth = BasicAuthMiddleware(self.app, users)
-        else:
-            self._auth.set_users(users)
-        self.inner = self._auth
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the connection to the app, through auth when users are configured."""
-        await self.inner(scope, receive, send)
