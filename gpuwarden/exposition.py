@@ -150,6 +150,21 @@ class FamilyTexts:
 FIRST_GAP_MAX = 120.0
 
 
+@dataclass(slots=True)
+class _Scrapes:
+    """What the scrapes in one format told: when the last came, the gap before it, whether it took gzip."""
+
+    fmt: Format
+    last: float
+    gap: float | None = None
+    gzip: bool = False
+
+
+def _rendering_ahead(seen: _Scrapes, now: float) -> bool:
+    """Whether the poll thread renders ``seen``'s format ahead: its scrapes showed a period, or came lately."""
+    return seen.gap is not None or now - seen.last <= FIRST_GAP_MAX
+
+
 class Exposition:
     """Renders the latest snapshot of ``holder`` (the poller) to an exposition format, cached per snapshot.
 
@@ -171,18 +186,15 @@ class Exposition:
     ) -> None:
         self._holder = holder
         self._clock = clock
-        self._last_scrape: float | None = None
-        self._scrape_gap: float | None = None
+        self._scrapes: dict[str, _Scrapes] = {}  # by content type: every format scraped lately is rendered ahead
         self._lock = threading.Lock()
         self.min_age = min_age
         self.collectors = collectors
         self.options = options
-        self._format = PLAIN  # the format of the last scrape: what prerender renders
-        self._gzip = False  # whether the last scrape accepted gzip
         # per content type: (snapshot seq, source_up, monotonic render time, text)
         self._cache: dict[str, tuple[int, bool, float, bytes]] = {}
         self._texts: dict[str, FamilyTexts] = {}
-        self._gz: tuple[bytes, bytes] | None = None  # (text, its gzip)
+        self._gz: dict[int, tuple[bytes, bytes]] = {}  # id(text) -> (text, its gzip), one per format at most
 
     def reconfigure(self, collectors: list[str], options: CollectOptions) -> None:
         """Use new collectors and options from the next render on (configuration reload)."""
@@ -211,11 +223,12 @@ class Exposition:
         """Note a scrape (its time, format and whether it takes gzip); return what ``render()`` would return if it
         needs no render (b"" before the first snapshot; at fast polls up to 2 x ``min_age`` old), else None."""
         now = self._clock()
-        ahead = self._rendering_ahead(now)  # the poll thread has been rendering ahead of scrapes
-        if self._last_scrape is not None:
-            self._scrape_gap = now - self._last_scrape
-        self._last_scrape = now
-        self._format, self._gzip = fmt, gzip_ok
+        seen = self._scrapes.get(fmt.content_type)
+        ahead = seen is not None and _rendering_ahead(seen, now)  # the poll thread renders this format ahead
+        if seen is None:
+            self._scrapes[fmt.content_type] = _Scrapes(fmt, now, None, gzip_ok)
+        else:
+            seen.gap, seen.last, seen.gzip = now - seen.last, now, gzip_ok
         snap = self._holder.snapshot
         if snap is None:
             return b""
@@ -230,40 +243,41 @@ class Exposition:
                 return cached[3]
         return body
 
-    def _rendering_ahead(self, now: float) -> bool:
-        last = self._last_scrape
-        return last is not None and (self._scrape_gap is not None or now - last <= FIRST_GAP_MAX)
-
     def prerender(self, snap: NodeSnapshot | None = None, poll_interval: float | None = None) -> bool:
-        """Render ``snap`` (default the latest snapshot) now, in the last scrape's format, if a scrape is expected
-        before the next poll; return True when it rendered. ``poll_interval`` defaults to the snapshot's.
+        """Render ``snap`` (default the latest snapshot) now in each format scraped lately (a second scraper in
+        another format is served ahead too) for which a scrape is expected before the next poll; return True when
+        it rendered. ``poll_interval`` defaults to the snapshot's.
 
-        Expected: the last scrape plus the last gap between two scrapes comes before the next poll
-        (``poll_interval`` from now) or has passed (a late scrape, or a gap that did not tell the period: a probe
-        or a person's request between two of Prometheus's scrapes). After the first scrape, until a second one
-        shows the period, every poll renders. Before any scrape, only the first render is made. Once no scrape
-        has come for FIRST_GAP_MAX seconds, or two gaps if longer (scrapes stopped: Prometheus is down), nothing
-        is rendered ahead until the next scrape, which renders for itself. When the last scrape took gzip, the
-        text is compressed here too.
+        Expected, per format: its last scrape plus the last gap between two of its scrapes comes before the next
+        poll (``poll_interval`` from now) or has passed (a late scrape, or a gap that did not tell the period: a
+        probe or a person's request between two of Prometheus's scrapes). After the first scrape, until a second
+        one shows the period, every poll renders. Before any scrape, only the first render (plain text) is made.
+        Once no scrape in a format has come for FIRST_GAP_MAX seconds, or two gaps if longer (that scraper
+        stopped), it is not rendered ahead until its next scrape, which renders for itself. When the last scrape
+        of a format took gzip, its text is compressed here too.
         """
         snap = snap if snap is not None else self._holder.snapshot
         if snap is None:
             return False
         interval = snap.interval_seconds if poll_interval is None else poll_interval
-        last, gap, now = self._last_scrape, self._scrape_gap, self._clock()
-        fmt = self._format
-        have = fmt.content_type in self._cache
-        if last is None:
-            if have:
+        now = self._clock()
+        if not self._scrapes:
+            if PLAIN.content_type in self._cache:
                 return False
-        elif have and now - last > max(FIRST_GAP_MAX, 2 * (gap or 0.0)):
-            return False
-        elif gap is not None and now + interval < last + gap:
-            return False
-        body = self.render(snap, fmt)
-        if self._gzip:
-            self.gzipped(body)
-        return True
+            self.render(snap, PLAIN)
+            return True
+        rendered = False
+        for seen in list(self._scrapes.values()):
+            have = seen.fmt.content_type in self._cache
+            if have and now - seen.last > max(FIRST_GAP_MAX, 2 * (seen.gap or 0.0)):
+                continue
+            if seen.gap is not None and now + interval < seen.last + seen.gap:
+                continue
+            body = self.render(snap, seen.fmt)
+            if seen.gzip:
+                self.gzipped(body)
+            rendered = True
+        return rendered
 
     def render(self, snap: NodeSnapshot | None = None, fmt: Format = PLAIN) -> bytes:
         """Return the exposition of ``snap`` (default the latest snapshot) in ``fmt`` (b"" before the first
@@ -286,12 +300,14 @@ class Exposition:
             return body
 
     def gzipped(self, body: bytes) -> bytes:
-        """Return ``body`` gzip-compressed, compressing each rendered text once (the last one is kept)."""
-        gz = self._gz
+        """Return ``body`` gzip-compressed, compressing each rendered text once (the last of each format kept)."""
+        gz = self._gz.get(id(body))
         if gz is not None and gz[0] is body:
             return gz[1]
         packed = gzip.compress(body, compresslevel=6)
-        self._gz = (body, packed)
+        live = {id(entry[3]) for entry in self._cache.values()}
+        self._gz = {k: v for k, v in self._gz.items() if k in live}  # texts no longer served
+        self._gz[id(body)] = (body, packed)
         return packed
 
 

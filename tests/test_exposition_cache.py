@@ -234,3 +234,32 @@ def test_a_family_that_changes_back_and_forth_is_rendered_each_time() -> None:
     assert texts.render([fam(0.25)]).endswith(b" 0.25\n") and texts.rendered == 1
     assert texts.render([fam(0.5)]).endswith(b" 0.5\n") and texts.rendered == 1
     assert texts.render([]) == b""
+
+
+def test_two_scrapers_in_two_formats_are_both_rendered_ahead() -> None:
+    """Prometheus in the text format and a second scraper in OpenMetrics, each every 15 s: after each poll before
+    their scrapes, both texts are ready (neither scrape renders on the request path), each gzipped once."""
+    from gpuwarden.exposition import negotiate
+
+    openmetrics = negotiate("application/openmetrics-text; version=1.0.0")
+    now = [0.0]
+    p = Poller(ReplaySource(H100, timing="recorded"), 1.0)
+    exp = Exposition(p, select_collectors(), CollectOptions(), clock=lambda: now[0])
+    p.on_publish = lambda snap: exp.prerender(snap)
+    p.start(thread=False)
+    for _ in range(3):  # two periods seen for each format
+        exp.cached(PLAIN, gzip_ok=True)
+        now[0] += 0.5
+        exp.cached(openmetrics, gzip_ok=True)
+        for _ in range(15):
+            now[0] += 1.0
+            p.poll_once()
+        now[0] -= 0.5
+    assert p.snapshot is not None
+    seq = p.snapshot.seq
+    plain, om = exp.cached(PLAIN, gzip_ok=True), None
+    now[0] += 0.5
+    om = exp.cached(openmetrics, gzip_ok=True)
+    assert plain is not None and om is not None and plain != om and om.endswith(b"# EOF\n")
+    assert _polls_in(plain) == _polls_in(om) == seq  # both the latest poll's, rendered ahead
+    assert exp.gzipped(plain) is exp.gzipped(plain) and exp.gzipped(om) is exp.gzipped(om)
