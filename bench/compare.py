@@ -2,7 +2,8 @@
 
 ``python3 -m bench.compare [--duration 60] [--interval 1] [--scrape-interval 1] [--json OUT]``
 
-On a GPU machine it starts, one after the other on free loopback ports, and measures the same way
+On a GPU machine it starts, one after the other on free loopback ports (``--together``: all at once, measured at
+the same time, so that a load on the machine falls on every exporter alike), and measures the same way
 (bench/common.py: a bounded scrape loop, psutil CPU and RSS of the process, exposition size and families):
 
 - gpuwarden: ``python3 -m gpuwarden serve --poll-interval I`` (live NVML);
@@ -72,6 +73,71 @@ def commands(port: int, interval: float, replay: Path | None) -> dict[str, list[
     return {"gpuwarden": gw, "nvitop-exporter": nvitop, "nvidia-smi shell-out": smi}
 
 
+def _start(name: str, args: argparse.Namespace, tmp: Path, console: Console) -> tuple[Any, int, list[str]] | str:
+    """Start exporter ``name``: (process, port, command), or why it could not start."""
+    port = free_port()
+    cmd = commands(port, args.interval, args.replay)[name]
+    if cmd is None:
+        console.print(f"[yellow]{name}: not installed, skipped[/]")
+        return "not installed"
+    console.print(f"[bold]{name}[/]: {' '.join(cmd)} - {args.duration:g} s ...")
+    try:
+        proc = start_exporter(cmd, port, tmp / f"{name.split()[0]}.log")
+    except RuntimeError as exc:
+        console.print(f"[red]{name} failed to start[/]: {exc}")
+        return str(exc)
+    return proc, port, cmd
+
+
+def _one(name: str, args: argparse.Namespace, tmp: Path, console: Console) -> dict[str, Any] | str:
+    """Start, measure and stop exporter ``name`` alone; its measurement, or why it was skipped."""
+    started = _start(name, args, tmp, console)
+    if isinstance(started, str):
+        return started
+    proc, port, cmd = started
+    try:
+        m: Measurement = measure(name, proc.pid, port, args.duration, args.scrape_interval, args.warmup)
+    finally:
+        stop_exporter(proc)
+    m.extra["command"] = " ".join(cmd)
+    return m.as_dict()
+
+
+def _together(
+    names: list[str], args: argparse.Namespace, tmp: Path, console: Console
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Start every exporter, measure them all over the same seconds (one scraping thread each), stop them."""
+    import threading
+
+    started: dict[str, tuple[Any, int, list[str]]] = {}
+    skipped: dict[str, str] = {}
+    for name in names:
+        got = _start(name, args, tmp, console)
+        if isinstance(got, str):
+            skipped[name] = got
+        else:
+            started[name] = got
+    results: dict[str, dict[str, Any]] = {}
+
+    def run(name: str) -> None:
+        proc, port, cmd = started[name]
+        m = measure(name, proc.pid, port, args.duration, args.scrape_interval, args.warmup)
+        m.extra["command"] = " ".join(cmd)
+        m.extra["together"] = sorted(started)
+        results[name] = m.as_dict()
+
+    threads = [threading.Thread(target=run, args=(n,), name=f"measure-{n}") for n in started]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        for proc, _, _ in started.values():
+            stop_exporter(proc)
+    return results, skipped
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """a / b, None when either is missing or b is 0."""
     return a / b if a is not None and b else None
@@ -87,34 +153,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated subset: gpuwarden,nvitop-exporter,nvidia-smi shell-out")
     ap.add_argument("--replay", type=Path, help="run gpuwarden on this trace (harness check without a GPU)")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--together", action="store_true", help="run every exporter at once, measured side by side")
     args = ap.parse_args(argv)
     console = Console(width=180)
     results: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
     only = set(args.only.split(",")) if args.only else None
+    names = [n for n in ("gpuwarden", "nvitop-exporter", "nvidia-smi shell-out") if only is None or n in only]
     with tempfile.TemporaryDirectory(prefix="gpuwarden-compare-") as tmp:
-        for name in ("gpuwarden", "nvitop-exporter", "nvidia-smi shell-out"):
-            if only is not None and name not in only:
-                continue
-            port = free_port()
-            cmd = commands(port, args.interval, args.replay)[name]
-            if cmd is None:
-                skipped[name] = "not installed"
-                console.print(f"[yellow]{name}: not installed, skipped[/]")
-                continue
-            console.print(f"[bold]{name}[/]: {' '.join(cmd)} - {args.duration:g} s ...")
-            try:
-                proc = start_exporter(cmd, port, Path(tmp) / f"{name.split()[0]}.log")
-            except RuntimeError as exc:
-                skipped[name] = str(exc)
-                console.print(f"[red]{name} failed to start[/]: {exc}")
-                continue
-            try:
-                m: Measurement = measure(name, proc.pid, port, args.duration, args.scrape_interval, args.warmup)
-            finally:
-                stop_exporter(proc)
-            m.extra["command"] = " ".join(cmd)
-            results[name] = m.as_dict()
+        if args.together:
+            results, skipped = _together(names, args, Path(tmp), console)
+        else:
+            for name in names:
+                got = _one(name, args, Path(tmp), console)
+                if isinstance(got, str):
+                    skipped[name] = got
+                else:
+                    results[name] = got
     gw, nv, smi = (results.get(k) for k in ("gpuwarden", "nvitop-exporter", "nvidia-smi shell-out"))
 
     def get(r: dict[str, Any] | None, key: str) -> float | None:
@@ -169,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             "interval_seconds": args.interval,
             "scrape_interval_seconds": args.scrape_interval,
             "replay": str(args.replay) if args.replay else None,
+            "together": args.together,
         },
         "results": results,
         "skipped": skipped,
