@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -37,9 +38,11 @@ DEFAULT_GRID = ("1:8:0", "8:8:0", "8:16:2000", "8:64:0", "64:0:0", "64:16:0")
 def _spawn(extra: int, gpus: int, workers: int) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
     """Start ``extra`` lone sleepers and ``gpus`` ranks with ``workers`` children each; return the processes and the
     rank PIDs once every worker exists."""
-    procs = [subprocess.Popen(["sleep", "3600"]) for _ in range(extra)]
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen(["sleep", "3600"], **quiet) for _ in range(extra)]  # type: ignore[call-overload]
     script = f"for i in $(seq {workers}); do sleep 3600 & done; wait" if workers else "sleep 3600"
-    ranks = [subprocess.Popen(["sh", "-c", script]) for _ in range(gpus)]
+    # each rank leads a process group of its own: stopping it stops its workers too
+    ranks = [subprocess.Popen(["sh", "-c", script], start_new_session=True, **quiet) for _ in range(gpus)]  # type: ignore[call-overload]
     procs += ranks
     import psutil
 
@@ -167,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(_line(row), flush=True)
         finally:
             for p in procs:
-                p.kill()
+                try:
+                    os.killpg(p.pid, signal.SIGKILL) if p.pid in ranks else p.kill()
+                except ProcessLookupError:
+                    pass
             for p in procs:
                 p.wait()
-            subprocess.run(["pkill", "-P", str(os.getpid()), "sleep"], check=False)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
