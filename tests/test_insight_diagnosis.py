@@ -242,3 +242,53 @@ def test_every_declared_mean_is_a_window_reading_and_undeclared_ones_are_refused
         pack_means(**values, gpu_temperature=1.0)
     with pytest.raises(KeyError):
         pack_means(**{k: v for k, v in values.items() if k != "sm"})
+
+
+def _host_side(idle: float, job_cpu: float, rx: float | None, tx: float | None, paused: float = 0.0) -> GpuWindow:
+    """A held GPU idle ``idle`` of a minute (starved, or ``paused``), its job on ``job_cpu`` cores, PCIe as given."""
+    return GpuWindow(
+        index=0,
+        uuid="GPU-h",
+        seconds=60.0,
+        states={"busy": 60.0 * (1 - idle), "starved": 60.0 * (idle - paused), "paused": 60.0 * paused},
+        held=True,
+        util=1 - idle,
+        sm=(1 - idle) * 0.8,
+        job_cpu_cores=job_cpu,
+        max_process_cpu_cores=min(job_cpu, 1.0),
+        pcie_rx=rx,
+        pcie_tx=tx,
+    )
+
+
+@pytest.mark.parametrize(
+    ("idle", "cores", "rx", "tx"),
+    [
+        (0.6, 1.0, 2.0e9, 2.1e9),  # a CPU-stepped optimizer: gradients out, parameters back (TX about RX)
+        (0.8, 4.0, 6.0e9, 6.0e9),  # a larger model, a multi-threaded host step
+        (0.3, 1.0, 0.3e9, 0.35e9),  # a small model, a short host step
+        (0.5, 1.0, 0.01e9, 1.2e9),  # metrics on the host: outputs copied out, nothing in
+    ],
+)
+def test_host_work_on_the_gpus_output_is_host_compute_bound(idle: float, cores: float, rx: float, tx: float) -> None:
+    d = diagnose(_host_side(idle, cores, rx, tx))
+    assert d is not None and d.verdict == "host_compute_bound", d
+    assert {e.name for e in d.evidence} >= {"pcie_rx", "pcie_tx"} and d.severity == "warning"
+    assert "optimizer" in d.remedies[0]
+
+
+@pytest.mark.parametrize(
+    ("idle", "cores", "rx", "tx", "paused", "expected"),
+    [
+        (0.6, 4.0, 3.0e9, 0.05e9, 0.0, "input_starved"),  # a loader: input flows in, little comes out
+        (0.6, 4.0, 3.0e9, 2.5e9, 0.0, "input_starved"),  # more in than out: input
+        (0.6, 4.0, 0.01e9, 0.05e9, 0.0, "input_starved"),  # out > in but a trickle: the direction says nothing
+        (0.6, 4.0, None, None, 0.0, "input_starved"),  # no GPM (pre-Hopper): cannot tell, the input rule stands
+        (0.7, 0.02, 0.2e9, 0.4e9, 0.7, "job_paused"),  # the job's CPU idles too: a pause, whatever the copies
+    ],
+)
+def test_without_more_out_than_in_the_input_rule_stands(
+    idle: float, cores: float, rx: float | None, tx: float | None, paused: float, expected: str
+) -> None:
+    d = diagnose(_host_side(idle, cores, rx, tx, paused))
+    assert d is not None and d.verdict == expected, d

@@ -27,6 +27,9 @@ SCENARIOS = {
     "bf16_matmul": "bf16 matrix products: compute bound on the tensor cores (the healthy reference)",
     "pinned_h2d": "host-to-device copies from pinned memory in a loop: PCIe bound, SMs idle",
     "io_reader": "a loader that reads files from storage with the page cache dropped each pass: waits on I/O",
+    "host_optimizer": "forward and backward on the GPU, the optimizer step on the CPU (as CPU-offloaded optimizers do):"
+    " gradients go device-to-host, parameters come back",
+    "host_metrics": "a GPU step, then its outputs copied to the host and metrics computed there in the training loop",
 }
 
 
@@ -205,6 +208,46 @@ def io_reader(dev: object, end: float, size: int, path: str = "/tmp/gpuwarden-io
     return steps
 
 
+def host_optimizer(dev: object, end: float, size: int) -> int:
+    """An MLP of four ``size`` x ``size`` layers: forward and backward on the GPU, gradients copied to pinned host
+    memory, Adam stepped on the CPU (CPU-offloaded optimizer), parameters copied back. The host step is the limit."""
+    import torch
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(size, size) for _ in range(4)]).to(dev)
+    host = [p.detach().cpu().pin_memory().requires_grad_(True) for p in model.parameters()]
+    opt = torch.optim.Adam(host, lr=1e-4)
+    x = torch.randn(256, size, device=dev)
+    steps = 0
+    while time.time() < end:
+        model(x).square().mean().backward()
+        for h, p in zip(host, model.parameters(), strict=True):
+            h.grad = p.grad.to("cpu", non_blocking=True)
+            p.grad = None
+        _sync(torch)
+        opt.step()
+        with torch.no_grad():
+            for h, p in zip(host, model.parameters(), strict=True):
+                p.copy_(h, non_blocking=True)
+        steps += 1
+    return steps
+
+
+def host_metrics(dev: object, end: float, size: int) -> int:
+    """A bf16 matrix step on the GPU, then its ``size`` x ``size`` output copied to the host and metrics (sort,
+    histogram, ranks) computed there with NumPy before the next step: the host consumes the GPU's output."""
+    import numpy as np
+    import torch
+
+    a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    steps = 0
+    while time.time() < end:
+        out = (a @ a).float().cpu().numpy()
+        np.histogram(out, bins=256)
+        np.argsort(out, axis=1)
+        steps += 1
+    return steps
+
+
 def run(a: argparse.Namespace) -> int:
     """Run scenario ``a.scenario`` until ``a.seconds`` have passed; return its step count."""
     import torch
@@ -231,6 +274,10 @@ def run(a: argparse.Namespace) -> int:
         return pinned_h2d(dev, end, a.size or 256)
     if s == "io_reader":
         return io_reader(dev, end, a.size or 256)
+    if s == "host_optimizer":
+        return host_optimizer(dev, end, a.size or 4096)
+    if s == "host_metrics":
+        return host_metrics(dev, end, a.size or 4096)
     raise SystemExit(f"unknown scenario {s!r}; see: workloads.py list")
 
 

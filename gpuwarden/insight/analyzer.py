@@ -332,6 +332,7 @@ class InsightAnalyzer:
                 sm=finite(gpm.get("sm_activity")),
                 tensor=finite(gpm.get("tensor_activity")),
                 pcie_rx=finite(gpm.get("pcie_rx_bytes_per_second")),
+                pcie_tx=finite(gpm.get("pcie_tx_bytes_per_second")),
                 nvlink_rx=finite(gpm.get("nvlink_rx_bytes_per_second")),
                 job_cpu_cores=inputs.job_cpu,
                 max_process_cpu_cores=inputs.max_proc_cpu,

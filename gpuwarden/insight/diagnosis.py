@@ -22,11 +22,14 @@ also reported as findings next to any verdict.
 7. ``job_paused``        idle (paused + starved) >= PAUSED_MIN of the window while the job's CPU beyond its GPU-busy
                          share is below JOB_CPU_BUSY_CORES per idle second and it reads no storage (or paused time
                          exceeds starved time): the job itself stops (sleep, evaluation, checkpoint, waits).
-8. ``input_starved``     starved time >= STARVED_MIN of the window (GPU idle while its job works on the CPU or
+8. ``host_compute_bound`` the rule of ``input_starved`` holds without storage reads, and the job sends the host at
+                         least HOST_TX_PER_RX x what it receives (GPM PCIe TX >= HOST_TX_MIN_BYTES_PER_SECOND): the host
+                         works on the GPU's output (an optimizer or metrics on the CPU), not on its input.
+9. ``input_starved``     starved time >= STARVED_MIN of the window (GPU idle while its job works on the CPU or
                          reads storage); the summary says which (CPU preprocessing vs waiting on I/O).
-9. ``memory_bound``      utilized and DRAM activity >= MEMORY_BOUND_DRAM (most of HBM's peak bandwidth in use).
-10. ``compute_bound``    utilized (and SM activity >= LAUNCH_SM_PER_UTIL x util.gpu where GPM exists).
-11. ``underutilized``    none of the above: the time is split with no dominant cause.
+10. ``memory_bound``     utilized and DRAM activity >= MEMORY_BOUND_DRAM (most of HBM's peak bandwidth in use).
+11. ``compute_bound``    utilized (and SM activity >= LAUNCH_SM_PER_UTIL x util.gpu where GPM exists).
+12. ``underutilized``    none of the above: the time is split with no dominant cause.
 
 A GPU that cannot be read at all (lost, off the bus) gets ``gpu_lost`` (``lost``), critical.
 """
@@ -88,6 +91,14 @@ THROTTLE_MIN_FRACTION = 0.5
 THROTTLE_CLOCK_RATIO = 0.9
 #: Used / total GPU memory above this: memory nearly full.
 MEMORY_FULL_RATIO = 0.9
+#: Host compute bound: the GPU idles while its job works on the CPU (as for input_starved), and the job moves at least
+#: this many bytes device-to-host per byte host-to-device (GPM PCIe TX / RX). Input prepared on the host flows to the
+#: GPU (RX far above TX); work that consumes the GPU's output on the host - an optimizer stepped on the CPU, as
+#: CPU-offloaded optimizers do (ZeRO-Offload: Ren et al., USENIX ATC 2021: gradients out, parameters back, TX about
+#: RX), metrics computed on the host - sends at least as much back.
+HOST_TX_PER_RX = 1.0
+#: ... and at least this much device-to-host traffic (bytes/s): below it, the direction of a trickle says nothing.
+HOST_TX_MIN_BYTES_PER_SECOND = 100e6
 #: Fewer accounted seconds than this in the window: no verdict yet.
 MIN_SECONDS = 2.0
 
@@ -164,6 +175,7 @@ class GpuWindow:
     sm: float | None = None
     tensor: float | None = None
     pcie_rx: float | None = None
+    pcie_tx: float | None = None
     nvlink_rx: float | None = None
     job_cpu_cores: float | None = None
     max_process_cpu_cores: float | None = None
@@ -252,6 +264,7 @@ EVIDENCE: tuple[Mean | Derived, ...] = (
         "bytes_per_second",
         f"copy bound at >= {H2D_RX_BYTES_PER_SECOND / 1e9:.2f} GB/s with SM activity < {H2D_SM_MAX:.0%}",
     ),
+    Mean("pcie_tx", "pcie_tx", "bytes_per_second", f"host compute at >= {HOST_TX_PER_RX:g} x pcie_rx"),
     Mean("nvlink_rx", "nvlink_rx", "bytes_per_second"),
     Derived("memory_used", "bytes", lambda w: w.memory_used_bytes),
     Derived("memory_used_ratio", "ratio", lambda w: w.memory_used_ratio, f"nearly full above {MEMORY_FULL_RATIO:.0%}"),
@@ -579,6 +592,22 @@ def _job_paused_summary(f: Facts) -> str:
     )
 
 
+def _host_compute_bound_when(f: Facts) -> bool:
+    w = f.w
+    if w.pcie_tx is None or w.pcie_rx is None or w.pcie_tx < HOST_TX_MIN_BYTES_PER_SECOND:
+        return False
+    return w.pcie_tx >= HOST_TX_PER_RX * w.pcie_rx and not f.reading and _input_starved_when(f)
+
+
+def _host_compute_bound_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"GPU idle {_pct(f.idle)} of the time while its job works on the CPU (job CPU {f.cpu}), sending the host "
+        f"{(w.pcie_tx or 0.0) / 1e9:.2f} GB/s against {(w.pcie_rx or 0.0) / 1e9:.2f} GB/s received: the host works on "
+        "the GPU's output (an optimizer or metrics on the CPU), not on its input."
+    )
+
+
 def _input_starved_when(f: Facts) -> bool:
     working = f.w.job_cpu_cores is not None and not f.quiet  # the job works while its GPU idles (window means)
     return f.w.share("starved") >= STARVED_MIN or (working and f.idle >= STARVED_MIN)
@@ -673,7 +702,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "Nothing blocks the GPU. To go faster: mixed precision (bf16/fp8), larger batches, fused kernels, "
             "or more GPUs.",
         ),
-        rank=9,
+        rank=10,
         when=_compute_bound_when,
         summary=_compute_bound_summary,
     ),
@@ -685,7 +714,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "in bf16/fp8 instead of fp32, avoid needless copies (.contiguous(), .clone(), device-to-device copies).",
             "Raise arithmetic intensity: larger matrix tiles or batches; FlashAttention-style fused kernels.",
         ),
-        rank=8,
+        rank=9,
         when=_memory_bound_when,
         summary=_memory_bound_summary,
     ),
@@ -699,7 +728,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "Cache preprocessed data; check that the job was given enough CPU cores (cgroup cpu.max, Slurm "
             "--cpus-per-task, Kubernetes CPU limits).",
         ),
-        rank=7,
+        rank=8,
         when=_input_starved_when,
         summary=_input_starved_summary,
     ),
@@ -842,7 +871,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "No single cause dominates: profile a few steps (torch.profiler, Nsight Systems) to see where the "
             "step time goes.",
         ),
-        rank=10,
+        rank=11,
         when=None,
         summary=_underutilized_summary,
     ),
@@ -862,6 +891,19 @@ REASON_TABLE: tuple[Reason, ...] = (
             "The GPU does not answer (NVML_ERROR_GPU_IS_LOST: fallen off the bus, XID 79): drain the node, check "
             "dmesg for XID 79 and PCIe/power errors, reset the GPU (nvidia-smi -r) or reboot; replace it if it recurs.",
         ),
+    ),
+    Reason(
+        "host_compute_bound",
+        "warning",
+        (
+            "Work on the host consumes the GPU's output while the GPU waits: keep the optimizer step on the GPU "
+            "(fused AdamW) where memory allows, or overlap the host step with the next forward and backward "
+            "(DeepSpeed ZeRO-Offload's delayed parameter update, overlap_comm).",
+            "Compute metrics on the GPU and copy scalars, not whole outputs; log every N steps.",
+        ),
+        rank=7,
+        when=_host_compute_bound_when,
+        summary=_host_compute_bound_summary,
     ),
     Reason(
         "free", "ok", ("No process holds this GPU: it is available.",), rank=0, when=_free_when, summary=_free_summary
