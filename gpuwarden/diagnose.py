@@ -105,7 +105,7 @@ class LiveSampler:
     def __init__(self, window_seconds: float = 300.0) -> None:
         from gpuwarden.nvml import NvmlSource
 
-        self.source = NvmlSource(slow_interval=10.0, xid_events=False)
+        self.source = NvmlSource(slow_interval=10.0, gpm_interval=1.0, xid_events=False)
         self.static = self.source.open()
         self.analyzer = InsightAnalyzer(window_seconds=window_seconds)
         self.polls = 0
@@ -146,7 +146,8 @@ def live_report(seconds: float, interval: float, status: Any = None) -> Diagnose
     """
     from gpuwarden.nvml import NvmlSource
 
-    source = NvmlSource(slow_interval=max(seconds, 10.0), xid_events=False)
+    # GPM at every poll (at most 1 s): a few seconds' sample needs several GPM computations, as a trace has
+    source = NvmlSource(slow_interval=max(seconds, 10.0), gpm_interval=min(interval, 1.0), xid_events=False)
     static = source.open()
     polls: list[PollResult] = []
     try:

@@ -21,6 +21,12 @@ EXPECTED = {
     "h100-k-elementwise": ("memory_bound", ()),
     "h100-k-fp32-matmul": ("compute_bound", ("tensor_cores_idle",)),
     "h100-k-io-reader": ("input_starved", ()),
+    # the host works on the GPU's output: an optimizer stepped on the CPU (gradients out, parameters back) and
+    # metrics computed on the host (outputs out, nothing in), each at two sizes
+    "h100-k-host-optimizer-size-2048": ("host_compute_bound", ()),
+    "h100-k-host-optimizer-size-8192": ("host_compute_bound", ()),
+    "h100-k-host-metrics-size-2048": ("host_compute_bound", ()),
+    "h100-k-host-metrics-size-8192": ("host_compute_bound", ()),
 }
 
 

@@ -7,7 +7,8 @@ health findings (``hot``, ``uncorrectable_ecc``, ``xid_errors``, ``row_remap_pen
 also reported as findings next to any verdict.
 
 1. ``free``              no process holds the GPU.
-2. ``h2d_copy_bound``    PCIe receive >= H2D_RX_BYTES_PER_SECOND and SM activity < H2D_SM_MAX.
+2. ``h2d_copy_bound``    PCIe receive >= H2D_RX_BYTES_PER_SECOND and SM activity < H2D_SM_MAX, unless as much
+                         goes back out while the job works on the CPU (then host_compute_bound).
 3. ``held_idle``         held_idle time >= HELD_IDLE_MIN of the window, or both sides idle over the window:
                          util.gpu < WORK_SAMPLE_RATIO, job CPU < JOB_CPU_BUSY_CORES and no storage reads.
 4. ``throttled``         utilized (util.gpu >= BUSY_UTIL), thermal / hardware slowdown / power brake in
@@ -16,15 +17,15 @@ also reported as findings next to any verdict.
                          SPIN_SM_PER_UTIL x util.gpu: a kernel resident, SMs waiting in a collective) and the peer's
                          util.gpu is at most PEER_LAG x this GPU's (a CPU-side straggler); or the peer's SM activity is
                          at least this GPU's / PEER_LAG (a GPU-side straggler, given more GPU work).
-6. ``launch_bound``      kernels run (util.gpu >= LAUNCH_UTIL_MIN) but fill few SMs (SM activity < LAUNCH_SM_PER_UTIL
+6. ``host_compute_bound`` the rule of ``input_starved`` holds (and not ``job_paused``'s), and the job sends the
+                         host at least HOST_TX_PER_RX x what it receives (GPM PCIe TX >= HOST_TX_MIN_BYTES_PER_SECOND):
+                         the host works on the GPU's output (an optimizer or metrics on the CPU), not on its input.
+7. ``launch_bound``      kernels run (util.gpu >= LAUNCH_UTIL_MIN) but fill few SMs (SM activity < LAUNCH_SM_PER_UTIL
                          x util.gpu), while the job's busiest process keeps a core busy (>= LAUNCH_CPU_CORES): the
                          host thread issuing kernels one at a time is the limit, at any utilization.
-7. ``job_paused``        idle (paused + starved) >= PAUSED_MIN of the window while the job's CPU beyond its GPU-busy
+8. ``job_paused``        idle (paused + starved) >= PAUSED_MIN of the window while the job's CPU beyond its GPU-busy
                          share is below JOB_CPU_BUSY_CORES per idle second and it reads no storage (or paused time
                          exceeds starved time): the job itself stops (sleep, evaluation, checkpoint, waits).
-8. ``host_compute_bound`` the rule of ``input_starved`` holds without storage reads, and the job sends the host at
-                         least HOST_TX_PER_RX x what it receives (GPM PCIe TX >= HOST_TX_MIN_BYTES_PER_SECOND): the host
-                         works on the GPU's output (an optimizer or metrics on the CPU), not on its input.
 9. ``input_starved``     starved time >= STARVED_MIN of the window (GPU idle while its job works on the CPU or
                          reads storage); the summary says which (CPU preprocessing vs waiting on I/O).
 10. ``memory_bound``     utilized and DRAM activity >= MEMORY_BOUND_DRAM (most of HBM's peak bandwidth in use).
@@ -513,7 +514,10 @@ def _free_summary(f: Facts) -> str:
 
 def _h2d_copy_bound_when(f: Facts) -> bool:
     w = f.w
-    return w.pcie_rx is not None and w.sm is not None and w.pcie_rx >= H2D_RX_BYTES_PER_SECOND and w.sm < H2D_SM_MAX
+    if w.pcie_rx is None or w.sm is None or w.pcie_rx < H2D_RX_BYTES_PER_SECOND or w.sm >= H2D_SM_MAX:
+        return False
+    # copies into the GPU, not a round trip around work on the host (host_compute_bound: TX at least RX)
+    return w.pcie_tx is None or w.pcie_tx < HOST_TX_PER_RX * w.pcie_rx or not _input_starved_when(f)
 
 
 def _h2d_copy_bound_summary(f: Facts) -> str:
@@ -596,7 +600,9 @@ def _host_compute_bound_when(f: Facts) -> bool:
     w = f.w
     if w.pcie_tx is None or w.pcie_rx is None or w.pcie_tx < HOST_TX_MIN_BYTES_PER_SECOND:
         return False
-    return w.pcie_tx >= HOST_TX_PER_RX * w.pcie_rx and not f.reading and _input_starved_when(f)
+    if w.pcie_tx < HOST_TX_PER_RX * w.pcie_rx:
+        return False  # input flows in: a loader's (from storage too), not host work on the GPU's output
+    return _input_starved_when(f) and not _job_paused_when(f)  # the job works on the CPU, and is not pausing
 
 
 def _host_compute_bound_summary(f: Facts) -> str:
@@ -764,7 +770,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "a service): overlap them with training (asynchronous checkpointing such as torch.distributed.checkpoint "
             "async_save, evaluation on another GPU), or release the GPU while waiting.",
         ),
-        rank=6,
+        rank=7,
         when=_job_paused_when,
         summary=_job_paused_summary,
     ),
@@ -778,7 +784,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "use larger batches so each kernel fills the SMs.",
             "Remove host synchronisations in the loop (.item(), .cpu(), printing tensors).",
         ),
-        rank=5,
+        rank=6,
         when=_launch_bound_when,
         summary=_launch_bound_summary,
     ),
@@ -901,7 +907,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "(DeepSpeed ZeRO-Offload's delayed parameter update, overlap_comm).",
             "Compute metrics on the GPU and copy scalars, not whole outputs; log every N steps.",
         ),
-        rank=7,
+        rank=5,
         when=_host_compute_bound_when,
         summary=_host_compute_bound_summary,
     ),
