@@ -70,7 +70,11 @@ def test_without_children_files_one_scan_per_refresh_serves_every_gpu_process(
     monkeypatch.setitem(procinfo._CHILDREN_FILES, Path("/proc"), False)
     scans = []
     real = procinfo.scan_children
-    monkeypatch.setattr(procinfo, "scan_children", lambda root=Path("/proc"): scans.append(1) or real(root))
+    def counted(root: Path = Path("/proc")) -> dict[int, list[int]]:
+        scans.append(1)
+        return real(root)
+
+    monkeypatch.setattr(procinfo, "scan_children", counted)
     inspector = ProcessInspector(tree_refresh=0.0)  # walk at every poll: the scan is still shared within it
     inspector.new_poll()
     a = inspector.describe(root, None)
