@@ -334,6 +334,12 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         raise ConfigError("replay and demo exclude each other: give one")
     if cfg.gpus is not None and (cfg.replay is not None or cfg.demo):
         raise ConfigError("gpus selects NVML devices: it cannot apply to a replay or the demo (they serve the trace's)")
+    stale = cfg.stale_after_seconds
+    if stale is not None and stale < 2 * cfg.poll_interval_seconds:
+        raise ConfigError(
+            f"stale_after_seconds ({stale:g}) must be at least 2 poll intervals ({2 * cfg.poll_interval_seconds:g} s): "
+            "readiness would fail between polls"
+        )
     return cfg
 
 

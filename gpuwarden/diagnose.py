@@ -181,10 +181,13 @@ def url_report(url: str, timeout: float = 10.0) -> DiagnoseReport:
     import httpx
     from pydantic import ValidationError
 
+    from gpuwarden.urls import redacted
+
     base = url if "://" in url else f"http://{url}"
-    target = base.rstrip("/") + "/api/v1/diagnosis"
+    real = base.rstrip("/") + "/api/v1/diagnosis"
+    target = redacted(real)  # what is printed: the password never is
     try:
-        resp = httpx.get(target, timeout=timeout, headers={"accept": "application/json"})
+        resp = httpx.get(real, timeout=timeout, headers={"accept": "application/json"})
     except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # a URL httpx cannot use
         raise SourceError(f"cannot reach {target}: {exc or type(exc).__name__}") from None
     if resp.status_code == 401:
@@ -197,7 +200,7 @@ def url_report(url: str, timeout: float = 10.0) -> DiagnoseReport:
         doc = DiagnosisDocument.model_validate_json(resp.content)
     except ValidationError as exc:
         raise SourceError(f"{target} did not answer a diagnosis document ({exc.error_count()} errors)") from None
-    return DiagnoseReport(source=f"daemon at {base}", polls=None, seconds=None, diagnosis=doc, timeline=[])
+    return DiagnoseReport(source=f"daemon at {redacted(base)}", polls=None, seconds=None, diagnosis=doc, timeline=[])
 
 
 # -- rendering -------------------------------------------------------------------------------------------

@@ -78,3 +78,14 @@ def test_the_full_parser_and_the_lazy_one_show_each_command_with_the_table_help(
     assert helps(build_parser()) == table
     for name in COMMANDS:
         assert helps(build_parser(name)) == table
+
+
+def test_a_readiness_deadline_shorter_than_two_polls_is_refused(tmp_path: Path) -> None:
+    from gpuwarden.config import ConfigError, load_config
+
+    conf = tmp_path / "c.yml"
+    conf.write_text("stale_after_seconds: 0.5\npoll_interval_seconds: 1\n")
+    with pytest.raises(ConfigError, match="stale_after_seconds \\(0.5\\) must be at least 2 poll intervals"):
+        load_config(conf)
+    conf.write_text("stale_after_seconds: 2\npoll_interval_seconds: 1\n")
+    assert load_config(conf).stale_after == 2.0

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from gpuwarden.urls import redacted
+
 
 class PrometheusError(Exception):
     """A query could not be answered: the server is unreachable, refuses, or is not a Prometheus API. The message is
@@ -38,8 +40,8 @@ class Prometheus:
         self.base = base.rstrip("/")
         try:
             self._client = httpx.Client(base_url=self.base, timeout=timeout, headers=headers or {})
-        except (httpx.InvalidURL, ValueError) as exc:
-            raise PrometheusError(f"not a usable URL: {url} ({exc})") from None
+        except (httpx.InvalidURL, ValueError):
+            raise PrometheusError(f"not a usable URL: {redacted(url)}") from None
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -54,7 +56,7 @@ class Prometheus:
         params = {"query": promql}
         if time is not None:
             params["time"] = f"{time:.3f}"
-        target = f"{self.base}/api/v1/query"
+        target = f"{redacted(self.base)}/api/v1/query"  # as printed: never the password
         try:
             resp = self._client.post("/api/v1/query", data=params)
         except httpx.HTTPError as exc:

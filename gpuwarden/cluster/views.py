@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage
+from gpuwarden.urls import redacted
 
 if TYPE_CHECKING:
     from gpuwarden.cluster.promapi import Prometheus
@@ -76,7 +77,7 @@ def top(args: argparse.Namespace) -> int:
     ranked_gpus = sorted(gpus.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))[: args.limit]
     if args.json:
         doc = {
-            "prometheus": args.prometheus,
+            "prometheus": redacted(args.prometheus),
             "range": args.range,
             "jobs": [
                 {"job_id": k.job_id, "instance": k.instance, "job_kind": u.kind, **_usage_json(u)}
@@ -93,7 +94,7 @@ def top(args: argparse.Namespace) -> int:
 
     console = Console()
     if not jobs and not gpus:
-        console.print(f"No gpuwarden data in {args.prometheus} over the last {args.range}.")
+        console.print(f"No gpuwarden data in {redacted(args.prometheus)} over the last {args.range}.")
         return 1
     t = Table(title=f"Jobs by GPU-hours lost, last {args.range}", title_justify="left", expand=False)
     for col, just in (("job", "left"), ("node", "left"), ("GPUs", "right"), ("held h", "right"),
@@ -140,8 +141,8 @@ def report(args: argparse.Namespace) -> int:
                       f"({where}): add --instance", file=sys.stderr)  # fmt: skip
                 return 2
             if not found:
-                print(f"gpuwarden report: no job {args.job!r} in {args.prometheus} over the last {args.range}",
-                      file=sys.stderr)  # fmt: skip
+                where = redacted(args.prometheus)
+                print(f"gpuwarden report: no job {args.job!r} in {where} over the last {args.range}", file=sys.stderr)
                 return 1
             [(key, u)] = found.items()
             stragglers = acc.stragglers(args.job, key.instance or args.instance)
