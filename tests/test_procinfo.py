@@ -70,6 +70,7 @@ def test_without_children_files_one_scan_per_refresh_serves_every_gpu_process(
     monkeypatch.setitem(procinfo._CHILDREN_FILES, Path("/proc"), False)
     scans = []
     real = procinfo.scan_children
+
     def counted(root: Path = Path("/proc")) -> dict[int, list[int]]:
         scans.append(1)
         return real(root)
