@@ -377,3 +377,34 @@ def test_a_push_computes_the_terms_of_the_intervals_that_leave_only(monkeypatch:
         iv = dataclasses.replace(ivs[k], end=ivs[-1].end + 0.1 * (k + 1))
         running.push(iv, terms(iv))
     assert calls == 1000  # one interval left per push
+
+
+def test_polls_faster_than_a_second_are_windowed_at_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a 0.1 s poll the windows hold about one interval a second (memory bounded at any poll interval), with the
+    same state seconds, starved ratio and verdict as windows of every 0.1 s interval."""
+    header, polls = read_trace(trace("h100-starved_dataloader"))
+    t0 = polls[0].timestamp
+
+    def fast(p):  # noqa: ANN001, ANN202 - the recording's polls, 0.1 s apart (ten times faster)
+        shift = (p.timestamp - t0) * 0.9
+        gpus = [g.model_copy(update={"timestamp": g.timestamp - shift, "utilization_samples": []}) for g in p.gpus]
+        return p.model_copy(update={"timestamp": p.timestamp - shift, "gpus": gpus})
+
+    fast_polls = [fast(p) for p in polls]
+
+    def run(granularity: float):  # noqa: ANN202
+        monkeypatch.setattr(an, "GRANULARITY_SECONDS", granularity)
+        a = InsightAnalyzer(window_seconds=300.0)
+        for p in fast_polls:
+            result = a(p, header.node)
+        return a, result
+
+    coarse, got = run(1.0)
+    fine, want = run(0.0)
+    state, ref = next(iter(coarse._gpus.values())), next(iter(fine._gpus.values()))
+    seconds = fast_polls[-1].timestamp - fast_polls[1].timestamp
+    assert len(state.node.intervals) <= seconds / 1.0 + 2 < len(ref.node.intervals)
+    assert got.gpus[0].state_seconds_total == pytest.approx(want.gpus[0].state_seconds_total, abs=1e-9)
+    assert got.gpus[0].starved_ratio == pytest.approx(want.gpus[0].starved_ratio, abs=1e-9)
+    assert got.gpus[0].diagnosis is not None and want.gpus[0].diagnosis is not None
+    assert got.gpus[0].diagnosis.verdict == want.gpus[0].diagnosis.verdict

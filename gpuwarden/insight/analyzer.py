@@ -23,7 +23,7 @@ from gpuwarden.insight.analysis import build_result
 from gpuwarden.insight.attribution import JobRef, attribute, pod_of
 from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Health, pack_means
 from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
-from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, terms
+from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, mergeable, merged, terms
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult, ProcessReading
 
 __all__ = ["DeferredInsight", "InsightAnalyzer", "InsightResult", "insight_result"]
@@ -98,6 +98,7 @@ class _GpuState:
     runs: deque[StateRun] = field(default_factory=deque)  # the node window's intervals, by main state
     idle_floor_watts: float | None = None  # the lowest power seen: the GPU's own idle baseline
     held_idle_joules: float = 0.0  # energy above that floor while held idle
+    last_iv: Interval | None = None  # the newest interval in the windows (polls faster than a second merge into it)
 
 
 class InsightAnalyzer:
@@ -352,9 +353,17 @@ class InsightAnalyzer:
             severe=clocks.severe,
             reasons=clocks.reasons,
         )
-        added = terms(iv)
-        for running in (state.node, state.job, state.diag):
-            running.push(iv, added)
+        last = state.last_iv
+        if last is not None and mergeable(last, iv):  # polls faster than GRANULARITY_SECONDS
+            iv = merged(last, iv)
+            for running in (state.node, state.job, state.diag):
+                if not running.replace_last(last, iv):
+                    running.push(iv, terms(iv))
+        else:
+            added = terms(iv)
+            for running in (state.node, state.job, state.diag):
+                running.push(iv, added)
+        state.last_iv = iv
         _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
 
 

@@ -59,6 +59,59 @@ def _exact(x: float) -> int:
     return num << (_SHIFT + 1 - den.bit_length())
 
 
+#: Polls faster than this are accounted in the windows at this granularity: an interval shorter than it takes the
+#: next one in (``merged``) until it is this long, so that a window holds at most about window / GRANULARITY
+#: intervals at any poll interval (300 s at a 0.1 s poll: 300 intervals per window, not 3,000). The state
+#: counters are added up at every poll, exactly.
+GRANULARITY_SECONDS = 1.0
+
+
+def _weighted(a: float | None, wa: float, b: float | None, wb: float) -> float | None:
+    """The time-weighted mean of two readings (an unknown one left out)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return (a * wa + b * wb) / (wa + wb)
+
+
+def mergeable(last: Interval, iv: Interval) -> bool:
+    """True when ``iv`` can be taken into ``last``: contiguous, the same holder and processes, and together still
+    at most GRANULARITY_SECONDS long."""
+    return (
+        abs(iv.end - iv.seconds - last.end) < 1e-6
+        and last.holder == iv.holder
+        and last.pids == iv.pids
+        and last.seconds + iv.seconds <= GRANULARITY_SECONDS + 1e-9
+    )
+
+
+def merged(a: Interval, b: Interval) -> Interval:
+    """``a`` followed by ``b`` as one interval: seconds and states added, readings time-weighted, the clocks' flags
+    those of the longer throttled or not share, the last poll's holder, memory and health."""
+    wa, wb = a.seconds, b.seconds
+    throttled = (wa if a.throttle else 0.0) + (wb if b.throttle else 0.0)
+    severe = (wa if a.severe else 0.0) + (wb if b.severe else 0.0)
+    clock = _weighted(a.clock_ratio if a.throttle else None, wa, b.clock_ratio if b.throttle else None, wb)
+    return Interval(
+        end=b.end,
+        seconds=wa + wb,
+        states={k: a.states.get(k, 0.0) + b.states.get(k, 0.0) for k in a.states.keys() | b.states.keys()},
+        util_seconds=a.util_seconds + b.util_seconds,
+        holder=b.holder,
+        pids=b.pids,
+        means=tuple(_weighted(x, wa, y, wb) for x, y in zip(a.means, b.means, strict=True)),
+        clock_ratio=clock if clock is not None else b.clock_ratio,
+        throttle=throttled * 2 >= wa + wb,
+        severe=severe * 2 >= wa + wb,
+        reasons=(a.reasons if a.throttle else frozenset()) | (b.reasons if b.throttle else frozenset()),
+        power_limit=b.power_limit,
+        mem_used=b.mem_used,
+        mem_total=b.mem_total,
+        health=b.health,
+    )
+
+
 def finite(x: float | None) -> float | None:
     """Return ``x``, or None when it is NaN or infinite: such a reading is unknown, not a value to average."""
     return x if x is None or math.isfinite(x) else None
@@ -193,6 +246,20 @@ class Running:
         horizon = iv.end - self.seconds
         while ivs[0].end - ivs[0].seconds < horizon - 1e-9:
             self.agg.remove(ivs.popleft())
+
+    def replace_last(self, old: Interval, new: Interval) -> bool:
+        """Put ``new`` in place of the newest interval when that is ``old`` (its sums exchanged); False when the
+        window's newest interval is another (it started anew since)."""
+        ivs = self.intervals
+        if not ivs or ivs[-1] is not old:
+            return False
+        self.agg.remove(old)
+        ivs[-1] = new
+        self.agg.add(new, terms(new))
+        horizon = new.end - self.seconds
+        while ivs[0].end - ivs[0].seconds < horizon - 1e-9:
+            self.agg.remove(ivs.popleft())
+        return True
 
     def capture(self) -> Captured:
         """The window as it stands now (copies: later pushes leave the capture as it is)."""
