@@ -61,7 +61,7 @@ def _one(gpus: int, ranks: list[int], processes: bool, seconds: float, interval:
     import pytest
     from fake_nvml import FakeNvml, _Device
 
-    from bench.common import Scraper, free_port, quantile
+    from bench.common import Scraper, free_port, quantile, wait_until_serving
     from bench.cpu_breakdown import instrument, thread_cpu
     from gpuwarden.model import ProcessReading
 
@@ -95,15 +95,7 @@ def _one(gpus: int, ranks: list[int], processes: bool, seconds: float, interval:
     daemon.start()
     threading.Thread(target=daemon.serve, args=(bind(cfg),), name="http-server", daemon=True).start()
     scraper = Scraper("127.0.0.1", port)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if scraper.get()[1] == 200:
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    wait_until_serving(scraper, 60)
     time.sleep(2 * interval)  # warm: the first tree walks and renders
     for s in steps.values():
         s.reset()

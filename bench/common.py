@@ -123,6 +123,19 @@ class Scraper:
             self._conn = None
 
 
+def wait_until_serving(scraper: Scraper, timeout: float) -> None:
+    """Return once ``scraper``'s daemon answers 200; raises OSError when it does not within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if scraper.get()[1] == 200:
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 class ResourceSampler:
     """Samples a process's resident memory every ``period`` seconds in a thread; CPU from cpu_times deltas."""
 

@@ -32,7 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import Scraper, free_port, gpu_facts, machine, versions
+from bench.common import Scraper, free_port, gpu_facts, machine, wait_until_serving, versions
 
 #: (module, class or None, attribute, label): the steps timed. Inclusive: a step's time includes its callees.
 STEPS: list[tuple[str, str | None, str, str]] = [
@@ -151,15 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     server = threading.Thread(target=daemon.serve, args=(bind(daemon.cfg),), name="http-server", daemon=True)
     server.start()
     scraper = Scraper("127.0.0.1", port)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if scraper.get()[1] == 200:
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    wait_until_serving(scraper, 30)
 
     def run_for(seconds: float) -> int:
         scrapes = 0
