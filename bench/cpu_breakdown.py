@@ -32,7 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import Scraper, free_port, gpu_facts, machine, wait_until_serving, versions
+from bench.common import Scraper, free_port, gpu_facts, machine, versions, wait_until_serving
 
 #: (module, class or None, attribute, label): the steps timed. Inclusive: a step's time includes its callees.
 STEPS: list[tuple[str, str | None, str, str]] = [
