@@ -99,6 +99,7 @@ class _GpuState:
     idle_floor_watts: float | None = None  # the lowest power seen: the GPU's own idle baseline
     held_idle_joules: float = 0.0  # energy above that floor while held idle
     last_iv: Interval | None = None  # the newest interval in the windows (polls faster than a second merge into it)
+    last_terms: list[tuple[int, int]] = field(default_factory=list)  # its terms (windows.terms)
 
 
 class InsightAnalyzer:
@@ -356,14 +357,15 @@ class InsightAnalyzer:
         last = state.last_iv
         if last is not None and mergeable(last, iv):  # polls faster than GRANULARITY_SECONDS
             iv = merged(last, iv)
+            added = terms(iv)
             for running in (state.node, state.job, state.diag):
-                if not running.replace_last(last, iv):
-                    running.push(iv, terms(iv))
+                if not running.replace_last(last, iv, state.last_terms, added):
+                    running.push(iv, added)
         else:
             added = terms(iv)
             for running in (state.node, state.job, state.diag):
                 running.push(iv, added)
-        state.last_iv = iv
+        state.last_iv, state.last_terms = iv, added
         _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
 
 

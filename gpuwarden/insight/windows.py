@@ -163,10 +163,10 @@ class _Agg:
         if iv.throttle and iv.reasons:
             self.reasons.update(iv.reasons)
 
-    def remove(self, iv: Interval) -> None:
-        """Remove ``iv``, added before, from the sums."""
+    def remove(self, iv: Interval, known: list[tuple[int, int]] | None = None) -> None:
+        """Remove ``iv``, added before, from the sums (``known``: its terms, when at hand)."""
         sums = self.sums
-        for slot, v in terms(iv):
+        for slot, v in known if known is not None else terms(iv):
             sums[slot] -= v
         if iv.throttle and iv.reasons:
             self.reasons.subtract(iv.reasons)
@@ -247,15 +247,17 @@ class Running:
         while ivs[0].end - ivs[0].seconds < horizon - 1e-9:
             self.agg.remove(ivs.popleft())
 
-    def replace_last(self, old: Interval, new: Interval) -> bool:
-        """Put ``new`` in place of the newest interval when that is ``old`` (its sums exchanged); False when the
-        window's newest interval is another (it started anew since)."""
+    def replace_last(
+        self, old: Interval, new: Interval, old_terms: list[tuple[int, int]], new_terms: list[tuple[int, int]]
+    ) -> bool:
+        """Put ``new`` in place of the newest interval when that is ``old`` (their terms given: the sums exchanged);
+        False when the window's newest interval is another (it started anew since)."""
         ivs = self.intervals
         if not ivs or ivs[-1] is not old:
             return False
-        self.agg.remove(old)
+        self.agg.remove(old, old_terms)
         ivs[-1] = new
-        self.agg.add(new, terms(new))
+        self.agg.add(new, new_terms)
         horizon = new.end - self.seconds
         while ivs[0].end - ivs[0].seconds < horizon - 1e-9:
             self.agg.remove(ivs.popleft())
