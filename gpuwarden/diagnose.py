@@ -20,6 +20,7 @@ from gpuwarden.insight.document import DiagnosisDocument, GpuDiagnosisDocument, 
 from gpuwarden.model import NodeStatic, PollResult
 from gpuwarden.snapshot import NodeSnapshot
 from gpuwarden.source import SourceError
+from gpuwarden.terminal import plain, visible
 
 
 class VerdictSpan(BaseModel):
@@ -234,22 +235,24 @@ def _verdict_text(g: GpuDiagnosisDocument) -> Any:
     if d is None:
         return Text("no verdict yet", style="dim")
     style = _STYLE.get(d.severity, "white")
-    t = Text(d.verdict.replace("_", " "), style=f"bold {style}")
+    t = Text(visible(d.verdict.replace("_", " ")), style=f"bold {style}")
     also = [f for f in d.findings if f != d.verdict]
     if also:
-        t.append(" + " + ", ".join(f.replace("_", " ") for f in also), style=style)
+        t.append(visible(" + " + ", ".join(f.replace("_", " ") for f in also)), style=style)
     return t
 
 
-def _head(report: DiagnoseReport) -> str:
+def _head(report: DiagnoseReport) -> Any:
+    from rich.text import Text
+
     doc = report.diagnosis
-    head = f"[bold]gpuwarden diagnose[/] · {doc.hostname} · {report.source}"
+    head = Text.assemble(("gpuwarden diagnose", "bold"), f" · {visible(doc.hostname)} · {visible(report.source)}")
     if report.scenario:
-        head += f" (scenario [bold]{report.scenario}[/])"
+        head.append_text(Text.assemble(" (scenario ", (visible(report.scenario), "bold"), ")"))
     if report.polls is not None and report.seconds is not None:
-        head += f" · {report.polls} polls over {report.seconds:.0f} s"
+        head.append(f" · {report.polls} polls over {report.seconds:.0f} s")
     if doc.diagnosis_window_seconds:
-        head += f" · verdicts on the last {doc.diagnosis_window_seconds:.0f} s of each GPU's current job"
+        head.append(f" · verdicts on the last {doc.diagnosis_window_seconds:.0f} s of each GPU's current job")
     return head
 
 
@@ -268,7 +271,7 @@ def summary_table(doc: DiagnosisDocument) -> Any:
         starved = "-" if g.starved_ratio is None or lost else f"{g.starved_ratio:.0%}"
         active = "-" if g.activity_ratio is None or lost else f"{g.activity_ratio:.0%}"
         remedy = g.diagnosis.remedies[0] if g.diagnosis and g.diagnosis.remedies else ""
-        t.add_row(str(g.gpu), _verdict_text(g), starved, active, remedy)
+        t.add_row(str(g.gpu), _verdict_text(g), starved, active, plain(remedy))
     return t
 
 
@@ -283,40 +286,43 @@ def renderables(report: DiagnoseReport, brief: bool = False) -> list[Any]:
     doc = report.diagnosis
     out: list[Any] = [_head(report)]
     if not doc.available:
-        out.append(f"[red]no diagnosis:[/] {doc.reason}")
+        out.append(Text.assemble(("no diagnosis:", "red"), " ", visible(doc.reason)))
         return out
     out.append(summary_table(doc))
     if doc.node_imbalance_ratio is not None:
         out.append(
-            f"node imbalance [bold]{doc.node_imbalance_ratio:.0%}[/] on {doc.node_activity_source} "
-            "(0% balanced, 100% one GPU does all the work)"
+            Text.assemble(
+                "node imbalance ",
+                (f"{doc.node_imbalance_ratio:.0%}", "bold"),
+                f" on {visible(doc.node_activity_source)} (0% balanced, 100% one GPU does all the work)",
+            )
         )
     if brief:
         return out
     for g in doc.gpus:
         d = g.diagnosis
-        title = f"GPU {g.gpu} · {g.name or ''} · {g.uuid}"
+        title = plain(f"GPU {g.gpu} · {g.name or ''} · {g.uuid}")
         if d is None:
             out.append(Panel("not enough history for a verdict yet", title=title, border_style="dim"))
             continue
         style = _STYLE.get(d.severity, "white")
-        parts: list[Any] = [_verdict_text(g), Text(d.summary)]
+        parts: list[Any] = [_verdict_text(g), plain(d.summary)]
         states = g.window_state_seconds
         total = sum(states.values())
         if total > 0:
             split = ", ".join(f"{k} {v / total:.0%}" for k, v in states.items() if v > 0)
             parts.append(Text(f"states over the last {total:.0f} s: {split}", style="dim"))
         if d.job:
-            parts.append(Text(f"job: {d.job} ({d.job_kind})", style="dim"))
+            parts.append(plain(f"job: {d.job} ({d.job_kind})", style="dim"))
         ev = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
         ev.add_column("evidence")
         ev.add_column("value", justify="right")
         ev.add_column("rule", style="dim")
         for e in d.evidence:
-            ev.add_row(e.name, _fmt(e.value, e.unit), e.rule or "")
+            ev.add_row(plain(e.name), _fmt(e.value, e.unit), plain(e.rule or ""))
         parts.append(ev)
         parts.append(Text("what to do:", style="bold"))
-        parts.extend(Text(f"  • {r}") for r in d.remedies)
+        parts.extend(plain(f"  • {r}") for r in d.remedies)
         out.append(Panel(Group(*parts), title=title, title_align="left", border_style=style))
     if doc.jobs:
         jt = Table(title="jobs", title_justify="left", header_style="bold")
@@ -324,7 +330,13 @@ def renderables(report: DiagnoseReport, brief: bool = False) -> list[Any]:
             jt.add_column(col, overflow="fold")
         for j in doc.jobs:
             imb = "- (1 GPU)" if j.imbalance_ratio is None else f"{j.imbalance_ratio:.0%} ({j.activity_source})"
-            jt.add_row(j.job, j.job_kind, ",".join(map(str, j.gpus)) or "-", ",".join(map(str, j.pids)), imb)
+            jt.add_row(
+                plain(j.job),
+                plain(j.job_kind),
+                ",".join(map(str, j.gpus)) or "-",
+                ",".join(map(str, j.pids)),
+                plain(imb),
+            )
         out.append(jt)
     if len({(s.gpu, s.verdict) for s in report.timeline if s.verdict is not None}) > len(doc.gpus):
         tt = Table(title="verdicts over time", title_justify="left", header_style="bold")
@@ -333,7 +345,9 @@ def renderables(report: DiagnoseReport, brief: bool = False) -> list[Any]:
         for s in report.timeline:
             if s.verdict is None:
                 continue  # polls before a verdict was possible (kept in --json)
-            tt.add_row(str(s.gpu), f"{s.start_seconds:.0f}", f"{s.end_seconds:.0f}", str(s.polls), s.verdict or "-")
+            tt.add_row(
+                str(s.gpu), f"{s.start_seconds:.0f}", f"{s.end_seconds:.0f}", str(s.polls), plain(s.verdict or "-")
+            )
         out.append(tt)
     return out
 

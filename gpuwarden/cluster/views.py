@@ -10,10 +10,16 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage
+from gpuwarden.terminal import plain, visible
 from gpuwarden.urls import redacted
 
 if TYPE_CHECKING:
     from gpuwarden.cluster.promapi import Prometheus
+
+
+def _row(table: Any, *cells: object) -> None:
+    """Add a row of cells shown as they are (gpuwarden.terminal.plain: job ids and node names are machine text)."""
+    table.add_row(*(plain(c) for c in cells))
 
 
 def _hours(h: float) -> str:
@@ -94,7 +100,7 @@ def top(args: argparse.Namespace) -> int:
 
     console = Console()
     if not jobs and not gpus:
-        console.print(f"No gpuwarden data in {redacted(args.prometheus)} over the last {args.range}.")
+        console.print(plain(f"No gpuwarden data in {redacted(args.prometheus)} over the last {args.range}."))
         return 1
     t = Table(title=f"Jobs by GPU-hours lost, last {args.range}", title_justify="left", expand=False)
     for col, just in (("job", "left"), ("node", "left"), ("GPUs", "right"), ("held h", "right"),
@@ -103,7 +109,7 @@ def top(args: argparse.Namespace) -> int:
         t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
     for k, u in ranked_jobs:
         share = u.lost_total / u.held_hours if u.held_hours else 0.0
-        t.add_row(k.job_id, _nodes(u, names), str(len(u.gpus)), _hours(u.held_hours),
+        _row(t, k.job_id, _nodes(u, names), str(len(u.gpus)), _hours(u.held_hours),
                   f"{_hours(u.lost_total)} ({share:.0%})", _causes(u), _cost(u), " + ".join(u.verdict()[:2]) or "-",
                   _short(u.first_remedy()))  # fmt: skip
     console.print(t)
@@ -111,7 +117,7 @@ def top(args: argparse.Namespace) -> int:
     for col in ("node", "GPU", "busy h", "lost h", "lost to", "free h", "cost", "verdict"):
         g.add_column(col, justify="left" if col in ("node", "lost to", "verdict") else "right")
     for (inst, gpu), u in ranked_gpus:
-        g.add_row(names.get(inst) or inst, gpu, _hours(u.busy_hours), _hours(u.lost_total), _causes(u),
+        _row(g, names.get(inst) or inst, gpu, _hours(u.busy_hours), _hours(u.lost_total), _causes(u),
                   _hours(u.free_hours), _cost(u), " + ".join(u.verdict()[:2]) or "-")  # fmt: skip
     console.print(g)
     return 0
@@ -167,30 +173,33 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"Job {key.label()} ({u.kind or 'job'}), last {range_}", title_justify="left", show_header=False)
+    title = plain(f"Job {key.label()} ({u.kind or 'job'}), last {range_}")
+    t = Table(title=title, title_justify="left", show_header=False)
     t.add_column(justify="left")
     t.add_column(justify="right")
     t.add_column(justify="left")
     held = u.held_hours or float("nan")
-    t.add_row("GPUs", str(len(u.gpus)), f"on {_nodes(u, names)}")
-    t.add_row("GPU-hours held", _hours(u.held_hours), "")
+    _row(t, "GPUs", str(len(u.gpus)), f"on {_nodes(u, names)}")
+    _row(t, "GPU-hours held", _hours(u.held_hours), "")
     if u.effective_hours is not None:
-        t.add_row("with SM activity >= 50%", _hours(u.effective_hours), f"{u.effective_hours / held:.0%} of held")
-    t.add_row("busy (a kernel ran)", _hours(u.busy_hours), f"{u.busy_hours / held:.0%} of held")
-    t.add_row("lost (held, idle)", _hours(u.lost_total), f"{u.lost_total / held:.0%} of held")
+        _row(t, "with SM activity >= 50%", _hours(u.effective_hours), f"{u.effective_hours / held:.0%} of held")
+    _row(t, "busy (a kernel ran)", _hours(u.busy_hours), f"{u.busy_hours / held:.0%} of held")
+    _row(t, "lost (held, idle)", _hours(u.lost_total), f"{u.lost_total / held:.0%} of held")
     for cause in LOST_CAUSES:
         if u.lost_hours[cause] > 0:
-            t.add_row(f"  {cause}", _hours(u.lost_hours[cause]), "")
+            _row(t, f"  {cause}", _hours(u.lost_hours[cause]), "")
     if u.energy_joules is not None:
-        t.add_row("energy", _energy(u.energy_joules), "")
+        _row(t, "energy", _energy(u.energy_joules), "")
     if u.held_idle_energy_joules:
-        t.add_row("  drawn while held idle", _energy(u.held_idle_energy_joules), "above the idle floor")
+        _row(t, "  drawn while held idle", _energy(u.held_idle_energy_joules), "above the idle floor")
     if u.cost is not None:
-        t.add_row("cost of lost GPU-hours", _cost(u), "")
+        _row(t, "cost of lost GPU-hours", _cost(u), "")
     if stragglers:
         i, g, s = stragglers[0]
-        t.add_row("straggler", f"{names.get(i) or i} GPU {g}", f"flagged {s:.0%} of the time")
-    t.add_row("verdict", " + ".join(u.verdict()) or "-", "")
+        _row(t, "straggler", f"{names.get(i) or i} GPU {g}", f"flagged {s:.0%} of the time")
+    _row(t, "verdict", " + ".join(u.verdict()) or "-", "")
     Console().print(t)
     if u.first_remedy():
-        Console().print(f"[bold]Do first:[/bold] {u.first_remedy()}")
+        from rich.text import Text
+
+        Console().print(Text.assemble(("Do first:", "bold"), " ", visible(u.first_remedy())))

@@ -1,0 +1,24 @@
+"""Text from the machine (process, job, pod and host names, a remote daemon's answers) as a terminal may show it:
+control characters made visible, never interpreted as Rich markup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def visible(text: object) -> str:
+    """Return ``str(text)`` with every non-printable character (escape sequences, carriage returns, bells, ...)
+    written as its Python escape (``\\x1b``), so that nothing printed moves the cursor, retitles the window or
+    clears the screen. Printable non-ASCII text (a name in any script) is kept."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
+def plain(text: object, style: str = "") -> Any:
+    """A ``rich.text.Text`` of ``visible(text)`` in ``style``: printed as it is, never read as markup (a process
+    named ``[/]`` or ``[link=...]`` is shown, not obeyed)."""
+    from rich.text import Text
+
+    return Text(visible(text), style=style)
