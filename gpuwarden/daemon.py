@@ -118,6 +118,8 @@ class Daemon:
     ) -> None:
         self.cfg = cfg
         self._reload = reload
+        self._reload_lock = threading.Lock()  # reloads one at a time
+        self._reload_wanted = threading.Event()  # a reload was asked for and has not started yet
         # Raises WebConfigError (one line) for a bad web config file, before anything starts. Imported only when
         # used: bcrypt and ssl are not needed (nor loaded) by a daemon without a web config.
         self.web = None
@@ -161,14 +163,30 @@ class Daemon:
         gc.freeze()
 
     def reload(self) -> bool:
-        """Re-read the configuration (SIGHUP) and apply what can change while running.
+        """Re-read the configuration (SIGHUP) and apply what can change while running; safe from any thread.
 
         Collectors, process limits, poll interval and log level apply at once; a change of address, source or
         web config needs a restart and is logged. A bad configuration is logged and the running one kept.
-        Returns True when the new configuration was applied.
+        Reloads run one at a time and the latest wins: a request that comes while one runs is folded into one
+        more reload after it (a SIGHUP storm costs at most two), and its caller returns False at once.
+        Returns True when this call applied a new configuration.
         """
         if self._reload is None:
             return False
+        self._reload_wanted.set()
+        applied = False
+        while self._reload_wanted.is_set() and self._reload_lock.acquire(blocking=False):
+            try:
+                while self._reload_wanted.is_set():
+                    self._reload_wanted.clear()
+                    applied = self._reload_once()
+            finally:
+                self._reload_lock.release()
+            # a request set between the last check and the release is picked up by the outer loop
+        return applied
+
+    def _reload_once(self) -> bool:
+        assert self._reload is not None
         try:
             new = self._reload()
             web = self._reload_web(new)

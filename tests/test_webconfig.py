@@ -12,9 +12,11 @@ import base64
 import datetime
 import ipaddress
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fastapi import FastAPI
-from helpers import count_closed
+from helpers import count_closed, free_port
 
 from gpuwarden.web import auth as webauth
 from gpuwarden.web.auth import BasicAuthMiddleware
@@ -403,6 +405,56 @@ def _served_serial(url: str, pki: PKI) -> int:
             der = s.getpeercert(binary_form=True)
     assert der is not None
     return x509.load_der_x509_certificate(der).serial_number
+
+
+@pytest.mark.e2e
+def test_a_sighup_storm_on_a_tls_daemon_keeps_it_serving(pki: PKI, tmp_path: Path) -> None:
+    """One SIGHUP every 5 ms for 2 s while clients handshake: every reload loads the certificate, none at the same
+    time as another, none into a context a handshake is reading; the daemon lives and every scrape is answered."""
+    web = write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n")
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"web_config_file: {web}\nlog_level: info\n")
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--config", str(cfg)]
+            + ["--web.listen-address", f"127.0.0.1:{port}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"https://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while "serving" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+        answers: list[int] = []
+        stop = threading.Event()
+
+        def scrape() -> None:
+            while not stop.is_set():
+                with httpx.Client(verify=client_ctx(pki), timeout=10) as c:  # a new handshake each time
+                    answers.append(c.get(url + "/healthz").status_code)
+
+        scrapers = [threading.Thread(target=scrape) for _ in range(2)]
+        for t in scrapers:
+            t.start()
+        end = time.monotonic() + 2
+        while time.monotonic() < end and proc.poll() is None:
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(0.005)
+        stop.set()
+        for t in scrapers:
+            t.join()
+        assert proc.poll() is None, log.read_text()[-2000:]
+        text = log.read_text()
+        assert 1 <= text.count("configuration reloaded") < 400 and "reload refused" not in text
+        assert answers and set(answers) == {200}
+        assert _served_serial(url, pki) == pki.server.serial
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 @pytest.mark.e2e

@@ -174,6 +174,8 @@ class WebConfig(_Strict):
 
     # The SSL contexts uvicorn built through ssl_context_factory, for reload_certificates().
     _contexts: list[ssl.SSLContext] = PrivateAttr(default_factory=list)
+    # The context handshakes switch to after a reload (None: the listener's own); replaced whole, never edited.
+    _current: ssl.SSLContext | None = PrivateAttr(default=None)
 
     @property
     def tls_enabled(self) -> bool:
@@ -211,8 +213,16 @@ class WebConfig(_Strict):
     def _ssl_context_factory(self, config: Any, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
         context = default()
         self.tune(context)
+        context.sni_callback = self._switch_context
         self._contexts.append(context)
         return context
+
+    def _switch_context(self, connection: ssl.SSLObject, server_name: str | None, context: ssl.SSLContext) -> None:
+        # OpenSSL's servername callback runs for every ClientHello, with or without SNI: each new handshake moves
+        # to the context the last reload built, so a reload never edits a context that handshakes are reading.
+        current = self._current
+        if current is not None:
+            connection.context = current
 
     def tune(self, context: ssl.SSLContext) -> None:
         """Apply ``min_version``, ``max_version`` and ``prefer_server_cipher_suites`` to ``context``."""
@@ -244,18 +254,18 @@ class WebConfig(_Strict):
         return context
 
     def reload_certificates(self) -> int:
-        """Re-read ``cert_file``/``key_file`` into the live SSL contexts; return how many were updated.
+        """Re-read ``cert_file``/``key_file`` (and ``client_ca_file``) into a new SSL context that every later
+        handshake of the listeners uses; return how many listener contexts now switch to it (0 without TLS).
 
         New connections get the new certificate; open ones keep theirs (certificate rotation by cert-manager or
-        certbot writes new files at the same paths). The pair is checked in a scratch context first, so a bad
-        or half-written pair raises WebConfigError and the running certificate stays in use.
+        certbot writes new files at the same paths). The new context is built whole, then swapped in by one
+        assignment (OpenSSL's servername callback moves each handshake to it): the live contexts are never
+        modified while the event loop reads them. A bad or half-written pair raises WebConfigError and the running
+        certificate stays in use. Callers serialise reloads (gpuwarden.daemon.Daemon.reload).
         """
-        tls = self.tls_server_config
-        if not tls.enabled or not self._contexts:
+        if not self.tls_server_config.enabled or not self._contexts:
             return 0
-        _load_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), tls)
-        for context in self._contexts:
-            _load_chain(context, tls)
+        self._current = self.server_context()
         return len(self._contexts)
 
 
