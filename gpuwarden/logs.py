@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from typing import Any
 
@@ -18,6 +19,10 @@ from typing import Any
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 
 LEVELS = ("debug", "info", "warning", "error")
+#: Access lines (``uvicorn.access``, written at ``debug`` only) let through per second, and in one burst: a request
+#: flood must not become a log flood (each dropped line is counted in the next line let through, ``dropped=N``).
+ACCESS_LINES_PER_SECOND = 10.0
+ACCESS_LINES_BURST = 100
 FORMATS = ("logfmt", "json")
 
 
@@ -74,7 +79,40 @@ def setup(level: str = "info", fmt: str = "logfmt") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+    for name in ("uvicorn", "uvicorn.error"):
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    # Access lines only at debug (uvicorn decides per connection from whether its access logger has a handler to
+    # reach), and at most ACCESS_LINES_PER_SECOND of them whatever the level.
+    access = logging.getLogger("uvicorn.access")
+    access.handlers.clear()
+    access.propagate = level == "debug"
+    if not any(isinstance(f, RateLimit) for f in access.filters):
+        access.addFilter(RateLimit(ACCESS_LINES_PER_SECOND, ACCESS_LINES_BURST))
+
+
+class RateLimit(logging.Filter):
+    """A token bucket over log records: lets ``rate`` records a second through, ``burst`` at once; the first record
+    let through after some were dropped carries ``dropped`` (how many) as a field of its line."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        super().__init__()
+        self.rate, self.burst = rate, float(burst)
+        self._tokens, self._last, self._dropped = float(burst), time.monotonic(), 0
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Return False (drop the record) when the bucket is empty."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            if self._tokens < 1.0:
+                self._dropped += 1
+                return False
+            self._tokens -= 1.0
+            if self._dropped:
+                record.dropped = self._dropped
+                self._dropped = 0
+            return True

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from gpuwarden.logs import JsonFormatter, LogfmtFormatter, setup
+from gpuwarden.logs import JsonFormatter, LogfmtFormatter, RateLimit, setup
 
 
 def _record(msg: str, **extra: object) -> logging.LogRecord:
@@ -79,3 +81,66 @@ def test_daemon_and_uvicorn_log_in_one_json_format() -> None:
     assert "gpuwarden" in loggers and "uvicorn.error" in loggers
     serving = next(obj for obj in lines if obj["msg"] == "serving")
     assert serving["gpus"] == 1 and serving["url"].endswith(f":{port}/metrics")
+
+
+def test_rate_limit_lets_a_burst_through_then_counts_what_it_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("gpuwarden.logs.time.monotonic", lambda: now[0])
+    limit = RateLimit(rate=10.0, burst=5)
+    passed = [r for r in (_record(f"r{i}") for i in range(50)) if limit.filter(r)]
+    assert [r.msg for r in passed] == ["r0", "r1", "r2", "r3", "r4"]
+    now[0] += 0.1  # one token back
+    nxt = _record("after")
+    assert limit.filter(nxt) and nxt.dropped == 45  # type: ignore[attr-defined]
+    assert not limit.filter(_record("empty again"))
+
+
+@pytest.mark.e2e
+def test_access_lines_only_at_debug_after_reloads_and_bounded_in_a_flood(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("log_level: info\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--config", str(cfg)]
+            + ["--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json"],
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+
+    def wait_for(text: str, count: int) -> None:
+        deadline = time.monotonic() + 30
+        while log.read_text().count(text) < count:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+
+    def flood(n: int) -> float:
+        start = time.monotonic()
+        with httpx.Client(timeout=5) as c:
+            for _ in range(n):
+                assert c.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        return time.monotonic() - start
+
+    def access_lines() -> list[dict[str, object]]:
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        return [obj for obj in lines if obj["logger"] == "uvicorn.access"]
+
+    try:
+        wait_for('"msg": "serving"', 1)
+        proc.send_signal(signal.SIGHUP)  # the same level: access lines stay off
+        wait_for("configuration reloaded", 1)
+        flood(300)
+        assert access_lines() == []
+        cfg.write_text("log_level: debug\n")
+        proc.send_signal(signal.SIGHUP)
+        wait_for("configuration reloaded", 2)
+        took = flood(600)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    lines = access_lines()
+    assert 100 <= len(lines) <= 100 + 10 * took + 1  # the burst, then 10 a second
+    assert any(isinstance(obj.get("dropped"), int) for obj in lines)
