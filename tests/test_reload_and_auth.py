@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -175,7 +176,7 @@ def test_unknown_and_low_cost_users_take_the_same_time() -> None:
 
 
 def test_guessers_cannot_queue_without_bound() -> None:
-    """Past ``max_waiting`` checks in line, a request is refused at once instead of waiting behind them."""
+    """Past ``max_waiting`` checks in line behind the one in progress, a request is refused at once."""
     import base64
 
     slow = bcrypt.hashpw(b"pw", bcrypt.gensalt(10))
@@ -192,4 +193,90 @@ def test_guessers_cannot_queue_without_bound() -> None:
 
     times = sorted(asyncio.run(crowd()))
     assert times[0] < 0.02  # refused at once
-    assert sum(t > 0.02 for t in times) == 2  # only two were checked
+    assert sum(t > 0.02 for t in times) == 3  # only the one in progress and the two in line were checked
+
+
+def test_a_right_password_is_checked_next_whatever_the_guessers_on_failed_connections() -> None:
+    """Twenty guessers on keep-alive connections (each failed once already) fill their lane; each of 12 right
+    logins, on a new connection and not yet cached, is checked after at most the check in progress."""
+    import base64
+
+    users = {f"u{i}": bcrypt.hashpw(f"pw{i}".encode(), bcrypt.gensalt(8)) for i in range(12)}
+    mw = BasicAuthMiddleware(None, users)  # type: ignore[arg-type]
+    wrong = b"Basic " + base64.b64encode(b"u0:wrong")
+
+    async def attack() -> tuple[list[bool], list[float], int]:
+        stop = asyncio.Event()
+        guesses = [0]
+        checked: set[int] = set()
+
+        async def guesser(port: int) -> None:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                await mw.authorized(wrong, ("10.0.0.9", port))
+                if time.perf_counter() - t0 >= 0.9 * mw._check_seconds:  # checked (a refusal is instant)
+                    checked.add(port)
+                guesses[0] += 1
+                await asyncio.sleep(0.001)  # a round trip, then the next request on the same connection
+
+        crowd = [asyncio.create_task(guesser(40000 + i)) for i in range(20)]
+        while len(checked) < 20:  # every guesser's connection failed a check
+            await asyncio.sleep(0.01)
+        results, waits = [], []
+        for i in range(12):
+            header = b"Basic " + base64.b64encode(f"u{i}:pw{i}".encode())
+            t0 = time.perf_counter()
+            results.append(await mw.authorized(header, ("10.0.0.9", 50000 + i)))
+            waits.append(time.perf_counter() - t0)
+        stop.set()
+        await asyncio.gather(*crowd)
+        return results, waits, guesses[0]
+
+    results, waits, guesses = asyncio.run(attack())
+    assert results == [True] * 12
+    # one check of cost 8 takes mw._check_seconds: a right login waits for the one in progress, then its own
+    assert max(waits) < 3 * mw._check_seconds + 0.1, (waits, mw._check_seconds)
+    assert guesses > 20  # the guessers kept going meanwhile
+
+
+@pytest.mark.e2e
+def test_keep_alive_guessers_do_not_lock_out_a_right_login_on_a_live_daemon(tmp_path: Path) -> None:
+    """Five keep-alive password guessers against a live daemon; 12 users log in right for the first time (nothing
+    cached), each on a new connection: every one gets 200, in about a check or two."""
+    users = {f"u{i}": bcrypt.hashpw(f"pw{i}".encode(), bcrypt.gensalt(10)).decode() for i in range(12)}
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n" + "".join(f"  {u}: '{h}'\n" for u, h in users.items()))
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"web_config_file: {web}\n")
+    log = tmp_path / "serve.log"
+    proc, url = _start(["--config", str(cfg)], log)
+    stop = threading.Event()
+    guesses = [0]
+
+    def guess() -> None:
+        with httpx.Client(timeout=10) as c:  # one keep-alive connection
+            while not stop.is_set():
+                assert c.get(url + "/metrics", auth=("u0", "wrong")).status_code == 401
+                guesses[0] += 1
+
+    try:
+        _wait(url, proc)
+        crowd = [threading.Thread(target=guess) for _ in range(5)]
+        for t in crowd:
+            t.start()
+        while guesses[0] < 20:
+            time.sleep(0.05)
+        answers, waits = [], []
+        for i in range(12):
+            t0 = time.monotonic()
+            answers.append(httpx.get(url + "/metrics", auth=(f"u{i}", f"pw{i}"), timeout=10).status_code)
+            waits.append(time.monotonic() - t0)
+        stop.set()
+        for t in crowd:
+            t.join()
+    finally:
+        stop.set()
+        proc.terminate()
+        proc.wait(10)
+    assert answers == [200] * 12, (answers, waits)
+    assert max(waits) < 1.0, waits

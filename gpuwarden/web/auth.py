@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import logging
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
 
 import bcrypt
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -41,8 +43,13 @@ class BasicAuthMiddleware:
     * An unknown user is checked against a dummy hash of the highest cost in use, and every check that fails
       or passes without the cache is padded to the time that cost takes, so response time does not reveal which
       user names exist, whatever their costs.
-    * At most ``max_waiting`` checks wait for bcrypt; a request past that gets 401 at once, so a crowd of
-      password guessers cannot queue a real scraper behind them for longer than a few checks.
+    * Checks wait for bcrypt in two lanes, at most ``max_waiting`` in each (a request past that gets 401 at once):
+      a connection that has failed a check before (a guesser on keep-alive) waits in the second lane, served only
+      when the first is empty; any other request (a scraper's new connection, after a restart or a password
+      change) waits in the first. However many guessers there are, a right password on a fresh connection waits
+      for at most the check in progress and ``max_waiting`` others. Failed connections are remembered by client
+      address and port, the last ``remembered_failures`` of them. A guesser that opens a new connection for every
+      guess competes in the first lane; bound it upstream (a proxy's per-source limit).
     * Nothing secret is logged: failures are logged at debug level with path and client address only.
     """
 
@@ -53,17 +60,19 @@ class BasicAuthMiddleware:
         open_paths: set[str] | frozenset[str] = DEFAULT_OPEN_PATHS,
         cache_size: int = 256,
         max_waiting: int = 4,
+        remembered_failures: int = 4096,
     ) -> None:
         self.app = app
         self.open_paths = frozenset(open_paths)
         self.cache_size = cache_size
         self.max_waiting = max_waiting
-        self._waiting = 0
+        self.remembered_failures = remembered_failures
+        self._failed: OrderedDict[tuple[str, int], None] = OrderedDict()  # connections that failed a check
         self.users: dict[str, bytes] = {}
         self._key = secrets.token_bytes(32)
         self._cache: OrderedDict[bytes, None] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._bcrypt_lock: asyncio.Lock | None = None
+        self._lanes = _Lanes()
         self.set_users(users)
 
     def set_users(self, users: dict[str, bytes]) -> None:
@@ -92,8 +101,12 @@ class BasicAuthMiddleware:
             mac.update(part)
         return mac.digest()
 
-    async def authorized(self, header: bytes | None) -> bool:
-        """Return True when ``header`` (the raw Authorization value) holds a valid user and password."""
+    async def authorized(self, header: bytes | None, client: tuple[str, int] | None = None) -> bool:
+        """Return True when ``header`` (the raw Authorization value) holds a valid user and password.
+
+        ``client`` (ASGI's ``scope["client"]``: address and port, one per connection) picks the lane the check
+        waits in: the second when that connection failed a check before.
+        """
         if not header or not self.users:
             return False
         scheme, _, token = header.strip().partition(b" ")
@@ -119,26 +132,33 @@ class BasicAuthMiddleware:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return known
-        if self._bcrypt_lock is None:
-            self._bcrypt_lock = asyncio.Lock()
-        if self._waiting >= self.max_waiting:
-            return False  # a crowd of checks already waits: refuse at once rather than queue a real client
-        self._waiting += 1
-        try:
-            async with self._bcrypt_lock:
-                start = time.perf_counter()
-                ok = await asyncio.to_thread(_checkpw, password, hashed)
-                pad = self._check_seconds - (time.perf_counter() - start)
-            if pad > 0:  # a low-cost hash answers as slowly as the highest cost: no timing tells the users apart
-                await asyncio.sleep(pad)
-        finally:
-            self._waiting -= 1
-        if ok and known:
+        lane = 1 if client is not None and client in self._failed else 0
+        if self._lanes.waiting(lane) >= self.max_waiting:
+            return False  # a crowd of checks already waits in this lane: refuse at once rather than queue
+        async with self._lanes.turn(lane):
+            start = time.perf_counter()
+            ok = await asyncio.to_thread(_checkpw, password, hashed)
+            pad = self._check_seconds - (time.perf_counter() - start)
+        if pad > 0:  # a low-cost hash answers as slowly as the highest cost: no timing tells the users apart
+            await asyncio.sleep(pad)
+        ok = ok and known
+        if ok:
             with self._cache_lock:
                 self._cache[key] = None
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-        return ok and known
+        if client is not None:
+            self._remember(client, failed=not ok)  # only a checked password moves a connection between lanes
+        return ok
+
+    def _remember(self, client: tuple[str, int], failed: bool) -> None:
+        if not failed:
+            self._failed.pop(client, None)
+            return
+        self._failed[client] = None
+        self._failed.move_to_end(client)
+        while len(self._failed) > self.remembered_failures:
+            self._failed.popitem(last=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection: pass it on when open or authorized, else answer 401."""
@@ -146,10 +166,10 @@ class BasicAuthMiddleware:
             await self.app(scope, receive, send)
             return
         header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
-        if await self.authorized(header):
+        client = scope.get("client")
+        if await self.authorized(header, tuple(client) if client else None):
             await self.app(scope, receive, send)
             return
-        client = scope.get("client")
         log.debug("basic auth refused: %s %s from %s", scope["type"], scope.get("path"), client[0] if client else "?")
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
@@ -168,6 +188,48 @@ class BasicAuthMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class _Lanes:
+    """One bcrypt check at a time, handed to the first lane's waiters before the second's (asyncio, one loop)."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._queues: tuple[deque[asyncio.Future[None]], ...] = (deque(), deque())
+
+    def waiting(self, lane: int) -> int:
+        """How many checks wait in ``lane`` (0 or 1)."""
+        return len(self._queues[lane])
+
+    @contextlib.asynccontextmanager
+    async def turn(self, lane: int) -> AsyncIterator[None]:
+        """Wait for the check's turn in ``lane``; hold it for the ``async with`` body."""
+        if self._busy or any(self._queues):
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._queues[lane].append(future)
+            try:
+                await future
+            except asyncio.CancelledError:
+                if future in self._queues[lane]:
+                    self._queues[lane].remove(future)
+                elif not future.cancelled():
+                    self._next()  # the turn was handed over as the waiter went: pass it on
+                raise
+        else:
+            self._busy = True
+        try:
+            yield
+        finally:
+            self._next()
+
+    def _next(self) -> None:
+        for queue in self._queues:
+            while queue:
+                future = queue.popleft()
+                if not future.done():
+                    future.set_result(None)
+                    return
+        self._busy = False
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:
