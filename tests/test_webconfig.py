@@ -11,6 +11,7 @@ import asyncio
 import base64
 import datetime
 import ipaddress
+import os
 import shutil
 import signal
 import socket
@@ -716,3 +717,16 @@ def test_a_tls_handshake_that_never_comes_is_dropped_at_the_head_deadline(pki: P
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_fifo_as_certificate_and_a_non_ascii_header_value_are_refused_in_one_line(pki: PKI, tmp_path: Path) -> None:
+    fifo = tmp_path / "cert.pem"
+    os.mkfifo(fifo)  # opening it to read would block until a writer came: start-up hung with no word
+    path = write_config(tmp_path, f"tls_server_config:\n  cert_file: {fifo}\n  key_file: {pki.server.key}\n")
+    with pytest.raises(WebConfigError, match="cannot read cert_file .*: not a regular file"):
+        load_web_config(path)
+    path = write_config(
+        tmp_path, "http_server_config:\n  headers:\n    Content-Security-Policy: \"default-src 'sélf'\"\n"
+    )
+    with pytest.raises(WebConfigError, match="must be ASCII text"):  # uvicorn failed on it at the first request
+        load_web_config(path)

@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import ssl
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -154,6 +155,8 @@ class HTTPServerConfig(_Strict):
                 raise ValueError(f"header {name!r} is not one of {', '.join(_ALLOWED_HEADERS)}")
             if any(ord(c) < 32 or ord(c) == 127 for c in text):
                 raise ValueError(f"header {name!r}: the value holds a control character (CR, LF, ...)")
+            if not text.isascii():  # HTTP field values are bytes; uvicorn sends latin-1 and fails past it at a request
+                raise ValueError(f"header {name!r}: the value must be ASCII text")
             allowed = _HEADER_VALUES.get(name)
             if allowed is not None and text.lower() not in allowed:
                 raise ValueError(f"header {name!r}: the value must be one of {', '.join(allowed)}")
@@ -246,6 +249,7 @@ class WebConfig(_Strict):
         _load_chain(context, tls)
         context.verify_mode = tls.cert_reqs
         if tls.client_ca_file:
+            _check_file("client_ca_file", tls.client_ca_file)
             try:
                 context.load_verify_locations(cafile=str(tls.client_ca_file))
             except (OSError, ssl.SSLError) as exc:
@@ -276,13 +280,23 @@ def _reason(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def _check_file(what: str, path: Path | None) -> None:
+    # A FIFO or a device would block OpenSSL's read (start-up hangs with no word): only regular files are read.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # type: ignore[arg-type]  # opening a FIFO does not block
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise WebConfigError(f"cannot read {what} {path}: {_reason(exc)}") from exc
+    if not regular:
+        raise WebConfigError(f"cannot read {what} {path}: not a regular file")
+
+
 def _load_chain(context: ssl.SSLContext, tls: TLSServerConfig) -> None:
     for what, path in (("cert_file", tls.cert_file), ("key_file", tls.key_file)):
-        try:
-            with open(path, "rb"):  # type: ignore[arg-type]
-                pass
-        except OSError as exc:
-            raise WebConfigError(f"cannot read {what} {path}: {_reason(exc)}") from exc
+        _check_file(what, path)
     try:
         context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
     except ssl.SSLError as exc:
