@@ -5,7 +5,7 @@
 others down. ``Exposition.render()`` caches the rendered bytes by snapshot sequence number and format, so any
 number of scrapes between two polls cost one render. The format is negotiated from the scrape's ``Accept`` header
 by prometheus_client (``choose_encoder``: the text format 0.0.4, or OpenMetrics 1.0 as Prometheus asks for it),
-and the body gzipped when ``Accept-Encoding`` allows (``gzip_accepted``), once per rendered text.
+and the body gzipped when ``Accept-Encoding`` allows (``gzip_accepted``, with q-values), once per rendered text.
 
 The daemon renders ahead in the poll thread (``prerender``), in the format the last scrape asked for, so a scrape
 finds the text ready and only sends bytes; it renders ahead only on the last poll before the next scrape is due
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import choose_encoder
 
 from gpuwarden.catalog import FAMILY
 from gpuwarden.collectors import CollectOptions, collect
@@ -309,6 +309,33 @@ class Exposition:
         self._gz = {k: v for k, v in self._gz.items() if k in live}  # texts no longer served
         self._gz[id(body)] = (body, packed)
         return packed
+
+
+def gzip_accepted(accept_encoding: str) -> bool:
+    """Return True when the ``Accept-Encoding`` value allows gzip (RFC 9110 section 12.5.3): ``gzip`` (or ``x-gzip``)
+    listed with a q-value above 0, or ``*`` above 0 with gzip not listed. ``gzip;q=0`` refuses it.
+
+    prometheus_client's own check and Starlette's GZipMiddleware look for the word only and ignore ``q=0``; no
+    dependency parses the header's weights, so these few lines do. A malformed weight counts as 0 (not accepted).
+    """
+    weights: dict[str, float] = {}
+    for item in accept_encoding.split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0
+                if not 0.0 <= q <= 1.0:  # NaN and out-of-range weights are not weights
+                    q = 0.0
+        weights[coding.lower()] = q
+    for coding in ("gzip", "x-gzip"):
+        if coding in weights:
+            return weights[coding] > 0
+    return weights.get("*", 0.0) > 0
 
 
 def respond(

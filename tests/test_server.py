@@ -105,3 +105,21 @@ def test_docs_page_loads_nothing_from_elsewhere() -> None:
         .startswith(("application/javascript", "text/javascript"))
     )
     assert client.get("/redoc").status_code == 404
+
+
+def test_gzip_follows_the_accept_encoding_weights() -> None:
+    client = app_for(replay_poller(trace("h100-idle"), 2))
+    for header, gz in [
+        ("gzip", True),
+        ("deflate, gzip;q=0.5", True),
+        ("*", True),
+        ("gzip;q=0", False),
+        ("GZIP; Q=0.000", False),
+        ("*;q=0.1, gzip;q=0", False),
+        ("identity", False),
+        ("gzip;q=nan", False),
+        ("gzip;q=abc", False),
+    ]:
+        r = client.get("/metrics", headers={"Accept-Encoding": header})
+        assert r.status_code == 200 and "gpu_up" in r.text
+        assert (r.headers.get("content-encoding") == "gzip") is gz, header
