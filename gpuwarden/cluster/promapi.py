@@ -7,11 +7,14 @@ question and the answer is a plain vector.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from time import monotonic
 
 import httpx
 
+from gpuwarden.terminal import visible
 from gpuwarden.urls import redacted
 
 
@@ -22,22 +25,31 @@ class PrometheusError(Exception):
 
 @dataclass(frozen=True)
 class Sample:
-    """One series of an instant vector: its labels and value (a float, never NaN: NaN samples are dropped)."""
+    """One series of an instant vector: its labels and value (a finite float: NaN and infinite samples are dropped)."""
 
     labels: dict[str, str]
     value: float
+
+
+#: The largest answer read (bytes): a fleet's vector of a few thousand series is a few MB; past this the answer is
+#: refused rather than held (a 100 MB answer parsed whole took ~1 GB).
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 class Prometheus:
     """Instant queries against ``url`` (``http://HOST:9090``, or a Thanos/Mimir query front end with its path prefix,
     e.g. ``http://mimir/prometheus``; credentials as ``http://USER:PASSWORD@HOST``).
 
-    ``headers`` are sent with every request (e.g. ``X-Scope-OrgID`` for Mimir/Cortex tenants).
+    ``timeout`` (seconds) bounds all the queries of this client together, from its creation: a server that answers
+    slowly, or drips its answer a byte at a time, ends in PrometheusError once it is spent. ``headers`` are sent
+    with every request (e.g. ``X-Scope-OrgID`` for Mimir/Cortex tenants).
     """
 
     def __init__(self, url: str, timeout: float = 30.0, headers: dict[str, str] | None = None) -> None:
         base = url if "://" in url else f"http://{url}"
         self.base = base.rstrip("/")
+        self.timeout = timeout
+        self._deadline = monotonic() + timeout
         try:
             self._client = httpx.Client(base_url=self.base, timeout=timeout, headers=headers or {})
         except (httpx.InvalidURL, ValueError):
@@ -48,39 +60,76 @@ class Prometheus:
         self._client.close()
 
     def query(self, promql: str, time: float | None = None) -> list[Sample]:
-        """Evaluate ``promql`` at ``time`` (Unix seconds; None: now) and return the vector's samples.
+        """Evaluate ``promql`` at ``time`` (Unix seconds; None: now) and return the vector's finite samples (NaN and
+        infinite values are not readings: dropped).
 
-        Raises PrometheusError when the server cannot be reached, answers an HTTP error or a PromQL error, or answers
-        something other than a vector (a scalar result is returned as one sample without labels).
+        Raises PrometheusError (one line) when the server cannot be reached, answers an HTTP error or a PromQL
+        error, answers something other than a vector (a scalar result is returned as one sample without labels) or
+        malformed JSON, answers more than MAX_ANSWER_BYTES, or the client's ``timeout`` is spent.
         """
         params = {"query": promql}
         if time is not None:
             params["time"] = f"{time:.3f}"
         target = f"{redacted(self.base)}/api/v1/query"  # as printed: never the password
+        status, raw = self._post(target, params)
+        if status in (401, 403):
+            raise PrometheusError(f"{target} refused the request (HTTP {status}): credentials in the URL?")
         try:
-            resp = self._client.post("/api/v1/query", data=params)
-        except httpx.HTTPError as exc:
-            raise PrometheusError(f"cannot reach {target}: {exc or type(exc).__name__}") from None
-        if resp.status_code in (401, 403):
-            raise PrometheusError(f"{target} refused the request (HTTP {resp.status_code}): credentials in the URL?")
-        try:
-            body = resp.json()
-        except ValueError:
-            raise PrometheusError(f"{target} answered HTTP {resp.status_code}, not the Prometheus API") from None
+            body = json.loads(raw, parse_constant=_not_json)
+        except (ValueError, RecursionError):
+            raise PrometheusError(f"{target} answered HTTP {status}, not the Prometheus API") from None
         if not isinstance(body, dict) or "status" not in body:
-            raise PrometheusError(f"{target} answered HTTP {resp.status_code}, not the Prometheus API")
+            raise PrometheusError(f"{target} answered HTTP {status}, not the Prometheus API")
         if body.get("status") != "success":
-            error = body.get("error", f"HTTP {resp.status_code}") if isinstance(body, dict) else "not JSON"
-            raise PrometheusError(f"{target}: {error}")
-        data = body.get("data") or {}
+            raise PrometheusError(f"{target}: {visible(str(body.get('error', f'HTTP {status}'))[:300])}")
+        data = body.get("data")
+        data = data if isinstance(data, dict) else {}
         kind, result = data.get("resultType"), data.get("result")
-        if kind == "scalar" and isinstance(result, list):
-            return [Sample({}, float(result[1]))]
-        if kind != "vector" or not isinstance(result, list):
-            raise PrometheusError(f"{target} answered a {kind}, not a vector")
-        out = []
-        for r in result:
-            value = float(r["value"][1])
-            if not math.isnan(value):
-                out.append(Sample(dict(r.get("metric", {})), value))
-        return out
+        try:
+            if kind == "scalar" and isinstance(result, list):
+                return [Sample({}, v) for v in (_value(result),) if math.isfinite(v)]
+            if kind != "vector" or not isinstance(result, list):
+                raise PrometheusError(f"{target} answered a {visible(str(kind)[:40])}, not a vector")
+            out = []
+            for r in result:
+                value = _value(r["value"])
+                labels = r.get("metric", {})
+                if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+                    raise ValueError("labels")
+                if math.isfinite(value):
+                    out.append(Sample(dict(labels), value))
+            return out
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise PrometheusError(f"{target} answered a malformed vector") from None
+
+    def _post(self, target: str, params: dict[str, str]) -> tuple[int, bytes]:
+        """POST the query; return (HTTP status, body) read within the deadline and MAX_ANSWER_BYTES."""
+        left = self._deadline - monotonic()
+        if left <= 0:
+            raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
+        chunks, size = [], 0
+        try:
+            with self._client.stream("POST", "/api/v1/query", data=params, timeout=left) as resp:
+                for chunk in resp.iter_bytes():
+                    size += len(chunk)
+                    if size > MAX_ANSWER_BYTES:
+                        raise PrometheusError(f"{target} answered more than {MAX_ANSWER_BYTES} bytes")
+                    if monotonic() > self._deadline:
+                        raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
+                    chunks.append(chunk)
+                return resp.status_code, b"".join(chunks)
+        except httpx.TimeoutException:
+            raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s") from None
+        except httpx.HTTPError as exc:
+            raise PrometheusError(f"cannot reach {target}: {visible(exc) or type(exc).__name__}") from None
+
+
+def _not_json(token: str) -> float:
+    raise ValueError(f"{token} is not JSON")
+
+
+def _value(pair: object) -> float:
+    """A sample's ``[time, "value"]`` pair as its float value (Prometheus writes values as strings: "+Inf" too)."""
+    if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], str):
+        raise ValueError("not a sample")
+    return float(pair[1])

@@ -98,6 +98,10 @@ class Usage:
         return ""
 
 
+#: The labels a per-GPU, per-job sample must carry.
+_GPU_JOB = ("instance", "gpu", "job_id")
+
+
 class Accounting:
     """The queries behind ``top`` and ``report``, over ``range_`` (a Prometheus duration) evaluated at ``at`` (Unix
     seconds; None: now) in steps of ``step`` (at least the scrape interval; 1m by default). ``selector``: extra label
@@ -142,8 +146,10 @@ class Accounting:
         window = f"{max(1, round(4 * self.step_s))}s"
         return f"(rate({self._m(metric, extra)}[{window}]) * {self.step_s:g})"
 
-    def _q(self, promql: str) -> list:
-        return self.prom.query(promql, self.at)
+    def _q(self, promql: str, *need: str) -> list:
+        """The query's samples that carry every label in ``need``: PromQL drops an empty label from a ``by`` result
+        (a series with no job id), and a server that is not what it claims may send anything."""
+        return [s for s in self.prom.query(promql, self.at) if all(s.labels.get(k) for k in need)]
 
     def jobs(self, job_id: str | None = None, instance: str | None = None) -> dict[JobKey, Usage]:
         """Usage of every job that held a GPU in the range (or of one job id, on one instance)."""
@@ -152,18 +158,18 @@ class Accounting:
 
         h = self.step_s / 3600
         # GPU-steps held, per GPU and job: the job's held hours, nodes and GPUs
-        for s in self._q(self._per_job(self._one(), jf, by="instance, gpu, job_id, job_scope, job_kind")):
+        for s in self._q(self._per_job(self._one(), jf, by="instance, gpu, job_id, job_scope, job_kind"), *_GPU_JOB):
             u = out[_job_key(s.labels)]
             u.held_hours += s.value * h
             u.instances.add(s.labels["instance"])
             u.gpus.add((s.labels["instance"], s.labels["gpu"]))
             u.kind = s.labels.get("job_kind", u.kind)
-        for s in self._q(self._per_job(self._increase("gpu_state_seconds_total", 'state="busy"'), jf)):
+        for s in self._q(self._per_job(self._increase("gpu_state_seconds_total", 'state="busy"'), jf), "job_id"):
             out[_job_key(s.labels)].busy_hours += s.value / 3600
         for cause in LOST_CAUSES:
-            for s in self._q(self._per_job(self._increase("gpu_idle_seconds_total", f'cause="{cause}"'), jf)):
+            for s in self._q(self._per_job(self._increase("gpu_idle_seconds_total", f'cause="{cause}"'), jf), "job_id"):
                 out[_job_key(s.labels)].lost_hours[cause] += s.value / 3600
-        for s in self._q(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf)):
+        for s in self._q(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf), "job_id"):
             u = out[_job_key(s.labels)]
             u.held_idle_energy_joules = (u.held_idle_energy_joules or 0.0) + s.value
         # the reasons the daemons gave for a job's GPUs while it held them, step by step (one query per reason seen
@@ -172,7 +178,7 @@ class Accounting:
         seen = {r for reasons in self._gpu_reasons().values() for r in reasons}
         for reason in sorted(seen):
             flagged = f"{self._m('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
-            for s in self._q(self._per_job(flagged, jf)):
+            for s in self._q(self._per_job(flagged, jf), "job_id"):
                 if s.value > 0:
                     u = out[_job_key(s.labels)]
                     u.reasons[reason] = u.reasons.get(reason, 0.0) + s.value
@@ -186,11 +192,11 @@ class Accounting:
         activity = f"({self._m('gpu_sm_activity_ratio')} or {self._m('gpu_utilization_ratio')})"
         h = self.step_s / 3600
 
-        for s in self._q(self._per_job(f"{activity} >= bool {EFFECTIVE_SM}", jf)):
+        for s in self._q(self._per_job(f"{activity} >= bool {EFFECTIVE_SM}", jf), "job_id"):
             if _job_key(s.labels) in out:
                 u = out[_job_key(s.labels)]
                 u.effective_hours = (u.effective_hours or 0.0) + s.value * h
-        for s in self._q(self._per_job(self._increase("gpu_energy_joules_total"), jf)):
+        for s in self._q(self._per_job(self._increase("gpu_energy_joules_total"), jf), "job_id"):
             if _job_key(s.labels) in out:
                 u = out[_job_key(s.labels)]
                 u.energy_joules = (u.energy_joules or 0.0) + s.value
@@ -201,10 +207,10 @@ class Accounting:
         them: (instance, gpu, share), most flagged first."""
         jf = _job_filter(job_id, instance)
         straggler = self._m("gpu_diagnosis", 'reason="straggler"')
-        flagged = self._q(self._per_job(f"{straggler} == bool 1", jf, by="instance, gpu"))
+        flagged = self._q(self._per_job(f"{straggler} == bool 1", jf, by="instance, gpu"), "instance", "gpu")
         held = {
             (s.labels["instance"], s.labels["gpu"]): s.value
-            for s in self._q(self._per_job(self._one(), jf, by="instance, gpu"))
+            for s in self._q(self._per_job(self._one(), jf, by="instance, gpu"), "instance", "gpu")
         }
         out = []
         for s in flagged:
@@ -222,7 +228,7 @@ class Accounting:
         q = (f"sum by (instance, gpu, reason) (count_over_time(({self._m('gpu_diagnosis')} == 1)"
              f"[{self.range}:{self.step}]))")  # fmt: skip
         out: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-        for s in self._q(q):
+        for s in self._q(q, "instance", "gpu", "reason"):
             out[(s.labels["instance"], s.labels["gpu"])][s.labels["reason"]] = s.value
         self._reasons = dict(out)
         return self._reasons
@@ -231,7 +237,7 @@ class Accounting:
         """Usage of every GPU over the range: lost hours by cause, free hours, the reasons given."""
         out: dict[tuple[str, str], Usage] = defaultdict(Usage)
         q = f"sum by (instance, gpu, cause) (increase({self._m('gpu_idle_seconds_total')}[{self.range}]))"
-        for s in self._q(q):
+        for s in self._q(q, "instance", "gpu", "cause"):
             u = out[(s.labels["instance"], s.labels["gpu"])]
             if s.labels["cause"] == "free":
                 u.free_hours += s.value / 3600
@@ -239,7 +245,7 @@ class Accounting:
                 u.lost_hours[s.labels["cause"]] += s.value / 3600
         busy = self._m("gpu_state_seconds_total", 'state="busy"')
         q = f"sum by (instance, gpu) (increase({busy}[{self.range}]))"
-        for s in self._q(q):
+        for s in self._q(q, "instance", "gpu"):
             out[(s.labels["instance"], s.labels["gpu"])].busy_hours += s.value / 3600
         for g, reasons in self._gpu_reasons().items():
             if g in out:
@@ -253,13 +259,13 @@ class Accounting:
     def node_names(self) -> dict[str, str]:
         """instance -> node name (gpu_devices{nodename})."""
         return {s.labels["instance"]: s.labels.get("nodename", "")
-                for s in self._q(f"max by (instance, nodename) ({self._m('gpu_devices')})")}  # fmt: skip
+                for s in self._q(f"max by (instance, nodename) ({self._m('gpu_devices')})", "instance")}  # fmt: skip
 
     def _price(self, usages: dict) -> None:
         """Set each usage's cost: its lost GPU-hours on each node times that node's gpuwarden_gpu_hour_price (split
         evenly over the nodes of a multi-node job; no price on any of its nodes: None)."""
-        prices = {s.labels["instance"]: (s.value, s.labels.get("currency", ""))
-                  for s in self._q(f"max by (instance, currency) ({self._m('gpuwarden_gpu_hour_price')})")}  # fmt: skip
+        q = f"max by (instance, currency) ({self._m('gpuwarden_gpu_hour_price')})"
+        prices = {s.labels["instance"]: (s.value, s.labels.get("currency", "")) for s in self._q(q, "instance")}
         for u in usages.values():
             known = [prices[i] for i in u.instances if i in prices]
             if known:

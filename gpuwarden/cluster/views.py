@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,22 @@ def _causes(u: Usage, n: int = 2) -> str:
 
 def _cost(u: Usage) -> str:
     return "" if u.cost is None else f"{u.cost:,.2f} {u.currency}"
+
+
+def _json(doc: Any) -> str:
+    """``doc`` as strict JSON text: a non-finite number (which json.dumps would write as ``Infinity``, not JSON) is
+    written as null."""
+
+    def finite(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [finite(v) for v in x]
+        return x
+
+    return json.dumps(finite(doc), indent=2, allow_nan=False)
 
 
 def _usage_json(u: Usage) -> dict[str, Any]:
@@ -93,7 +110,7 @@ def top(args: argparse.Namespace) -> int:
                 {"instance": i, "gpu": g, "node": names.get(i, ""), **_usage_json(u)} for (i, g), u in ranked_gpus
             ],  # fmt: skip
         }
-        print(json.dumps(doc, indent=2))
+        print(_json(doc))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -162,7 +179,7 @@ def report(args: argparse.Namespace) -> int:
         doc = {"job_id": key.job_id, "instance": key.instance, "job_kind": u.kind, "range": args.range,
                **_usage_json(u),
                "stragglers": [{"instance": i, "gpu": g, "share": s} for i, g, s in stragglers]}  # fmt: skip
-        print(json.dumps(doc, indent=2))
+        print(_json(doc))
         return 0
     _print_report(key, u, stragglers, names, args.range)
     return 0

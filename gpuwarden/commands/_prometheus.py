@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from gpuwarden.cluster.usage import seconds
 
@@ -17,7 +18,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="resolution of the accounting, at least the scrape interval (default 1m)")  # fmt: skip
     p.add_argument("--selector", default="", metavar="MATCHERS",
                    help='label matchers for every series, e.g. \'cluster="train-a"\'')  # fmt: skip
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each query (default 60)")
+    p.add_argument("--timeout", type=positive_seconds, default=60.0,
+                   help="seconds to wait for Prometheus, all queries together (default 60)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -28,3 +30,14 @@ def duration(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def positive_seconds(text: str) -> float:
+    """Return ``text`` as a number of seconds above 0 (finite); raises argparse.ArgumentTypeError if it is not."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0: {text!r}")
+    return value

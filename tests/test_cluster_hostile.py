@@ -1,0 +1,161 @@
+"""``top`` and ``report`` against a hostile or broken Prometheus API (a stdlib HTTP server answering what each case
+says): every answer ends in exit 0 with output, or exit 1 with one line on standard error - never a traceback; a
+slow drip ends at ``--timeout``; a huge answer is refused before it is held; ``--json`` is strict JSON; nothing
+from the answer reaches the terminal as an escape sequence or Rich markup."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from gpuwarden.cli import main
+from gpuwarden.cluster.promapi import MAX_ANSWER_BYTES
+
+HOSTILE = "[/][link=file:///etc/passwd]x[/link]\x1b]0;pwned\x07\x1b[2J"
+
+
+def _vector(*samples: tuple[dict[str, object], object]) -> bytes:
+    result = [{"metric": m, "value": [1.0, v]} for m, v in samples]
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+
+
+LABELS = {"instance": HOSTILE, "gpu": "0", "job_id": HOSTILE, "job_kind": "slurm", "node": HOSTILE,
+          "hostname": HOSTILE, "cause": "input_starved", "reason": "input_starved", "currency": HOSTILE}  # fmt: skip
+
+#: case -> (HTTP status, body)
+ANSWERS: dict[str, tuple[int, bytes]] = {
+    "not-json": (200, b"hello"),
+    "html-500": (500, b"<html>oops</html>"),
+    "json-list": (200, b"[]"),
+    "no-data": (200, b'{"status": "success"}'),
+    "data-string": (200, b'{"status": "success", "data": "x"}'),
+    "result-string": (200, b'{"status": "success", "data": {"resultType": "vector", "result": "x"}}'),
+    "result-numbers": (200, b'{"status": "success", "data": {"resultType": "vector", "result": [1, 2]}}'),
+    "value-missing": (200, b'{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}'),
+    "metric-list": (
+        200,
+        b'{"status":"success","data":{"resultType":"vector","result":[{"metric":[],"value":[1,"1"]}]}}',
+    ),
+    "label-number": (200, _vector(({"instance": 1}, "1"))),
+    "value-number": (200, _vector(({}, 1))),
+    "value-text": (200, _vector(({}, "abc"))),
+    "value-short": (200, b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1]}]}}'),
+    "nan-literal": (
+        200,
+        b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,NaN]}]}}',
+    ),
+    "nested": (200, b"[" * 100_000 + b"]" * 100_000),
+    "error-markup": (400, json.dumps({"status": "error", "error": HOSTILE * 3}).encode()),
+    "error-not-text": (400, b'{"status": "error", "error": {"a": [1]}}'),
+    "matrix": (200, b'{"status": "success", "data": {"resultType": "matrix", "result": []}}'),
+    "kind-markup": (200, json.dumps({"status": "success", "data": {"resultType": HOSTILE, "result": []}}).encode()),
+    "scalar": (200, b'{"status": "success", "data": {"resultType": "scalar", "result": [1, "5"]}}'),
+    "empty": (200, _vector()),
+    "infinite": (
+        200,
+        _vector(
+            (LABELS, "+Inf"),
+            ({**LABELS, "gpu": "1"}, "-Inf"),
+            ({**LABELS, "gpu": "2"}, "1e999"),
+            ({**LABELS, "gpu": "3"}, "60"),
+        ),
+    ),
+    "hostile-labels": (200, _vector((LABELS, "3600"), ({**LABELS, "gpu": "1"}, "0.5"))),
+    "unauthorized": (401, b"no"),
+}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        case = self.path.split("/")[1]
+        if case == "drip":  # a valid start, then a byte a second for ever
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            try:
+                for _ in range(600):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(1)
+            except OSError:
+                return
+            return
+        if case == "huge":
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            item = b'{"metric":{"instance":"x"},"value":[1,"1"]},'
+            try:
+                self.wfile.write(b'{"status":"success","data":{"resultType":"vector","result":[')
+                for _ in range(2 * MAX_ANSWER_BYTES // len(item) // 1000 + 1):
+                    self.wfile.write(item * 1000)
+                self.wfile.write(b'{"metric":{},"value":[1,"1"]}]}}')
+            except OSError:
+                return
+            return
+        status, body = ANSWERS[case]
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("case", [*ANSWERS, "huge"])
+@pytest.mark.parametrize(
+    "command", [["top"], ["top", "--json"], ["report", "--job", HOSTILE], ["report", "--json", "--job", "x"]]
+)
+def test_every_answer_is_output_or_one_line(
+    server: str, case: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, err = _run(capsys, *command, "--prometheus", f"{server}/{case}", "--timeout", "20")
+    assert rc in (0, 1), (rc, err)
+    assert "\x1b" not in out + err and "\x07" not in out + err  # no escape sequence reaches the terminal
+    if rc == 1:  # one line: the error on standard error, or "no gpuwarden data" on standard output
+        line = err.strip() or out.strip()
+        assert line and line.count("\n") == 0 and "Traceback" not in err, (out, err)
+    if rc == 0 and "--json" in command:
+        json.loads(out, parse_constant=lambda token: pytest.fail(f"{token} is not JSON"))
+    if case == "huge":
+        assert rc == 1 and f"more than {MAX_ANSWER_BYTES} bytes" in err
+    if case in ("hostile-labels", "infinite") and command == ["top"]:
+        assert rc == 0 and "[/][link" in out  # the markup shown as text (the table may fold the rest)
+
+
+def test_a_dripping_answer_ends_at_the_timeout(server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.monotonic()
+    rc, _, err = _run(capsys, "top", "--prometheus", f"{server}/drip", "--timeout", "2")
+    took = time.monotonic() - start
+    assert rc == 1 and "no answer within --timeout 2 s" in err and err.count("\n") == 1
+    assert took < 5, took  # the deadline plus at most one read in progress (a byte a second)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["top", "--prometheus", "http://127.0.0.1:1", "--timeout", value])
+    assert exc.value.code == 2 and "--timeout" in capsys.readouterr().err
