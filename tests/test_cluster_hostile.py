@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -19,7 +19,7 @@ from gpuwarden.cluster.promapi import MAX_ANSWER_BYTES
 HOSTILE = "[/][link=file:///etc/passwd]x[/link]\x1b]0;pwned\x07\x1b[2J"
 
 
-def _vector(*samples: tuple[dict[str, object], object]) -> bytes:
+def _vector(*samples: tuple[Mapping[str, object], object]) -> bytes:
     result = [{"metric": m, "value": [1.0, v]} for m, v in samples]
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
 
