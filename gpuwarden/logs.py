@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
 import time
 from typing import Any
 
@@ -19,10 +18,10 @@ from typing import Any
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 
 LEVELS = ("debug", "info", "warning", "error")
-#: Access lines (``uvicorn.access``, written at ``debug`` only) let through per second, and in one burst: a request
-#: flood must not become a log flood (each dropped line is counted in the next line let through, ``dropped=N``).
-ACCESS_LINES_PER_SECOND = 10.0
+#: Access lines (``uvicorn.access``, written at ``debug`` only) let through per ACCESS_LINES_PERIOD seconds: a
+#: request flood must not become a log flood (the first line of the next period says how many were dropped).
 ACCESS_LINES_BURST = 100
+ACCESS_LINES_PERIOD = 10.0
 FORMATS = ("logfmt", "json")
 
 
@@ -84,35 +83,35 @@ def setup(level: str = "info", fmt: str = "logfmt") -> None:
         logger.handlers.clear()
         logger.propagate = True
     # Access lines only at debug (uvicorn decides per connection from whether its access logger has a handler to
-    # reach), and at most ACCESS_LINES_PER_SECOND of them whatever the level.
+    # reach), and at most ACCESS_LINES_BURST of them per ACCESS_LINES_PERIOD whatever the level.
     access = logging.getLogger("uvicorn.access")
     access.handlers.clear()
     access.propagate = level == "debug"
-    if not any(isinstance(f, RateLimit) for f in access.filters):
-        access.addFilter(RateLimit(ACCESS_LINES_PER_SECOND, ACCESS_LINES_BURST))
+    if not any(isinstance(f, RateLimitFilter) for f in access.filters):
+        access.addFilter(RateLimitFilter(ACCESS_LINES_BURST, ACCESS_LINES_PERIOD))
 
 
-class RateLimit(logging.Filter):
-    """A token bucket over log records: lets ``rate`` records a second through, ``burst`` at once; the first record
-    let through after some were dropped carries ``dropped`` (how many) as a field of its line."""
+class RateLimitFilter(logging.Filter):
+    """Lets at most ``burst`` records through per ``period`` seconds and logger, then one line saying how many were
+    dropped (asyncio logs its accept-loop error at the descriptor limit on every retry; a request flood would log an
+    access line per request)."""
 
-    def __init__(self, rate: float, burst: int) -> None:
+    def __init__(self, burst: int = 5, period: float = 60.0) -> None:
         super().__init__()
-        self.rate, self.burst = rate, float(burst)
-        self._tokens, self._last, self._dropped = float(burst), time.monotonic(), 0
-        self._lock = threading.Lock()
+        self.burst, self.period = burst, period
+        self._window: dict[str, tuple[float, int, int]] = {}  # logger -> (window start, passed, dropped)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Return False (drop the record) when the bucket is empty."""
-        with self._lock:
-            now = time.monotonic()
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
-            self._last = now
-            if self._tokens < 1.0:
-                self._dropped += 1
-                return False
-            self._tokens -= 1.0
-            if self._dropped:
-                record.dropped = self._dropped
-                self._dropped = 0
-            return True
+        """Return True for a record within the rate; a record that opens a window also reports the dropped ones."""
+        now = time.monotonic()
+        start, passed, dropped = self._window.get(record.name, (now, 0, 0))
+        if now - start >= self.period:
+            if dropped:
+                record.msg = f"{record.getMessage()} ({dropped} similar messages dropped in the last {self.period:g} s)"
+                record.args = ()
+            start, passed, dropped = now, 0, 0
+        if passed >= self.burst:
+            self._window[record.name] = (start, passed, dropped + 1)
+            return False
+        self._window[record.name] = (start, passed + 1, dropped)
+        return True

@@ -14,13 +14,12 @@ which gpuwarden.web.listener adds to uvicorn's own httptools protocol, so the HT
 - **head size**: a request line and headers over ``max_head_bytes`` get ``431`` and the connection is closed.
 
 Each eviction, timeout or refusal is counted (``HttpLimits.counts``); logging them is left to a rate-limited
-logger (``RateLimitFilter``), as is asyncio's accept-loop error at the descriptor limit.
+logger (gpuwarden.logs.RateLimitFilter), as is asyncio's accept-loop error at the descriptor limit.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,28 +38,3 @@ class HttpLimits:
     max_head_bytes: int = 65536
     counts: Counter[str] = field(default_factory=Counter)
     pending: OrderedDict[Any, float] = field(default_factory=OrderedDict)
-
-
-class RateLimitFilter(logging.Filter):
-    """Lets at most ``burst`` records through per ``period`` seconds and logger, then one line saying how many were
-    dropped (asyncio logs its accept-loop error at the descriptor limit on every retry)."""
-
-    def __init__(self, burst: int = 5, period: float = 60.0) -> None:
-        super().__init__()
-        self.burst, self.period = burst, period
-        self._window: dict[str, tuple[float, int, int]] = {}  # logger -> (window start, passed, dropped)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Return True for a record within the rate; a record that opens a window also reports the dropped ones."""
-        now = time.monotonic()
-        start, passed, dropped = self._window.get(record.name, (now, 0, 0))
-        if now - start >= self.period:
-            if dropped:
-                record.msg = f"{record.getMessage()} ({dropped} similar messages dropped in the last {self.period:g} s)"
-                record.args = ()
-            start, passed, dropped = now, 0, 0
-        if passed >= self.burst:
-            self._window[record.name] = (start, passed, dropped + 1)
-            return False
-        self._window[record.name] = (start, passed + 1, dropped)
-        return True

@@ -27,8 +27,9 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gpuwarden.logs import RateLimitFilter
 from gpuwarden.web.app import DateHeaderMiddleware
-from gpuwarden.web.limits import HttpLimits, RateLimitFilter
+from gpuwarden.web.limits import HttpLimits
 
 #: What of uvicorn this module relies on: each overridden method (or one it calls) and its parameter names, and the
 #: attributes it reads. tests/test_web_listener_contract.py checks the installed uvicorn against it.
