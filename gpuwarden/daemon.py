@@ -23,7 +23,7 @@ from gpuwarden.source import Source
 from gpuwarden.web import listener
 from gpuwarden.web.app import create_app, diagnosis_route
 from gpuwarden.web.gate import AuthGate
-from gpuwarden.web.limits import HttpLimits
+from gpuwarden.web.limits import HttpLimits, connection_cap
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,12 @@ class Daemon:
         kwargs: dict[str, Any] = dict(uvicorn_kwargs or {})
         if self.web is not None:
             kwargs.update(self.web.uvicorn_kwargs())
+        cap, backlog, warning = connection_cap(self.cfg.max_connections)
+        if warning:
+            log.warning(warning)
         self.http_limits = HttpLimits(
-            max_connections=self.cfg.max_connections,
+            max_connections=cap,
+            backlog=backlog,
             head_timeout=self.cfg.request_head_timeout_seconds,
             keep_alive=self.cfg.keep_alive_timeout_seconds,
             max_head_bytes=self.cfg.max_request_head_bytes,

@@ -29,12 +29,59 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class HttpLimits:
-    """The bounds (see the module doc) and what they did: ``counts`` by "evicted", "head_timeout", "head_too_large",
-    "refused". ``pending`` holds the connections waiting for a request head, oldest first."""
+    """The bounds (see the module doc; ``backlog``: the listen backlog, see connection_cap) and what they did:
+    ``counts`` by "evicted", "head_timeout", "head_too_large", "refused". ``pending`` holds the connections
+    waiting for a request head, oldest first."""
 
     max_connections: int = 1000
     head_timeout: float = 10.0
     keep_alive: float = 120.0
     max_head_bytes: int = 65536
+    backlog: int = 2048
     counts: Counter[str] = field(default_factory=Counter)
     pending: OrderedDict[Any, float] = field(default_factory=OrderedDict)
+
+
+#: Descriptors kept back from the connection cap for everything else the daemon opens: NVML's device files, /proc
+#: reads, the kubelet socket, the listening socket, log and config files.
+RESERVED_DESCRIPTORS = 64
+#: uvicorn's listen backlog. asyncio accepts up to this many connections in one go before the protocols (and so the
+#: cap's evictions) see any of them: the descriptors for one such batch are kept back too.
+BACKLOG = 2048
+
+
+def connection_cap(wanted: int) -> tuple[int, int, str | None]:
+    """The connection cap and listen backlog the process's descriptor limit allows: (cap, backlog, warning).
+
+    Raises the soft ``RLIMIT_NOFILE`` towards the hard one where ``wanted`` (``max_connections``) needs it (any
+    process may). The cap is ``wanted`` when ``wanted`` + one accept batch + RESERVED_DESCRIPTORS fit the limit;
+    else what fits, with a one-line warning: a cap above the limit has new connections fail at ``accept`` (and
+    asyncio pause accepting for a second) instead of evicting idle ones. The backlog is BACKLOG, or an eighth of
+    the limit where that is smaller.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + BACKLOG + RESERVED_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return wanted, BACKLOG, None
+    backlog = max(16, min(BACKLOG, soft // 8))
+    cap = max(1, soft - backlog - RESERVED_DESCRIPTORS)
+    if cap >= wanted:
+        return wanted, backlog, None
+    return (
+        cap,
+        backlog,
+        (
+            f"max_connections {wanted} does not fit the open-file limit {soft} (hard {hard}) with a listen backlog "
+            f"of {backlog} and {RESERVED_DESCRIPTORS} descriptors kept back: at most {cap} connections (raise "
+            f"LimitNOFILE or ulimit -n)"
+        ),
+    )

@@ -292,6 +292,7 @@ def serve(
         log_level=log_level,
         access_log=log_level == "debug",
         timeout_keep_alive=max(1, round(limits.keep_alive)),
+        backlog=limits.backlog,
         # uvicorn's httptools protocol (faster than h11, docs/performance.md) with the bounds it lacks
         http=bounded_protocol(limits),
         **(uvicorn_kwargs or {}),
