@@ -59,3 +59,12 @@ def test_pyproject_pins_uvicorn_to_a_range_with_an_upper_bound_that_holds_the_in
     low = tuple(int(x) for x in match.group(1).split(".")[:2])
     high = tuple(int(x) for x in match.group(2).split(".")[:2])
     assert low <= installed < high
+
+
+def test_asyncio_still_sizes_each_tls_read_buffer_by_max_size() -> None:
+    """The listener bounds a TLS connection's read buffer by setting asyncio's ``SSLProtocol.max_size``; that only
+    works while SSLProtocol allocates its buffer from it."""
+    import asyncio.sslproto
+
+    assert isinstance(asyncio.sslproto.SSLProtocol.max_size, int)
+    assert "bytearray(self.max_size)" in inspect.getsource(asyncio.sslproto.SSLProtocol.__init__)

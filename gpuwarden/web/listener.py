@@ -5,7 +5,9 @@ methods of uvicorn's classes (pyproject pins uvicorn to the range tested; tests/
 in one line when an overridden method or its signature changes):
 
 - ``Server.main_loop``: sleep until a stop signal instead of ticking every 0.1 s (an idle daemon's CPU);
-- ``Server.startup``: a TLS handshake deadline (asyncio's default is 60 s, uvicorn passes none);
+- ``Server.startup``: with TLS, a plain TCP listener whose connections handshake through ``TlsAcceptor``: bounded
+  in number (``max_handshakes``), time (the request head deadline; asyncio's default is 60 s) and read buffer
+  (asyncio's ``SSLProtocol.max_size``, set to TLS_READ_BUFFER_BYTES);
 - ``Server.capture_signals``: SIGINT/SIGTERM stop gracefully and return, SIGHUP reloads the configuration;
 - ``HttpToolsProtocol`` (``connection_made``, ``data_received``, ``on_headers_complete``, ``on_response_complete``,
   ``connection_lost``): the connection, head-time and head-size bounds of gpuwarden.web.limits.HttpLimits.
@@ -14,8 +16,8 @@ in one line when an overridden method or its signature changes):
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
-import functools
 import logging
 import signal
 import socket
@@ -29,7 +31,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gpuwarden.logs import RateLimitFilter
 from gpuwarden.web.app import DateHeaderMiddleware
-from gpuwarden.web.limits import HttpLimits
+from gpuwarden.web.limits import FLOOD_CONNECTIONS, HttpLimits, give_back_memory
 
 #: What of uvicorn this module relies on: each overridden method (or one it calls) and its parameter names, and the
 #: attributes it reads. tests/test_web_listener_contract.py checks the installed uvicorn against it.
@@ -100,7 +102,7 @@ class Server(uvicorn.Server):
         hup_pending: threading.Event | None = None,
     ) -> None:
         super().__init__(config)
-        self.handshake_timeout: float | None = None
+        self.limits = HttpLimits()
         self._on_hup = on_hup
         self._on_ready = on_ready
         self._hup_pending = hup_pending
@@ -132,20 +134,26 @@ class Server(uvicorn.Server):
         await self.on_tick(0)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's start-up, with a TLS handshake deadline: a client that opens a connection and never finishes
-        its handshake is dropped after ``handshake_timeout`` seconds instead of asyncio's 60 (uvicorn passes none)."""
+        """uvicorn's start-up; with TLS, the listener accepts plain TCP and each connection does its handshake
+        through TlsAcceptor (bounded in number, time and memory) instead of asyncio's own TLS accept, which gives
+        every accepted socket a TLS state and a 256 KiB buffer before anything bounds it."""
         loop = asyncio.get_running_loop()
-        if self.config.ssl is not None and self.handshake_timeout is not None:
-            create = loop.create_server
-            loop.create_server = functools.partial(  # type: ignore[method-assign]
-                create, ssl_handshake_timeout=self.handshake_timeout
-            )
-            try:
-                await super().startup(sockets)
-            finally:
-                del loop.create_server  # the instance attribute: back to the loop's own method
+        if self.config.ssl is None:
+            await super().startup(sockets)
             return
-        await super().startup(sockets)
+        create = loop.create_server
+        limits = self.limits
+        asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER_BYTES  # read size, and each connection's buffer
+
+        def plain_server(factory: Callable[[], asyncio.Protocol], *args: Any, **kwargs: Any) -> Any:
+            context = kwargs.pop("ssl")
+            return create(lambda: TlsAcceptor(factory, context, limits), *args, **kwargs)
+
+        loop.create_server = plain_server  # type: ignore[method-assign,assignment]
+        try:
+            await super().startup(sockets)
+        finally:
+            del loop.create_server  # the instance attribute: back to the loop's own method
 
     def _wake(self) -> None:
         if self._loop is not None and self._exit is not None:
@@ -176,6 +184,104 @@ class Server(uvicorn.Server):
         finally:
             for sig, handler in originals.items():
                 signal.signal(sig, handler)
+
+
+#: The TLS read buffer of each connection (asyncio's ``SSLProtocol.max_size``, 256 KiB by default, allocated whole
+#: for every TLS connection): a TLS record is at most 16 KiB and 2 KiB of overhead; a longer read takes two.
+TLS_READ_BUFFER_BYTES = 32 * 1024
+
+
+class TlsAcceptor(asyncio.Protocol):
+    """The first protocol of a TLS connection: holds the accepted TCP connection (not reading) until a handshake
+    slot is free, runs the handshake (``loop.start_tls``, within ``limits.head_timeout``), then hands the TLS
+    transport to the HTTP protocol ``factory`` makes (uvicorn's, with gpuwarden's bounds).
+
+    At most ``limits.max_handshakes`` connections hold TLS state before their handshake is done; a new connection
+    past that closes the one that has waited longest (an idle or slow client), as the connection cap does for
+    request heads. A TLS connection costs its TLS state only once it handshakes; the TLS read buffer is
+    TLS_READ_BUFFER_BYTES (asyncio's default, 256 KiB per connection, was what a flood of idle connections
+    multiplied).
+    """
+
+    def __init__(self, factory: Callable[[], asyncio.Protocol], context: Any, limits: HttpLimits) -> None:
+        self.factory, self.context, self.limits = factory, context, limits
+        self.transport: asyncio.Transport | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Hold the connection unread; start its handshake, closing the oldest unfinished one past the bound."""
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.pause_reading()  # the ClientHello stays in the socket for the TLS layer
+        handshaking = self.limits.handshaking
+        while len(handshaking) >= self.limits.max_handshakes:
+            oldest, _ = handshaking.popitem(last=False)
+            self.limits.counts["handshake_evicted"] += 1
+            oldest.abort()
+        handshaking[self] = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._handshake(transport))
+
+    async def _handshake(self, transport: asyncio.Transport) -> None:
+        held = _Held()  # asyncio passes on what follows the handshake before start_tls returns: held until then
+        try:
+            tls = await asyncio.get_running_loop().start_tls(
+                transport, held, self.context, server_side=True, ssl_handshake_timeout=self.limits.head_timeout
+            )
+        except (Exception, asyncio.CancelledError):  # a failed, timed-out or closed handshake: that connection only
+            self.limits.counts["handshake_failed"] += 1
+            transport.abort()
+            return
+        finally:
+            self.limits.handshaking.pop(self, None)
+        if tls is None or tls.is_closing():
+            return
+        protocol = self.factory()
+        protocol.connection_made(tls)
+        if tls.is_closing():  # refused by the connection cap
+            return
+        tls.set_protocol(protocol)
+        for chunk in held.data:
+            protocol.data_received(chunk)
+        if held.eof:
+            protocol.eof_received()
+        if held.lost:
+            protocol.connection_lost(held.error)
+
+    def abort(self) -> None:
+        """Close the connection before its handshake is done."""
+        self.limits.handshaking.pop(self, None)
+        if self._task is not None:
+            self._task.cancel()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The client left before the handshake began: forget it."""
+        self.limits.handshaking.pop(self, None)
+        if self._task is not None:
+            self._task.cancel()
+
+
+class _Held(asyncio.Protocol):
+    """What a TLS connection delivers between its handshake and the HTTP protocol taking it over."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.eof = self.lost = False
+        self.error: Exception | None = None
+
+    def data_received(self, data: bytes) -> None:
+        """Keep ``data`` for the HTTP protocol."""
+        self.data.append(data)
+
+    def eof_received(self) -> bool:
+        """Note the end of the client's data; keep the connection open for the answer."""
+        self.eof = True
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Note that the connection ended."""
+        self.lost, self.error = True, exc
 
 
 _431_BODY = b"request line and headers too large\n"
@@ -262,6 +368,10 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
             self._cancel_head_timer()
             if self.transport is not None:
                 super().connection_lost(exc)
+            limits.peak = max(limits.peak, len(self.connections) + 1)
+            if not self.connections and not limits.handshaking and limits.peak >= FLOOD_CONNECTIONS:
+                limits.peak = 0  # the flood is over: give its memory back (after the loop has freed its transports)
+                self.loop.call_later(1.0, give_back_memory)
 
     return BoundedHttpToolsProtocol
 
@@ -298,5 +408,5 @@ def serve(
         **(uvicorn_kwargs or {}),
     )
     server = Server(config, on_hup, on_ready=on_ready, hup_pending=hup_pending)
-    server.handshake_timeout = limits.head_timeout
+    server.limits = limits
     server.run(sockets=[sock])
