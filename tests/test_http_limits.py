@@ -232,3 +232,42 @@ def test_the_connection_cap_fits_the_descriptor_limit(tmp_path: Path, soft: int,
         assert len(warnings) == 1 and "at most 160 connections" in warnings[0]
     else:
         assert warnings == []
+
+
+def test_clients_that_pipeline_and_never_read_are_closed(daemon: tuple[str, subprocess.Popen[bytes], Path]) -> None:
+    """1,000 connections each pipeline 20 scrapes and read nothing: uvicorn alone queued every request (a few KiB
+    each, 65 -> 234 MB); past 8 requests ahead of their answers they are closed, scrapes keep answering."""
+    url, proc, _ = daemon
+    before = _rss_mib(proc)
+    ahead = b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n" * 20
+    stalled = []
+    for _ in range(1000):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", _port(url)))
+        s.sendall(ahead)
+        stalled.append(s)
+    try:
+        latencies = _scrapes(url, 20)
+        during = _rss_mib(proc)
+        closed = sum(_ends(s, 5.0) for s in stalled)
+    finally:
+        for s in stalled:
+            s.close()
+    assert max(latencies) < 1.0, latencies
+    assert during < 128 and during - before < 25, (before, during)  # queued: 55 MiB for the 18 KB demo answer
+    assert closed == len(stalled)
+    assert proc.poll() is None
+
+
+def _ends(s: socket.socket, timeout: float) -> bool:
+    """Whether the server closes ``s`` (EOF or reset) within ``timeout`` s, whatever it sent before."""
+    s.settimeout(timeout)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False

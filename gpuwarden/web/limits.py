@@ -1,8 +1,9 @@
-"""Bounds on the HTTP port that uvicorn lacks: open connections, the time and the bytes a request head may take.
+"""Bounds on the HTTP port that uvicorn lacks: open connections, the time and the bytes a request head may take,
+the requests a client may pipeline.
 
 uvicorn (0.54) keeps a connection that never completes a request head open for ever, reads request lines and
 headers of any size into memory (its httptools parser has no limit; h11's ``h11_max_incomplete_event_size`` applies
-to h11 only), and refuses connections only by running out of file descriptors. ``HttpLimits`` holds three bounds,
+to h11 only), and refuses connections only by running out of file descriptors. ``HttpLimits`` holds four bounds,
 which gpuwarden.web.listener adds to uvicorn's own httptools protocol, so the HTTP parsing stays uvicorn's:
 
 - **connections**: at most ``max_connections`` open; a new connection past the cap evicts the connection that has
@@ -11,7 +12,9 @@ which gpuwarden.web.listener adds to uvicorn's own httptools protocol, so the HT
 - **head deadline**: a request head must be complete within ``head_timeout`` seconds of the connection or of its
   first byte (slowloris, idle sockets), and the next request on a kept-alive connection must start within
   ``keep_alive`` seconds of the previous response: else the connection is closed;
-- **head size**: a request line and headers over ``max_head_bytes`` get ``431`` and the connection is closed.
+- **head size**: a request line and headers over ``max_head_bytes`` get ``431`` and the connection is closed;
+- **pipelining**: a client that sends more than ``max_pipelined`` requests ahead of its answers is closed (uvicorn
+  queues every request of a read, a few KiB each, for a client that may never read an answer).
 
 Each eviction, timeout or refusal is counted (``HttpLimits.counts``); logging them is left to a rate-limited
 logger (gpuwarden.logs.RateLimitFilter), as is asyncio's accept-loop error at the descriptor limit.
@@ -39,6 +42,7 @@ class HttpLimits:
     max_head_bytes: int = 65536
     backlog: int = 2048
     max_handshakes: int = 64
+    max_pipelined: int = 8
     counts: Counter[str] = field(default_factory=Counter)
     pending: OrderedDict[Any, float] = field(default_factory=OrderedDict)
     handshaking: OrderedDict[Any, float] = field(default_factory=OrderedDict)

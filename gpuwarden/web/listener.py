@@ -10,7 +10,8 @@ in one line when an overridden method or its signature changes):
   (asyncio's ``SSLProtocol.max_size``, set to TLS_READ_BUFFER_BYTES);
 - ``Server.capture_signals``: SIGINT/SIGTERM stop gracefully and return, SIGHUP reloads the configuration;
 - ``HttpToolsProtocol`` (``connection_made``, ``data_received``, ``on_headers_complete``, ``on_response_complete``,
-  ``connection_lost``): the connection, head-time and head-size bounds of gpuwarden.web.limits.HttpLimits.
+  ``connection_lost``): the connection, head-time, head-size and pipelining bounds of
+  gpuwarden.web.limits.HttpLimits.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ CONTRACT: dict[str, tuple[str, ...]] = {
 CONTRACT_CALLS: dict[str, tuple[str, ...]] = {
     "Server._serve": ("self.startup(sockets=sockets)", "self.main_loop()"),
     "Server.serve": ("self.capture_signals()",),
-    "HttpToolsProtocol.__init__": ("self.connections", "self.loop"),
+    "HttpToolsProtocol.__init__": ("self.connections", "self.loop", "self.pipeline"),
 }
 
 
@@ -352,6 +353,12 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
                     self.transport.close()
                     return
             super().data_received(data)
+            if len(self.pipeline) > limits.max_pipelined and not self.transport.is_closing():
+                # uvicorn queues every pipelined request of a read (a 64 KiB read holds ~1,800 small ones, each a
+                # few KiB queued): a client that sends more than max_pipelined ahead of its answers is closed
+                limits.counts["pipeline_too_deep"] += 1
+                self.pipeline.clear()
+                self.transport.abort()
 
         def on_headers_complete(self) -> None:
             limits.pending.pop(self, None)
