@@ -5,6 +5,8 @@ through attribution to ``gpu_process_job_info``, ``gpu_job_info`` and ``gpu_pod_
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -49,6 +51,7 @@ class FakeKubelet:
     def __init__(self, socket: Path, pods: list[pb.PodResources]) -> None:
         self.pods = pods
         self.calls = 0
+        self.hold: threading.Event | None = None  # set: List waits for it (a kubelet that does not answer)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         handler = grpc.unary_unary_rpc_method_handler(
             self._list,
@@ -62,6 +65,8 @@ class FakeKubelet:
 
     def _list(self, request: pb.ListPodResourcesRequest, context: object) -> pb.ListPodResourcesResponse:
         self.calls += 1
+        if self.hold is not None:
+            self.hold.wait(30)
         return pb.ListPodResourcesResponse(pod_resources=self.pods)
 
     def stop(self) -> None:
@@ -117,8 +122,14 @@ def test_a_kubelet_restart_keeps_the_last_answer_then_reads_the_new_kubelet(
         assert len(client.assignments()) == 3 and k.calls == 1
     sock.unlink(missing_ok=True)  # the kubelet is gone (restarting): its socket with it
     with caplog.at_level(logging.WARNING, logger="gpuwarden.kubelet"):
-        assert len(client.assignments()) == 3  # the last answer, while it is recent
-        assert len(client.assignments()) == 3
+        deadline = time.monotonic() + 10
+        while not any("unavailable" in r.getMessage() for r in caplog.records):  # List fails in the background
+            assert len(client.assignments()) == 3  # the last answer, while it is recent
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for _ in range(5):
+            assert len(client.assignments()) == 3
+            time.sleep(0.05)
     assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1  # once per outage
     moved = [_pod("train", "trainer-1", {"main": [("nvidia.com/gpu", [GPU_B])]})]
     with kubelet(sock, moved):  # the new kubelet, on a new socket at the same path
@@ -126,8 +137,6 @@ def test_a_kubelet_restart_keeps_the_last_answer_then_reads_the_new_kubelet(
             found = client.assignments()
             if [a.pod for a in found] == ["trainer-1"]:
                 break
-            import time
-
             time.sleep(0.2)
         assert [(a.pod, a.device_id) for a in found] == [("trainer-1", GPU_B)]
     client.close()
@@ -214,3 +223,25 @@ def render_of(snap: object) -> str:
     from conftest import render
 
     return render(snap)  # type: ignore[arg-type]
+
+
+def test_a_kubelet_that_never_answers_costs_the_caller_its_timeout_once(tmp_path: Path) -> None:
+    """A kubelet socket that accepts and never answers: the first call waits at most ``timeout`` for the first
+    answer; every later call (the poll thread's) returns at once while List waits in the background."""
+    sock = tmp_path / "kubelet.sock"
+    with kubelet(sock, SHARED) as k:
+        release = k.hold = threading.Event()
+        client = PodResources(sock, timeout=1.0, refresh_seconds=0)
+        t0 = time.monotonic()
+        assert client.assignments() == []
+        first = time.monotonic() - t0
+        waits = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            assert client.assignments() == []
+            waits.append(time.monotonic() - t0)
+            time.sleep(0.05)
+        release.set()
+        client.close()
+    assert 0.5 <= first < 3.0, first
+    assert max(waits) < 0.1, waits

@@ -12,6 +12,7 @@ pods on one GPU), a MIG device UUID (``MIG-...``), or the GPU index with ``devic
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ _METHOD = "/v1.PodResourcesLister/List"
 class PodResources:
     """Client of the kubelet's pod-resources ``List``; raises ImportError at construction when grpcio is missing
     (``pip install 'gpuwarden[kubelet]'``). Never raises from ``assignments``/``assign``: an unreachable kubelet is
-    logged once per outage and leaves the pods unknown (empty) once the last answer is older than max_age_seconds."""
+    logged once per outage and leaves the pods unknown (empty) once the last answer is older than max_age_seconds.
+    ``List`` runs in gRPC's threads, within ``timeout`` seconds; callers read the last answer."""
 
     def __init__(self, socket: Path = DEFAULT_SOCKET, timeout: float = 2.0, refresh_seconds: float = 5.0,
                  max_age_seconds: float = 60.0) -> None:  # fmt: skip
@@ -54,25 +56,45 @@ class PodResources:
         self._at = -float("inf")  # monotonic time of the last good answer
         self._asked = -float("inf")
         self._failing = False
+        self._call: Any = None  # the List in flight
+        self._first = threading.Event()  # the first List has answered (or failed)
+        self._lock = threading.Lock()
+        self._closed = False
 
     def assignments(self) -> list[PodAssignment]:
-        """Every container's NVIDIA devices, from a fresh ``List`` at most every refresh_seconds."""
+        """Every container's NVIDIA devices, from the last ``List`` answer (empty once it is older than
+        max_age_seconds). A new ``List`` is asked at most every refresh_seconds, in the background: the caller (the
+        poll thread) never waits on the kubelet, but for the very first answer, at most ``timeout`` seconds, so
+        that the first polls know their pods. A kubelet that accepts and never answers costs that once."""
         now = time.monotonic()
-        if now - self._asked < self.refresh_seconds:
-            return self._cached if now - self._at <= self.max_age_seconds else []
-        self._asked = now
+        call = None
+        with self._lock:
+            if self._call is None and now - self._asked >= self.refresh_seconds:
+                self._asked = now
+                call = self._call = self._list.future(
+                    self._pb.ListPodResourcesRequest(), timeout=self.timeout, wait_for_ready=False
+                )
+        if call is not None:
+            call.add_done_callback(self._answered)  # runs at once when the answer is already there
+        if not self._first.is_set():
+            self._first.wait(self.timeout)
+        with self._lock:
+            return self._cached if time.monotonic() - self._at <= self.max_age_seconds else []
+
+    def _answered(self, call: Any) -> None:
+        """Take ``List``'s answer (gRPC's thread): cache it, or log the start and the end of an outage once."""
         try:
-            resp = self._list(self._pb.ListPodResourcesRequest(), timeout=self.timeout, wait_for_ready=False)
+            resp = call.result()
         except self._grpc.RpcError as exc:
-            if not self._failing:
+            with self._lock:
+                self._call = None
+                failing, self._failing = self._failing, True
+            if not failing and not self._closed:
                 log.warning("kubelet pod-resources unavailable, pods unknown until it answers",
                             extra={"socket": str(self.socket), "error": _code(exc)})  # fmt: skip
-            self._failing = True
-            return self._cached if now - self._at <= self.max_age_seconds else []
-        if self._failing:
-            log.info("kubelet pod-resources answers again", extra={"socket": str(self.socket)})
-        self._failing = False
-        self._cached = [
+            self._first.set()
+            return
+        found = [
             PodAssignment(
                 namespace=pod.namespace, pod=pod.name, container=c.name, device_id=dev_id, resource=dev.resource_name
             )  # fmt: skip
@@ -82,8 +104,13 @@ class PodResources:
             if dev.resource_name.startswith(RESOURCE_PREFIX)
             for dev_id in dev.device_ids
         ]
-        self._at = now
-        return self._cached
+        with self._lock:
+            self._call = None
+            failing, self._failing = self._failing, False
+            self._cached, self._at = found, time.monotonic()
+        if failing:
+            log.info("kubelet pod-resources answers again", extra={"socket": str(self.socket)})
+        self._first.set()
 
     def assign(self, gpus: list[GpuReading]) -> list[GpuReading]:
         """``gpus`` with ``pods`` set: the containers whose device ids name the GPU (its UUID, a replica of it, one of
@@ -99,7 +126,8 @@ class PodResources:
         return out
 
     def close(self) -> None:
-        """Close the gRPC channel."""
+        """Close the gRPC channel (a List in flight ends, unlogged)."""
+        self._closed = True
         self._channel.close()
 
 
