@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -68,10 +69,39 @@ def daemon(*args: str, log: Path | None = None) -> Iterator[str]:
         wait_http(url + "/healthz", proc=proc)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         if log is not None:
             out.close()  # type: ignore[union-attr]
+
+
+@contextmanager
+def serving(*args: str, log: Path, **popen: Any) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """Run ``gpuwarden serve --demo ARGS`` on a free port of 127.0.0.1, its output in ``log``, until the block ends;
+    yield the process and its port once the log says "serving" (HTTP or HTTPS alike). ``popen``: more keyword
+    arguments of subprocess.Popen (``preexec_fn``, ``env``)."""
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.listen-address", f"127.0.0.1:{port}", *args],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            **popen,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while "serving" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+        yield proc, port
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM ``proc`` and wait for it; SIGKILL it after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()

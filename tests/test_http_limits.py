@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import count_closed
+from helpers import count_closed, serving
 from helpers import free_port as _free_port
 
 pytestmark = pytest.mark.e2e  # every test here starts a process or an outside tool
@@ -197,36 +197,20 @@ def test_the_connection_cap_fits_the_descriptor_limit(tmp_path: Path, soft: int,
     limit allows, the soft one is raised and the cap kept."""
     import resource
 
-    port = _free_port()
     log = tmp_path / "serve.log"
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--web.listen-address", f"127.0.0.1:{port}"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=limit,  # noqa: PLW1509 - the child's limit, set before it runs
-        )
-    url = f"http://127.0.0.1:{port}"
     idle: list[socket.socket] = []
-    try:
-        deadline = time.monotonic() + 30
-        while "serving" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.05)
+    with serving(log=log, preexec_fn=limit) as (proc, port):  # the child's limit, set before it runs
         for _ in range(400):
             idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
-        latencies = _scrapes(url, 20)
+        latencies = _scrapes(f"http://127.0.0.1:{port}", 20)
         assert max(latencies) < 1.0, latencies
         assert proc.poll() is None
-    finally:
         for s in idle:
             s.close()
-        proc.terminate()
-        proc.wait(10)
     warnings = [line for line in log.read_text().splitlines() if "does not fit the open-file limit" in line]
     if soft == hard:
         assert len(warnings) == 1 and "at most 160 connections" in warnings[0]

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fastapi import FastAPI
-from helpers import count_closed, free_port
+from helpers import count_closed, serving
 
 from gpuwarden.web import auth as webauth
 from gpuwarden.web.auth import BasicAuthMiddleware
@@ -415,21 +415,9 @@ def test_a_sighup_storm_on_a_tls_daemon_keeps_it_serving(pki: PKI, tmp_path: Pat
     web = write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n")
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"web_config_file: {web}\nlog_level: info\n")
-    port = free_port()
     log = tmp_path / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--config", str(cfg)]
-            + ["--web.listen-address", f"127.0.0.1:{port}"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"https://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while "serving" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.05)
+    with serving("--config", str(cfg), log=log) as (proc, port):
+        url = f"https://127.0.0.1:{port}"
         answers: list[int] = []
         stop = threading.Event()
 
@@ -453,9 +441,6 @@ def test_a_sighup_storm_on_a_tls_daemon_keeps_it_serving(pki: PKI, tmp_path: Pat
         assert 1 <= text.count("configuration reloaded") < 400 and "reload refused" not in text
         assert answers and set(answers) == {200}
         assert _served_serial(url, pki) == pki.server.serial
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _rss_mib(pid: int) -> float:
@@ -473,36 +458,23 @@ def test_a_tls_daemon_weathers_idle_tcp_and_idle_tls_floods_in_bounded_memory(pk
     web = write_config(tmp_path, f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n")
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"web_config_file: {web}\n")
-    port = free_port()
     log = tmp_path / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--config", str(cfg)]
-            + ["--web.listen-address", f"127.0.0.1:{port}"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"https://127.0.0.1:{port}"
     held: list[socket.socket] = []
 
-    def scrapes() -> float:
+    def scrapes(port: int) -> float:
         worst = 0.0
         for _ in range(10):
             t0 = time.monotonic()
-            r = httpx.get(url + "/metrics", verify=client_ctx(pki), timeout=10)
+            r = httpx.get(f"https://127.0.0.1:{port}/metrics", verify=client_ctx(pki), timeout=10)
             assert r.status_code == 200 and b"gpu_up" in r.content
             worst = max(worst, time.monotonic() - t0)
         return worst
 
-    try:
-        deadline = time.monotonic() + 30
-        while "serving" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.05)
-        scrapes()
+    with serving("--config", str(cfg), log=log) as (proc, port):
+        scrapes(port)
         start = _rss_mib(proc.pid)
         held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(1100)]
-        assert scrapes() < 1.0
+        assert scrapes(port) < 1.0
         tcp_flood = _rss_mib(proc.pid)
         for s in held:
             s.close()
@@ -511,7 +483,7 @@ def test_a_tls_daemon_weathers_idle_tcp_and_idle_tls_floods_in_bounded_memory(pk
             ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
             for _ in range(600)
         ]
-        assert scrapes() < 1.0
+        assert scrapes(port) < 1.0
         tls_flood = _rss_mib(proc.pid)
         for s in held:
             s.close()
@@ -521,11 +493,6 @@ def test_a_tls_daemon_weathers_idle_tcp_and_idle_tls_floods_in_bounded_memory(pk
             time.sleep(0.2)
         after = _rss_mib(proc.pid)
         assert proc.poll() is None
-    finally:
-        for s in held:
-            s.close()
-        proc.terminate()
-        proc.wait(10)
     assert tcp_flood < 128 and tls_flood < 128, (start, tcp_flood, tls_flood)
     assert after <= start + 0.5 * (tls_flood - start), (start, tls_flood, after)  # given back
     assert "level=error" not in log.read_text()
@@ -748,7 +715,6 @@ def test_a_tls_handshake_that_never_comes_is_dropped_at_the_head_deadline(pki: P
     """Connections that never start their TLS handshake are closed after request_head_timeout_seconds (not
     asyncio's 60 s), while a real client is served."""
     import os
-    import sys
 
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n")
