@@ -1,6 +1,7 @@
 """The node page at ``/`` in a real browser: headless Chromium (Debian's package, installed by .ci/run) loads the
 page from a daemon replaying recorded traces, with every host but 127.0.0.1 unresolvable, and the test reads the
-DOM the page's script built. A screenshot of each page lands in build/screenshots (or $GPUWARDEN_SCREENSHOTS)."""
+DOM the page's script built. A screenshot of each page lands in .screenshots (or $GPUWARDEN_SCREENSHOTS; not in
+build/, which would shadow the ``build`` package for ``python3 -m build`` in the checkout)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from helpers import REPO, daemon
 from gpuwarden.web.app import PAGE_CSP
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-SHOTS = Path(os.environ.get("GPUWARDEN_SCREENSHOTS", REPO / "build" / "screenshots"))
+SHOTS = Path(os.environ.get("GPUWARDEN_SCREENSHOTS", REPO / ".screenshots"))
 
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (.ci/run installs Debian's)")
 
