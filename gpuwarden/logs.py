@@ -25,11 +25,16 @@ ACCESS_LINES_PERIOD = 10.0
 FORMATS = ("logfmt", "json")
 
 
+#: Loggers whose names do not say who speaks: uvicorn writes its server's lines, "Started server process" and
+#: "Shutting down" included, to "uvicorn.error".
+_SPEAKERS = {"uvicorn.error": "uvicorn"}
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     out: dict[str, Any] = {
         "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
         "level": record.levelname.lower(),
-        "logger": record.name,
+        "logger": _SPEAKERS.get(record.name, record.name),
         "msg": record.getMessage(),
     }
     for key, value in record.__dict__.items():
@@ -92,17 +97,20 @@ def setup(level: str = "info", fmt: str = "logfmt") -> None:
 
 
 class RateLimitFilter(logging.Filter):
-    """Lets at most ``burst`` records through per ``period`` seconds and logger, then one line saying how many were
-    dropped (asyncio logs its accept-loop error at the descriptor limit on every retry; a request flood would log an
-    access line per request)."""
+    """Lets at most ``burst`` records at ``level`` or above through per ``period`` seconds and logger (those below
+    pass), then one line saying how many were dropped (asyncio logs its accept-loop error at the descriptor limit on
+    every retry; a request flood would log an access line per request)."""
 
-    def __init__(self, burst: int = 5, period: float = 60.0) -> None:
+    def __init__(self, burst: int = 5, period: float = 60.0, level: int = logging.NOTSET) -> None:
         super().__init__()
-        self.burst, self.period = burst, period
+        self.burst, self.period, self.level = burst, period, level
         self._window: dict[str, tuple[float, int, int]] = {}  # logger -> (window start, passed, dropped)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Return True for a record within the rate; a record that opens a window also reports the dropped ones."""
+        """Return True for a record within the rate, or below ``level`` (never limited); a record that opens a
+        window also reports the dropped ones."""
+        if record.levelno < self.level:
+            return True
         now = time.monotonic()
         start, passed, dropped = self._window.get(record.name, (now, 0, 0))
         if now - start >= self.period:

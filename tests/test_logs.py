@@ -18,7 +18,9 @@ from gpuwarden.logs import JsonFormatter, LogfmtFormatter, RateLimitFilter, setu
 
 
 def _record(msg: str, **extra: object) -> logging.LogRecord:
-    record = logging.makeLogRecord({"name": "gpuwarden.test", "levelname": "WARNING", "msg": msg})
+    record = logging.makeLogRecord(
+        {"name": "gpuwarden.test", "levelname": "WARNING", "levelno": logging.WARNING, "msg": msg}
+    )
     record.__dict__.update(extra)
     return record
 
@@ -78,7 +80,9 @@ def test_daemon_and_uvicorn_log_in_one_json_format() -> None:
         _, err = proc.communicate(timeout=10)
     lines = [json.loads(line) for line in err.splitlines() if line.strip()]
     loggers = {obj["logger"] for obj in lines}
-    assert "gpuwarden" in loggers and "uvicorn.error" in loggers
+    assert "gpuwarden" in loggers and "uvicorn" in loggers and "uvicorn.error" not in loggers
+    messages = [obj["msg"] for obj in lines]
+    assert "Shutting down" in messages and any(m.startswith("Finished server process") for m in messages)
     serving = next(obj for obj in lines if obj["msg"] == "serving")
     assert serving["gpus"] == 1 and serving["url"].endswith(f":{port}/metrics")
 
@@ -142,3 +146,10 @@ def test_access_lines_only_at_debug_after_reloads_and_bounded_in_a_flood(tmp_pat
         proc.wait(10)
     lines = access_lines()
     assert 100 <= len(lines) <= 100 * (1 + took // 10)  # at most 100 in each 10 s
+
+
+def test_rate_limit_passes_records_below_its_level() -> None:
+    limit = RateLimitFilter(burst=1, period=60.0, level=logging.WARNING)
+    info = [logging.makeLogRecord({"levelno": logging.INFO, "msg": f"i{i}"}) for i in range(10)]
+    assert all(limit.filter(r) for r in info)  # "Shutting down" and friends are never dropped
+    assert limit.filter(_record("w0")) and not limit.filter(_record("w1"))

@@ -401,7 +401,7 @@ def serve(
     signal handlers in place. ``uvicorn_kwargs`` adds TLS settings and headers (gpuwarden.web.config).
     """
     for name in ("asyncio", "uvicorn.error"):  # the accept loop at the descriptor limit logs on every retry
-        logging.getLogger(name).addFilter(RateLimitFilter())
+        logging.getLogger(name).addFilter(RateLimitFilter(level=logging.WARNING))  # start-up, shutdown lines pass
     config = uvicorn.Config(
         DateHeaderMiddleware(app),
         date_header=False,
