@@ -149,7 +149,8 @@ class Poller:
                 self.notifier.status(f"poll hanging for {running:.0f} s")
                 with self._lock:
                     if self.poll_started == started:
-                        self._publish_locked(None, source_up=False)
+                        why = f"a poll has been running for {running:.0f} s: an NVML call does not return"
+                        self._publish_locked(None, source_up=False, why=why)
         return True
 
     def _run(self) -> None:
@@ -173,7 +174,7 @@ class Poller:
             self._failures += 1
             log.error("poll failed: %s", exc)
             self._finished(started)
-            self._publish(None, source_up=False)
+            self._publish(None, source_up=False, why=f"the last poll failed: {exc}")
             return
         self._finished(started)
         static = self.source.static
@@ -233,14 +234,14 @@ class Poller:
             log.warning("the hanging poll finished after %.1f s", time.time() - started)
             self.notifier.status(f"serving {len(self._static.gpus) if self._static else 0} GPU(s)")
 
-    def _publish(self, poll: PollResult | None, source_up: bool = True) -> None:
+    def _publish(self, poll: PollResult | None, source_up: bool = True, why: str | None = None) -> None:
         with self._lock:
-            self._publish_locked(poll, source_up)
+            self._publish_locked(poll, source_up, why)
 
-    def _publish_locked(self, poll: PollResult | None, source_up: bool) -> None:
-        self.snapshot = self._snapshot(poll, source_up)
+    def _publish_locked(self, poll: PollResult | None, source_up: bool, why: str | None = None) -> None:
+        self.snapshot = self._snapshot(poll, source_up, why)
 
-    def _snapshot(self, poll: PollResult | None, source_up: bool) -> NodeSnapshot:
+    def _snapshot(self, poll: PollResult | None, source_up: bool, why: str | None = None) -> NodeSnapshot:
         assert self._static is not None
         seq = self.snapshot.seq + 1 if self.snapshot else 0
         return NodeSnapshot(
@@ -253,6 +254,7 @@ class Poller:
             poll_failures_total=self._failures,
             last_success_timestamp=self._last_success,
             source_up=source_up and poll is not None,
+            down_reason=None if source_up and poll is not None else (why or self.source.down_reason),
             errors=self.source.errors(),
             xid={i: dict(c) for i, c in self._xid.items()},
             last_up=dict(self._last_up),

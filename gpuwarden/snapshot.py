@@ -28,8 +28,9 @@ class NodeSnapshot:
 
     ``poll`` is None until the first poll succeeds, after a poll that raised, and while a poll hangs past the
     deadline. ``source_up`` is False when the last poll failed, the source reported itself down (NVML not
-    initialised: every GPU ``up=False``) or a poll hangs. ``xid`` maps GPU index -> XID code -> XidTotal;
-    ``last_up`` GPU index -> that GPU's last reading while it was up (what is still known of a GPU now lost).
+    initialised: every GPU ``up=False``) or a poll hangs; ``down_reason`` then says why in one line. ``xid`` maps
+    GPU index -> XID code -> XidTotal; ``last_up`` GPU index -> that GPU's last reading while it was up (what is
+    still known of a GPU now lost).
     ``errors`` maps (call, error) -> count. ``analyses`` holds what analyzers (``gpuwarden.insight``)
     derived from the history, keyed by analyzer name. ``reload_successful`` says whether the last configuration
     reload applied (True before any), ``reload_success_timestamp`` when the configuration last loaded (start or
@@ -45,6 +46,7 @@ class NodeSnapshot:
     poll_failures_total: int = 0
     last_success_timestamp: float | None = None
     source_up: bool = True
+    down_reason: str | None = None
     errors: dict[tuple[str, str], int] = field(default_factory=dict)
     xid: dict[int, dict[int, XidTotal]] = field(default_factory=dict)
     last_up: dict[int, GpuReading] = field(default_factory=dict)

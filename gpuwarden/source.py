@@ -35,6 +35,12 @@ class Source(Protocol):
         ...
 
     @property
+    def down_reason(self) -> str | None:
+        """Why the source cannot read, in one line an operator acts on (the driver library missing, the driver
+        reloaded); None while it reads."""
+        ...
+
+    @property
     def static(self) -> NodeStatic | None:
         """The node's static facts now; None before ``open()``."""
         ...

@@ -237,6 +237,7 @@ def test_a_hanging_nvml_call_marks_data_stale_and_scrapes_still_answer(
         assert not gpus_with(text, "gpu_utilization_ratio") and value(text, "gpu_devices") == 2.0
         ready = client.get("/readyz")
         assert ready.status_code == 503 and "old" in ready.json()["reason"]
+        assert "an NVML call does not return" in ready.json()["reason"]
         assert any("poll has been running for" in r.getMessage() for r in caplog.records)
         received(sock)
         time.sleep(0.5)
@@ -284,8 +285,11 @@ def test_wait_for_nvml_serves_source_down_then_reports_when_nvml_appears(fake: F
     assert value(text, "gpuwarden_source_up") == 0.0 and value(text, "gpu_devices") == 0.0
     assert not [k for k in samples(text) if k[0] == "gpu_up"]
     assert value(text, "gpuwarden_nvml_errors_total", call="nvmlInit", error="driver_not_loaded") >= 2
-    assert client.get("/readyz").status_code == 503
+    ready = client.get("/readyz")
+    because = "NVML unavailable: the NVIDIA kernel driver is not loaded"
+    assert ready.status_code == 503 and ready.json()["reason"].startswith(f"no successful poll yet: {because}")
     assert client.get("/api/v1/gpus").json()["gpus"] == []
+    assert client.get("/api/v1/gpus").json()["down_reason"].startswith(because)
     fake.init_error = None  # the driver is loaded
     _poll_until(p, lambda: p.snapshot.source_up)
     p.poll_once()
@@ -294,6 +298,7 @@ def test_wait_for_nvml_serves_source_down_then_reports_when_nvml_appears(fake: F
     assert gpus_with(text, "gpu_up") == {"0", "1"} and gpus_with(text, "gpu_sm_activity_ratio") == {"0", "1"}
     assert client.get("/readyz").status_code == 200
     assert [g["static"]["name"] for g in client.get("/api/v1/gpus").json()["gpus"]] == ["NVIDIA H200"] * 2
+    assert client.get("/api/v1/gpus").json()["down_reason"] is None
     p.stop()
 
 

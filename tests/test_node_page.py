@@ -159,3 +159,22 @@ def test_page_of_the_demo() -> None:
     (card,) = dom.find(class_="gpu")
     assert card[1]["data-verdict"] and "GPU 0 · NVIDIA H100" in card[2]
     assert (SHOTS / "node-page-demo.png").stat().st_size > 10_000
+
+
+@pytest.mark.e2e
+@needs_chromium
+def test_page_without_a_driver_names_the_cause() -> None:
+    """A daemon waiting for an NVIDIA driver that is not there: the banner says why there are no readings."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has NVML: the no-driver page cannot be shown here")
+    with daemon("--wait-for-nvml") as url:
+        dom = _dom(url + "/")
+    [(_, attrs, text)] = dom.find(id="banner")
+    assert attrs.get("hidden") is None and "no readings: NVML unavailable" in text, text

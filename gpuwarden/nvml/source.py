@@ -130,6 +130,7 @@ class NvmlSource:
         self._open = False
         self.static: NodeStatic | None = None
         self._down: str | None = None  # why NVML is down (error name), None while it works
+        self._down_words: str | None = None  # the same, as the operator reads it
         self._backoff = RETRY_FIRST_SECONDS
         self._retry_at = 0.0
 
@@ -137,6 +138,13 @@ class NvmlSource:
     def up(self) -> bool:
         """False while NVML is down (waiting for the driver at start, or re-initialising after a reload)."""
         return self._down is None
+
+    @property
+    def down_reason(self) -> str | None:
+        """Why NVML is down, in words (the start error nvmlInit gave, or every GPU failing); None while it works."""
+        if self._down is None:
+            return None
+        return self._down_words or f"every GPU failed ({self._down}): the driver was reloaded or lost"
 
     def open(self) -> NodeStatic:
         """Initialise NVML and return the node's static facts. Raises SourceError.
@@ -151,6 +159,7 @@ class NvmlSource:
                 raise
             log.warning("%s; serving gpuwarden_source_up 0 and retrying every few seconds", exc)
             self._down = "nvml_unavailable"
+            self._down_words = str(exc)
             self._retry_at = time.monotonic() + self._backoff
             self.static = NodeStatic(hostname=socket.gethostname())
             return self.static
@@ -283,6 +292,7 @@ class NvmlSource:
             reason,
         )
         self._down = reason
+        self._down_words = None
         self._stop_pollers()
         self._shutdown()
         self._retry_at = time.monotonic() + self._backoff
@@ -307,7 +317,7 @@ class NvmlSource:
             self._backoff = min(self._backoff * 2, RETRY_MAX_SECONDS)
             return
         log.warning("NVML initialised again after %s: %s", self._down, what)
-        self._down = None
+        self._down = self._down_words = None
 
     def errors(self) -> dict[tuple[str, str], int]:
         """Return NVML failures so far, by (call, error name)."""

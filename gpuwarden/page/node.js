@@ -122,7 +122,7 @@ async function refresh() {
     diagnosis = null; // the insight collector is off: readings only
   }
   const problems = [];
-  if (!gpus.fresh) problems.push("the readings are stale: the last poll is too old");
+  if (!gpus.fresh) problems.push(gpus.down_reason ? `no readings: ${gpus.down_reason}` : "the readings are stale: the last poll is too old");
   if (diagnosis && !diagnosis.available) problems.push(`no diagnosis: ${diagnosis.reason}`);
   banner.textContent = problems.join("; ");
   banner.hidden = problems.length === 0;

@@ -95,6 +95,11 @@ class ReplaySource:
         return True
 
     @property
+    def down_reason(self) -> str | None:
+        """Always None: a trace that opened reads."""
+        return None
+
+    @property
     def static(self) -> NodeStatic | None:
         """The recorded node's static facts; None before ``open()``."""
         return self.header.node if self.header is not None else None

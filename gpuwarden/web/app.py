@@ -41,6 +41,7 @@ class GpusDocument(BaseModel):
     source: str = Field(description="nvml or replay")
     last_poll_timestamp: float | None = Field(default=None, description="Unix seconds of the last successful poll")
     fresh: bool
+    down_reason: str | None = Field(default=None, description="why the source cannot read, when it cannot")
     gpus: list[GpuDocument]
 
 
@@ -65,20 +66,24 @@ def gpus_document(snap: NodeSnapshot, stale_after: float, now: float | None = No
         source=snap.source,
         last_poll_timestamp=snap.last_success_timestamp,
         fresh=snap.fresh(now, stale_after),
+        down_reason=snap.down_reason,
         gpus=[GpuDocument(static=s, reading=readings.get(s.index)) for s in node.gpus],
     )
 
 
 def readiness(snap: NodeSnapshot | None, stale_after: float, now: float | None = None) -> Readiness:
-    """Return whether the daemon is ready: a source that answered, and a last poll at most ``stale_after`` old."""
+    """Return whether the daemon is ready: a source that answered, and a last poll at most ``stale_after`` old; when
+    not, ``reason`` says so and why the source is down (``NodeSnapshot.down_reason``: driver missing, NVML error,
+    a hanging call)."""
     now = time.time() if now is None else now
+    why = f": {snap.down_reason}" if snap is not None and snap.down_reason else ""
     if snap is None or snap.last_success_timestamp is None:
-        return Readiness(ready=False, reason="no successful poll yet")
+        return Readiness(ready=False, reason=f"no successful poll yet{why}")
     age = now - snap.last_success_timestamp
     if age > stale_after:
         return Readiness(
             ready=False,
-            reason=f"last successful poll is {age:.1f} s old (limit {stale_after:g} s)",
+            reason=f"last successful poll is {age:.1f} s old (limit {stale_after:g} s){why}",
             last_poll_age_seconds=age,
         )
     return Readiness(ready=True, reason="ok", last_poll_age_seconds=age)
