@@ -49,16 +49,16 @@ class ProcessesConfig(BaseModel):
     """Per-process readings: on/off, and how many processes per GPU get their own series."""
 
     model_config = ConfigDict(extra="forbid")
-    enabled: bool = True
-    max_per_gpu: int = Field(default=16, ge=0, le=1024)
+    enabled: bool = Field(default=True, description="read the GPU processes (pids, memory, job and pod)")
+    max_per_gpu: int = Field(default=16, ge=0, le=1024, description="processes per GPU with series of their own")
 
 
 class CollectorsConfig(BaseModel):
     """Collectors to turn on beyond the defaults, and to turn off (names as in ``gpuwarden collectors``)."""
 
     model_config = ConfigDict(extra="forbid")
-    enable: list[str] = Field(default_factory=list)
-    disable: list[str] = Field(default_factory=list)
+    enable: list[str] = Field(default_factory=list, description="collectors to turn on beyond the defaults")
+    disable: list[str] = Field(default_factory=list, description="collectors to turn off")
     disable_defaults: bool = Field(
         default=False, description="turn off every collector on by default (but exporter); enable adds some back"
     )
@@ -68,7 +68,9 @@ class InsightConfig(BaseModel):
     """Scores and diagnosis: the window of gpu_starved_ratio and the imbalance scores."""
 
     model_config = ConfigDict(extra="forbid")
-    window_seconds: float = Field(default=300.0, gt=0, le=86400)
+    window_seconds: float = Field(
+        default=300.0, gt=0, le=86400, description="the window of gpu_starved_ratio and the imbalance scores"
+    )
 
 
 class _YamlFile(YamlConfigSettingsSource):
@@ -132,7 +134,7 @@ class Config(BaseSettings):
     gpus: Annotated[list[int] | None, NoDecode] = Field(
         default=None, description="NVML indices to watch, a list or comma-separated (default: all)"
     )
-    xid_events: bool = True
+    xid_events: bool = Field(default=True, description="count XID errors (NVML events) per GPU")
     processes: ProcessesConfig = Field(default_factory=ProcessesConfig)
     collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
     insight: InsightConfig = Field(default_factory=InsightConfig)
