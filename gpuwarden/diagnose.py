@@ -352,6 +352,21 @@ def renderables(report: DiagnoseReport, brief: bool = False) -> list[Any]:
     return out
 
 
+def first_remedies(report: DiagnoseReport) -> list[Any]:
+    """One rich Text line per GPU with a verdict: ``GPU n  verdict: its first remedy`` (what ``--watch`` shows when
+    the whole report does not fit the terminal)."""
+    from rich.text import Text
+
+    out: list[Any] = [Text("what to do first:", style="bold")]
+    for g in report.diagnosis.gpus:
+        d = g.diagnosis
+        if d is None or not d.remedies:
+            continue
+        out.append(Text.assemble(f"  GPU {g.gpu}  ", (visible(d.verdict), _STYLE.get(d.severity, "white")), ": ",
+                                 visible(d.remedies[0])))  # fmt: skip
+    return out if len(out) > 1 else []
+
+
 def render(report: DiagnoseReport, console: Any, brief: bool = False) -> None:
     """Print ``report`` on a rich ``console`` (``renderables``)."""
     for r in renderables(report, brief):

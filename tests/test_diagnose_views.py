@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from conftest import trace
-from helpers import REPO, daemon, free_port
+from helpers import REPO, daemon, free_port, stop, wait_http
 
 pytestmark = pytest.mark.e2e  # every test here starts a process or an outside tool
 
@@ -120,3 +121,71 @@ def test_watch_redraws_until_interrupted() -> None:
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert "what to do first" in out and "Traceback" not in err
+
+
+@pytest.mark.e2e
+def test_watch_survives_a_daemon_restart(tmp_path: Path) -> None:
+    """The daemon goes away and comes back on its port: --watch says it cannot reach it, then draws again."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "serve", "--replay", str(trace("derived-8gpu")),
+             "--web.listen-address", f"127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+        )  # fmt: skip
+        wait_http(url + "/healthz", proc=proc)
+        return proc
+
+    out_file = tmp_path / "watch.out"
+    first = start()
+    with open(out_file, "w") as out:
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "diagnose", "--url", url, "--watch", "--interval", "0.3"],
+            stdout=out, stderr=subprocess.STDOUT, text=True, env={**ENV, "FORCE_COLOR": "1", "TERM": "xterm"}, cwd=REPO,
+        )  # fmt: skip
+    second = None
+    try:
+        _wait_for(out_file, "GPU", watch)
+        stop(first)
+        _wait_for(out_file, "cannot reach", watch)
+        seen = len(out_file.read_text())
+        second = start()
+        deadline = time.monotonic() + 30
+        while "what to do" not in out_file.read_text()[seen:]:  # drawn again from the new daemon
+            assert watch.poll() is None and time.monotonic() < deadline, out_file.read_text()[-2000:]
+            time.sleep(0.2)
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(20) == 0
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+        stop(first)
+        if second is not None:
+            stop(second)
+    assert "Traceback" not in out_file.read_text()
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while text not in path.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, path.read_text()[-2000:]
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(("height", "shows"), [(400, "what to do:"), (50, "what to do first:")])
+def test_watch_draws_what_fits_the_terminal(height: int, shows: str) -> None:
+    """A tall terminal gets the whole report; a short one the summary and each GPU's first remedy, within its
+    height."""
+    from rich.console import Console
+
+    from gpuwarden.commands.diagnose import _fit
+    from gpuwarden.diagnose import replay_report
+
+    report = replay_report(trace("derived-8gpu"))
+    console = Console(width=120, height=height, force_terminal=False, color_system=None)
+    with console.capture() as cap:
+        console.print(_fit(console, report, None, brief=False))
+    text = cap.get()
+    assert shows in text and len(text.splitlines()) < height

@@ -9,15 +9,27 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.commands import COMMANDS
-from gpuwarden.diagnose import DiagnoseReport, LiveSampler, live_report, render, renderables, replay_report, url_report
+from gpuwarden.diagnose import (
+    DiagnoseReport,
+    LiveSampler,
+    first_remedies,
+    live_report,
+    render,
+    renderables,
+    replay_report,
+    url_report,
+)
 from gpuwarden.source import SourceError
+from gpuwarden.terminal import visible
 
 
 def _watch(args: argparse.Namespace, console: Any) -> int:
-    """``--watch``: redraw the report every ``--interval`` s until interrupted (exit 0); one line and 1 when the
-    source fails."""
-    from rich.console import Group
+    """``--watch``: redraw the report every ``--interval`` s until interrupted (exit 0). What is drawn fits the
+    terminal: the whole report, or the summary with each GPU's first remedy, or the summary alone. A daemon that does
+    not answer (``--url``: restarting, unreachable) is said on the first line and asked again at the next redraw;
+    one line and 1 only when live NVML cannot start."""
     from rich.live import Live
+    from rich.text import Text
 
     sampler: LiveSampler | None = None
     if args.url:
@@ -28,17 +40,41 @@ def _watch(args: argparse.Namespace, console: Any) -> int:
     else:
         sampler = LiveSampler()
         step = sampler.step
+    last: DiagnoseReport | None = None
     try:
-        with Live(console=console, auto_refresh=False, transient=False) as live:
+        with Live(console=console, auto_refresh=False, transient=False, vertical_overflow="crop") as live:
             while True:
-                report = step()
-                live.update(Group(*renderables(report, args.brief)), refresh=True)
+                problem = None
+                try:
+                    last = step()
+                except SourceError as exc:
+                    if not args.url:
+                        raise
+                    problem = Text(f"{visible(exc)}; asking again every {args.interval:g} s", style="red")
+                live.update(_fit(console, last, problem, args.brief), refresh=True)
                 time.sleep(args.interval)
     except KeyboardInterrupt:
         return 0
     finally:
         if sampler is not None:
             sampler.close()
+
+
+def _fit(console: Any, report: DiagnoseReport | None, problem: Any, brief: bool) -> Any:
+    """The largest view of ``report`` that fits ``console``'s height, under ``problem`` (a line, or None)."""
+    from rich.console import Group
+
+    top = [problem] if problem is not None else []
+    if report is None:
+        return Group(*top)
+    views = [] if brief else [renderables(report)]
+    summary = renderables(report, brief=True)
+    views += [summary + first_remedies(report), summary]
+    for view in views:
+        group = Group(*top, *view)
+        if len(console.render_lines(group, console.options, pad=False)) < console.size.height:
+            return group
+    return group  # the summary alone, cropped at the bottom
 
 
 def run(args: argparse.Namespace) -> int:
