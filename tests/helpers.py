@@ -105,3 +105,16 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def skip_where_nvml_works(what: str) -> None:
+    """Skip the calling test (``what`` cannot be shown) on a machine whose NVML initialises: a real driver."""
+    import pynvml
+    import pytest
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return
+    pynvml.nvmlShutdown()
+    pytest.skip(f"this machine has NVML: {what} cannot be shown here")

@@ -23,7 +23,7 @@ import pytest
 from conftest import render, replay_poller, trace
 from fake_nvml import FakeNvml
 from fastapi.testclient import TestClient
-from helpers import free_port
+from helpers import free_port, skip_where_nvml_works
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.catalog import select_collectors
@@ -436,13 +436,7 @@ def test_sighup_reloads_the_config_and_sigterm_exits_0(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_wait_for_nvml_process_serves_source_down_without_a_driver() -> None:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        pass
-    else:
-        pynvml.nvmlShutdown()
-        pytest.skip("this machine has NVML: the no-driver path cannot be shown here")
+    skip_where_nvml_works("the no-driver path")
     proc, base = start_serve("--wait-for-nvml", "--poll-interval", "0.2")
     try:
         text = httpx.get(f"{base}/metrics").text

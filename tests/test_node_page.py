@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import trace
-from helpers import REPO, daemon
+from helpers import REPO, daemon, skip_where_nvml_works
 
 from gpuwarden.web.app import PAGE_CSP
 
@@ -165,15 +165,7 @@ def test_page_of_the_demo() -> None:
 @needs_chromium
 def test_page_without_a_driver_names_the_cause() -> None:
     """A daemon waiting for an NVIDIA driver that is not there: the banner says why there are no readings."""
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        pass
-    else:
-        pynvml.nvmlShutdown()
-        pytest.skip("this machine has NVML: the no-driver page cannot be shown here")
+    skip_where_nvml_works("the no-driver page")
     with daemon("--wait-for-nvml") as url:
         dom = _dom(url + "/")
     [(_, attrs, text)] = dom.find(id="banner")
