@@ -244,4 +244,4 @@ def test_a_kubelet_that_never_answers_costs_the_caller_its_timeout_once(tmp_path
         release.set()
         client.close()
     assert 0.5 <= first < 3.0, first
-    assert max(waits) < 0.1, waits
+    assert max(waits) < 0.5, waits  # never the 1 s deadline: List waits in the background
