@@ -118,3 +118,11 @@ def skip_where_nvml_works(what: str) -> None:
         return
     pynvml.nvmlShutdown()
     pytest.skip(f"this machine has NVML: {what} cannot be shown here")
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB (VmRSS of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import count_closed, serving
+from helpers import count_closed, rss_mib, serving
 from helpers import free_port as _free_port
 
 pytestmark = pytest.mark.e2e  # every test here starts a process or an outside tool
@@ -77,13 +77,6 @@ def _length(response: bytes) -> int:
         if line.startswith(b"content-length:"):
             return int(line.split(b":", 1)[1])
     return 0
-
-
-def _rss_mib(proc: subprocess.Popen[bytes]) -> float:
-    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def _port(url: str) -> int:
@@ -151,7 +144,7 @@ def test_huge_request_heads_get_431_and_memory_stays_bounded(
             except ConnectionResetError:
                 reply = b""
         assert reply == b"" or reply.startswith(b"HTTP/1.1 431"), reply
-    assert _rss_mib(proc) < 128
+    assert rss_mib(proc.pid) < 128
     assert max(_scrapes(url, 5)) < 1.0
 
 
@@ -222,7 +215,7 @@ def test_clients_that_pipeline_and_never_read_are_closed(daemon: tuple[str, subp
     """1,000 connections each pipeline 20 scrapes and read nothing: uvicorn alone queued every request (a few KiB
     each, 65 -> 234 MB); past 8 requests ahead of their answers they are closed, scrapes keep answering."""
     url, proc, _ = daemon
-    before = _rss_mib(proc)
+    before = rss_mib(proc.pid)
     ahead = b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n" * 20
     stalled = []
     for _ in range(1000):
@@ -233,7 +226,7 @@ def test_clients_that_pipeline_and_never_read_are_closed(daemon: tuple[str, subp
         stalled.append(s)
     try:
         latencies = _scrapes(url, 20)
-        during = _rss_mib(proc)
+        during = rss_mib(proc.pid)
         closed = sum(_ends(s, 5.0) for s in stalled)
     finally:
         for s in stalled:

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fastapi import FastAPI
-from helpers import count_closed, serving
+from helpers import count_closed, rss_mib, serving
 
 from gpuwarden.web import auth as webauth
 from gpuwarden.web.auth import BasicAuthMiddleware
@@ -443,13 +443,6 @@ def test_a_sighup_storm_on_a_tls_daemon_keeps_it_serving(pki: PKI, tmp_path: Pat
         assert _served_serial(url, pki) == pki.server.serial
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.e2e
 def test_a_tls_daemon_weathers_idle_tcp_and_idle_tls_floods_in_bounded_memory(pki: PKI, tmp_path: Path) -> None:
     """1,100 TCP connections that never start a handshake, then 600 that handshake and stay idle: every scrape in
@@ -472,10 +465,10 @@ def test_a_tls_daemon_weathers_idle_tcp_and_idle_tls_floods_in_bounded_memory(pk
 
     with serving("--config", str(cfg), log=log) as (proc, port):
         scrapes(port)
-        start = _rss_mib(proc.pid)
+        start = rss_mib(proc.pid)
         held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(1100)]
         assert scrapes(port) < 1.0
-        tcp_flood = _rss_mib(proc.pid)
+        tcp_flood = rss_mib(proc.pid)
         for s in held:
             s.close()
         ctx = client_ctx(pki)
@@ -484,14 +477,14 @@ def test_a_tls_daemon_weathers_idle_tcp_and_idle_tls_floods_in_bounded_memory(pk
             for _ in range(600)
         ]
         assert scrapes(port) < 1.0
-        tls_flood = _rss_mib(proc.pid)
+        tls_flood = rss_mib(proc.pid)
         for s in held:
             s.close()
         held = []
         deadline = time.monotonic() + 10
-        while _rss_mib(proc.pid) > start + 0.5 * (tls_flood - start) and time.monotonic() < deadline:
+        while rss_mib(proc.pid) > start + 0.5 * (tls_flood - start) and time.monotonic() < deadline:
             time.sleep(0.2)
-        after = _rss_mib(proc.pid)
+        after = rss_mib(proc.pid)
         assert proc.poll() is None
     assert tcp_flood < 128 and tls_flood < 128, (start, tcp_flood, tls_flood)
     assert after <= start + 0.5 * (tls_flood - start), (start, tls_flood, after)  # given back
