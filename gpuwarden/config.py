@@ -244,17 +244,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 MAX_CONFIG_BYTES = 1 << 20
 
 
+def open_regular(path: Path | str) -> int | None:
+    """Open ``path`` for reading without blocking and return its descriptor, or None (closed) when it is not a
+    regular file: a FIFO would block a plain open until a writer comes, and a read for ever; a device such as
+    /dev/zero never ends. Raises OSError when it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
+
+
 def read_small_file(path: Path, limit: int, error: type[Exception]) -> str:
     """Return the UTF-8 text of the regular file ``path`` of at most ``limit`` bytes.
 
-    Raises ``error`` (one line) for a file that cannot be read, is not a regular file (a FIFO would block for
-    ever, a device such as /dev/zero never ends), is larger than ``limit`` or is not UTF-8.
+    Raises ``error`` (one line) for a file that cannot be read, is not a regular file (``open_regular``), is larger
+    than ``limit`` or is not UTF-8.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would block a plain open until a writer comes
+        fd = open_regular(path)
+        if fd is None:
+            raise error(f"{path}: not a regular file")
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise error(f"{path}: not a regular file")
             data = f.read(limit + 1)
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror or exc}") from exc

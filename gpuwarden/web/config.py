@@ -38,14 +38,13 @@ import logging
 import os
 import re
 import ssl
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from gpuwarden.config import ConfigError, read_yaml
+from gpuwarden.config import ConfigError, open_regular, read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -283,15 +282,12 @@ def _reason(exc: BaseException) -> str:
 def _check_file(what: str, path: Path | None) -> None:
     # A FIFO or a device would block OpenSSL's read (start-up hangs with no word): only regular files are read.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # type: ignore[arg-type]  # opening a FIFO does not block
-        try:
-            regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        finally:
-            os.close(fd)
+        fd = open_regular(path)  # type: ignore[arg-type]
     except OSError as exc:
         raise WebConfigError(f"cannot read {what} {path}: {_reason(exc)}") from exc
-    if not regular:
+    if fd is None:
         raise WebConfigError(f"cannot read {what} {path}: not a regular file")
+    os.close(fd)
 
 
 def _load_chain(context: ssl.SSLContext, tls: TLSServerConfig) -> None:
