@@ -170,3 +170,18 @@ def test_page_without_a_driver_names_the_cause() -> None:
         dom = _dom(url + "/")
     [(_, attrs, text)] = dom.find(id="banner")
     assert attrs.get("hidden") is None and "no readings: NVML unavailable" in text, text
+
+
+@pytest.mark.e2e
+@needs_chromium
+def test_api_reference_renders_offline() -> None:
+    """/docs in a browser with no network: Swagger UI reads the daemon's OpenAPI 3.1 document and lists its
+    operations (Swagger UI 4 showed "Unable to render this definition" here)."""
+    with daemon("--demo") as url:
+        assert httpx.get(url + "/openapi.json", timeout=5).json()["openapi"].startswith("3.1")
+        dom = _dom(url + "/docs")
+        _chromium(url + "/docs", f"--screenshot={SHOTS / 'api-reference.png'}")
+    text = " ".join(t for _, _, t in dom.find(class_="opblock-summary-path"))
+    assert "/api/v1/gpus" in text and "/api/v1/diagnosis" in text, text
+    assert not dom.find(class_="errors-wrapper"), [t for _, _, t in dom.find(class_="errors-wrapper")]
+    assert "Unable to render" not in "".join(t for _, _, t in dom.find(id="swagger-ui"))

@@ -234,14 +234,16 @@ def create_app(
 
 
 def add_docs(app: FastAPI) -> None:
-    """Serve the API reference at ``/docs`` with Swagger UI's files from the swagger-ui-bundle package (under
-    ``/docs/assets``), so the page works with no network; nothing on it is fetched from elsewhere (no favicon, no
-    validator badge)."""
+    """Serve the API reference at ``/docs`` with Swagger UI 5 (which reads the OpenAPI 3.1 document FastAPI
+    publishes; Swagger UI 4 cannot) from the fastapi-swagger package's files, under ``/docs/assets``, so the page
+    works with no network; nothing on it is fetched from elsewhere (no favicon, no validator badge)."""
+    from importlib.resources import files
+
     from fastapi.openapi.docs import get_swagger_ui_html
     from starlette.staticfiles import StaticFiles
-    from swagger_ui_bundle import swagger_ui_path
 
-    app.mount("/docs/assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    assets = files("fastapi_swagger") / "resources"
+    app.mount("/docs/assets", StaticFiles(directory=str(assets)), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
