@@ -251,13 +251,24 @@ def _head(report: DiagnoseReport) -> Any:
         head.append_text(Text.assemble(" (scenario ", (visible(report.scenario), "bold"), ")"))
     if report.polls is not None and report.seconds is not None:
         head.append(f" · {report.polls} polls over {report.seconds:.0f} s")
-    if doc.diagnosis_window_seconds:
-        head.append(f" · verdicts on the last {doc.diagnosis_window_seconds:.0f} s of each GPU's current job")
+    if window := window_words(doc):
+        head.append(f" · verdicts, starved and active shares on {window}")
     return head
 
 
+def window_words(doc: DiagnosisDocument) -> str | None:
+    """Return the diagnosis window in words (``the last 60 s of each GPU's current job``; ``up to the last ...``
+    where GPUs' windows differ, a job having started later), from the verdicts' own ``window_seconds``; None before
+    any verdict."""
+    windows = {round(g.diagnosis.window_seconds) for g in doc.gpus if g.diagnosis and g.diagnosis.window_seconds}
+    if not windows:
+        return None
+    return f"{'' if len(windows) == 1 else 'up to '}the last {max(windows)} s of each GPU's current job"
+
+
 def summary_table(doc: DiagnosisDocument) -> Any:
-    """A rich Table with one row per GPU: verdict (and other findings), starved share, activity, first remedy."""
+    """A rich Table with one row per GPU: verdict (and other findings), starved share and activity over the
+    diagnosis window (the same figures as the evidence below it), first remedy."""
     from rich.table import Table
 
     t = Table(header_style="bold", expand=True, show_lines=False, pad_edge=False)
@@ -267,9 +278,9 @@ def summary_table(doc: DiagnosisDocument) -> Any:
     t.add_column("active", justify="right", no_wrap=True)
     t.add_column("what to do first", ratio=5)
     for g in doc.gpus:
-        lost = g.diagnosis is not None and g.diagnosis.verdict == "gpu_lost"  # its window predates the loss
-        starved = "-" if g.starved_ratio is None or lost else f"{g.starved_ratio:.0%}"
-        active = "-" if g.activity_ratio is None or lost else f"{g.activity_ratio:.0%}"
+        d = g.diagnosis
+        shares = (d.value("starved_share"), d.activity()) if d is not None else (None, None)
+        starved, active = ("-" if v is None else f"{v:.0%}" for v in shares)
         remedy = g.diagnosis.remedies[0] if g.diagnosis and g.diagnosis.remedies else ""
         t.add_row(str(g.gpu), _verdict_text(g), starved, active, plain(remedy))
     return t

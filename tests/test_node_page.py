@@ -6,6 +6,7 @@ build/, which would shadow the ``build`` package for ``python3 -m build`` in the
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -135,7 +136,12 @@ def test_page_shows_every_gpu_verdict_readings_and_strip() -> None:
     for _, _, text in cards:
         assert "What to do:" in text and " °C" in text and " W of " in text and " GB of " in text
     meters = {a["data-meter"] for _, a, _ in dom.find() if "data-meter" in a}
-    assert {"SM activity", "memory", "temperature", "power", "SM clock", "starved"} <= meters
+    assert {"activity", "memory", "temperature", "power", "SM clock", "starved"} <= meters
+    # one starved figure per GPU, over the verdict's own window, named on it (not a 5-minute ratio beside a verdict
+    # on the last minute)
+    starved = [t for _, _, t in dom.find(data_meter="starved")]
+    assert len(starved) == 8 and all(re.fullmatch(r"starved · \d+ s\d+%", t) for t in starved), starved
+    assert all(re.fullmatch(r"SM activity · \d+ s\d+%", t) for _, _, t in dom.find(data_meter="activity"))
     states = {a["data-state"] for _, a, _ in dom.find() if "data-state" in a}
     assert states & {"busy", "starved"}, states
     assert dom.find(id="banner")[0][1].get("hidden") is not None  # fresh data: no warning shown

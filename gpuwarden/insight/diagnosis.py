@@ -141,6 +141,16 @@ class Diagnosis(BaseModel):
     job: str | None = Field(default=None, description="the job holding most of the GPU's memory")
     job_kind: str | None = None
 
+    def value(self, name: str) -> float | None:
+        """Return the value of the evidence called ``name`` (its unit as in ``Evidence.unit``), None when absent."""
+        return next((e.value for e in self.evidence if e.name == name), None)
+
+    def activity(self) -> float | None:
+        """Return the GPU's activity over the diagnosis window as a ratio 0-1: SM activity (GPM) where measured,
+        else ``utilization.gpu`` (the share of time a kernel ran); None when neither is in the evidence."""
+        sm = self.value("sm_activity")
+        return sm if sm is not None else self.value("utilization_gpu")
+
 
 @dataclass(frozen=True)
 class Health:

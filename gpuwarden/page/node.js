@@ -30,13 +30,13 @@ const gb = (b) => `${(b / 1e9).toFixed(1)} GB`;
 
 // A row "label [bar] value": fraction = value / limit. With ``warn``, the bar turns "high" from 0.9 of the limit
 // and "over" at or above it (a limit to stay under: memory, temperature, power; not activity or clocks).
-function meter(label, value, limit, text, warn = true) {
+function meter(label, value, limit, text, warn = true, key = label) {
   if (value === null || value === undefined) return null;
   const frac = limit ? value / limit : null;
   const level = !warn || frac === null ? "" : frac >= 1 ? " over" : frac >= 0.9 ? " high" : "";
   const bar = el("div", { class: "bar" + level },
     el("div", { style: { width: `${frac === null ? 0 : Math.min(100, Math.max(0, frac * 100)).toFixed(1)}%` } }));
-  return el("div", { class: "meter", "data-meter": label }, el("span", {}, label), bar,
+  return el("div", { class: "meter", "data-meter": key }, el("span", {}, label), bar,
     el("span", { class: "value" }, text));
 }
 
@@ -78,12 +78,17 @@ function card(gpu, diag, windowSeconds, now) {
     node.append(el("p", { class: "summary" }, `The GPU cannot be read: ${(r && r.error) || "no reading"}.`));
   }
   if (!lost) {
-    const act = diag && diag.activity_ratio != null ? diag.activity_ratio
-      : r.utilization_gpu_ratio;
-    const actLabel = diag && diag.activity_source === "sm_activity" ? "SM activity" : "utilization";
+    // Activity and starved share over the verdict's own window (one figure per GPU, the one the verdict read),
+    // else the last poll's utilization.
+    const ev = (name) => { const e = d && d.evidence.find((x) => x.name === name); return e ? e.value : null; };
+    const win = d ? ` · ${Math.round(d.window_seconds)} s` : "";
+    const sm = ev("sm_activity"), util = d ? ev("utilization_gpu") : r.utilization_gpu_ratio;
+    const act = sm != null ? sm : util;
+    const actLabel = (sm != null ? "SM activity" : "utilization") + win;
+    const starved = ev("starved_share");
     node.append(...[
-      meter(actLabel, act, 1, act == null ? "" : pct(act), false),
-      diag && diag.starved_ratio != null ? meter("starved", diag.starved_ratio, 1, pct(diag.starved_ratio)) : null,
+      meter(actLabel, act, 1, act == null ? "" : pct(act), false, "activity"),
+      starved != null ? meter(`starved${win}`, starved, 1, pct(starved), true, "starved") : null,
       meter("memory", r.memory_used_bytes, r.memory_total_bytes || s.memory_total_bytes,
         `${gb(r.memory_used_bytes || 0)} of ${gb(r.memory_total_bytes || s.memory_total_bytes || 0)}`),
       meter("temperature", r.temperature_gpu_celsius, s.temperature_thresholds_celsius.slowdown,
