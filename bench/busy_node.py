@@ -1,12 +1,12 @@
 """A busy node: gpuwarden's poll, render, scrape and memory with real process trees and a crowded host.
 
-``python3 -m bench.busy_node [--grid G:W:X ...] [--seconds 12] [--poll-interval 1] [--json OUT]``
+``python3 -m bench.busy_node [--grid G:W:X ...] [--seconds 12] [--poll.interval 1] [--json OUT]``
 
 Each configuration ``G:W:X`` is G GPUs, each held by one rank process with W worker processes under it (a shell and
 W sleeping children: a real process tree in /proc), on a host with X extra processes (sleeping, in no GPU's tree).
 The GPUs are the test suite's fake NVML (tests/fake_nvml.py) answering from the real 8-GPU derived trace, replicated
 to G and with each GPU's processes replaced by its rank; everything above pynvml is the daemon as ``serve`` builds
-it, in a child process of its own (so its RSS is its own), polling every ``--poll-interval`` s and scraped every
+it, in a child process of its own (so its RSS is its own), polling every ``--poll.interval`` s and scraped every
 second over one keep-alive connection. Each configuration runs twice, GPU processes read and not
 (``processes.enabled``), and the table prints, per run:
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench.busy_node", description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="*", default=list(DEFAULT_GRID), metavar="G:W:X")
     ap.add_argument("--seconds", type=float, default=12.0)
-    ap.add_argument("--poll-interval", type=float, default=1.0)
+    ap.add_argument("--poll.interval", type=float, default=1.0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: G:on|off:RANK,RANK,...
     args = ap.parse_args(argv)
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             host = sum(1 for d in os.listdir("/proc") if d.isdigit())
             for on in ("off", "on"):
                 out = subprocess.run(
-                    [sys.executable, "-m", "bench.busy_node", "--seconds", str(args.seconds), "--poll-interval",
+                    [sys.executable, "-m", "bench.busy_node", "--seconds", str(args.seconds), "--poll.interval",
                      str(args.poll_interval), "--one", f"{gpus}:{on}:{','.join(map(str, ranks))}"],
                     capture_output=True, text=True, cwd=ROOT, check=True,
                 )  # fmt: skip

@@ -6,7 +6,7 @@ On a GPU machine it starts, one after the other on free loopback ports (``--toge
 the same time, so that a load on the machine falls on every exporter alike), and measures the same way
 (bench/common.py: a bounded scrape loop, psutil CPU and RSS of the process, exposition size and families):
 
-- gpuwarden: ``python3 -m gpuwarden serve --poll-interval I`` (live NVML);
+- gpuwarden: ``python3 -m gpuwarden serve --poll.interval I`` (live NVML);
 - nvitop-exporter: ``nvitop-exporter --interval I --bind-address 127.0.0.1 --port P`` (its CLI, read from its 1.7.2
   source: ``--bind-address``/``--port``/``--interval``, interval at least 0.25 s; it updates global gauges in a
   loop and serves them with prometheus_client's WSGI server);
@@ -59,8 +59,8 @@ PACKAGES = (
 
 def commands(port: int, interval: float, replay: Path | None) -> dict[str, list[str] | None]:
     """Return each exporter's command line on ``port`` (None when it is not installed here)."""
-    gw = [sys.executable, "-m", "gpuwarden", "serve", "--poll-interval", f"{interval:g}"]
-    gw += ["--web.listen-address", f"127.0.0.1:{port}", "--log-level", "warning"]
+    gw = [sys.executable, "-m", "gpuwarden", "serve", "--poll.interval", f"{interval:g}"]
+    gw += ["--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warning"]
     if replay is not None:
         gw += ["--replay", str(replay)]
     nvx = shutil.which("nvitop-exporter")

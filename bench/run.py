@@ -3,7 +3,7 @@
 ``python3 -m bench.run [--gpus-replayed 1,8,64] [--intervals 1,0.1] [--real] [--duration S] [--json OUT]``
 
 For every number of replayed GPUs and every poll interval it starts ``python3 -m gpuwarden serve --replay TRACE
---poll-interval I`` on a free loopback port (1 GPU: the real H100 recording; 8 and 64: traces derived from the
+--poll.interval I`` on a free loopback port (1 GPU: the real H100 recording; 8 and 64: traces derived from the
 recordings at bench time, see bench/traces.py), scrapes ``/metrics`` every ``--scrape-interval`` seconds for
 ``--duration`` seconds after a warm-up, and measures (bench/common.py): scrape latency p50/p99 (all scrapes, and
 *fresh* ones that paid for a render), the daemon's CPU as % of one core, resident memory, exposition size,
@@ -60,11 +60,11 @@ def run_one(
         "gpuwarden",
         "serve",
         *serve_args,
-        "--poll-interval",
+        "--poll.interval",
         f"{interval:g}",
         "--web.listen-address",
         f"127.0.0.1:{port}",
-        "--log-level",
+        "--log.level",
         "warning",
     ]
     log = workdir / f"{label.replace(' ', '_').replace('/', '_')}.log"

@@ -1,7 +1,7 @@
 """The validated configuration: a YAML file, overridden by environment variables, overridden by flags.
 
 Precedence (highest first): command-line flags, ``GPUWARDEN_*`` environment variables (nested keys with
-``__``, e.g. ``GPUWARDEN_PROCESSES__MAX_PER_GPU``), the YAML file given by ``--config``, the defaults.
+``__``, e.g. ``GPUWARDEN_PROCESSES__MAX_PER_GPU``), the YAML file given by ``--config.file``, the defaults.
 Unknown keys and bad values are refused with one line naming the key (``ConfigError``).
 """
 

@@ -53,7 +53,7 @@ def one_line_error(res: subprocess.CompletedProcess) -> str:
 def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, yaml_text: str, expected: str) -> None:
     cfg = tmp_path / "c.yml"
     cfg.write_text(yaml_text)
-    for args in (["check-config", str(cfg)], ["serve", "--config", str(cfg), "--demo"]):
+    for args in (["check-config", str(cfg)], ["serve", "--config.file", str(cfg), "--demo"]):
         res = gw(*args)
         assert res.returncode == 2, res.stderr
         line = one_line_error(res)
@@ -144,7 +144,7 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
             "gpuwarden",
             "serve",
             "--demo",
-            "--poll-interval",
+            "--poll.interval",
             "0.2",
             "--web.listen-address",
             f"127.0.0.1:{port}",

@@ -3,8 +3,10 @@ rows each set the configuration key they name."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,16 +21,16 @@ from gpuwarden.config import Config
 EXPECTED = [
     (["--web.listen-address", "127.0.0.1:9"], lambda c: c.listen_address == "127.0.0.1:9"),
     (["--web.telemetry-path", "/m"], lambda c: c.telemetry_path == "/m"),
-    (["--poll-interval", "2.5"], lambda c: c.poll_interval_seconds == 2.5),
-    (["--slow-interval", "7"], lambda c: c.slow_interval_seconds == 7),
-    (["--gpm-interval", "3"], lambda c: c.gpm_interval_seconds == 3),
+    (["--poll.interval", "2.5"], lambda c: c.poll_interval_seconds == 2.5),
+    (["--poll.slow-interval", "7"], lambda c: c.slow_interval_seconds == 7),
+    (["--poll.gpm-interval", "3"], lambda c: c.gpm_interval_seconds == 3),
     (["--gpus", "0,2"], lambda c: c.gpus == [0, 2]),
     (["--no-processes"], lambda c: c.processes.enabled is False),
     (["--demo"], lambda c: c.demo is True),
     (["--log.level", "debug"], lambda c: c.log_level == "debug"),
-    (["--log-level", "error"], lambda c: c.log_level == "error"),
+    (["--log.level", "error"], lambda c: c.log_level == "error"),
     (["--log.format", "json"], lambda c: c.log_format == "json"),
-    (["--wait-for-nvml"], lambda c: c.wait_for_nvml is True),
+    (["--nvml.wait"], lambda c: c.wait_for_nvml is True),
 ]
 
 
@@ -42,13 +44,13 @@ def test_every_flag_row_names_a_config_key_and_is_listed_above() -> None:
     for flag in FLAGS:
         assert flag.key in Config.model_fields, flag
     listed = {argv[0] for argv, _ in EXPECTED} | {"--web.config.file", "--replay"}  # these two need a file
-    assert {name for flag in FLAGS for name in flag.names} == listed
+    assert {flag.names[0] for flag in FLAGS} == listed
 
 
 def test_flags_not_given_leave_the_file_alone(tmp_path: Path) -> None:
     conf = tmp_path / "c.yml"
     conf.write_text("telemetry_path: /from-file\npoll_interval_seconds: 4\n")
-    args = build_parser("serve").parse_args(["serve", "--config", str(conf), "--poll-interval", "2"])
+    args = build_parser("serve").parse_args(["serve", "--config.file", str(conf), "--poll.interval", "2"])
     cfg = load(args)
     assert (cfg.telemetry_path, cfg.poll_interval_seconds) == ("/from-file", 2.0)
 
@@ -89,3 +91,39 @@ def test_a_readiness_deadline_shorter_than_two_polls_is_refused(tmp_path: Path) 
         load_config(conf)
     conf.write_text("stale_after_seconds: 2\npoll_interval_seconds: 1\n")
     assert load_config(conf).stale_after == 2.0
+
+
+OLD_NAMES = [
+    (["--config", "{conf}"], lambda c: c.telemetry_path == "/from-file"),
+    (["--poll-interval", "2.5"], lambda c: c.poll_interval_seconds == 2.5),
+    (["--slow-interval", "7"], lambda c: c.slow_interval_seconds == 7),
+    (["--gpm-interval", "3"], lambda c: c.gpm_interval_seconds == 3),
+    (["--log-level", "error"], lambda c: c.log_level == "error"),
+    (["--wait-for-nvml"], lambda c: c.wait_for_nvml is True),
+]
+
+
+@pytest.mark.parametrize(("argv", "check"), OLD_NAMES)
+def test_older_flag_names_still_work(tmp_path: Path, argv: list[str], check: Callable[[Config], bool]) -> None:
+    """Each flag renamed to Prometheus's ``namespace.name`` style keeps its older name as a hidden alias."""
+    conf = tmp_path / "c.yml"
+    conf.write_text("telemetry_path: /from-file\n")
+    assert check(load(build_parser("serve").parse_args(["serve", *(a.format(conf=conf) for a in argv)])))
+
+
+@pytest.mark.parametrize("command", ["serve", "record", "diagnose", "top", "report", "check-config"])
+def test_help_shows_flags_in_one_style(command: str) -> None:
+    """Every flag ``--help`` shows is one word (``--demo``), its negation (``--no-processes``), or
+    ``namespace.name`` with words joined by ``-`` (``--web.listen-address``, ``--poll.slow-interval``); the older
+    spellings (``--poll-interval``) are accepted but not shown."""
+    import re
+
+    parser = build_parser(command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    shown = [s for a in sub._actions if a.help != argparse.SUPPRESS for s in a.option_strings if s.startswith("--")]
+    assert shown
+    style = re.compile(r"--(no-)?[a-z0-9]+(\.[a-z0-9]+([-_][a-z0-9]+)*)*")
+    assert [s for s in shown if not style.fullmatch(s)] == []
+    hidden = [s for a in sub._actions if a.help == argparse.SUPPRESS for s in a.option_strings]
+    if command == "serve":
+        assert {"--poll-interval", "--config", "--wait-for-nvml"} <= set(hidden)

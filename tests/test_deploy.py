@@ -52,7 +52,7 @@ def systemd_analyze() -> str:
 def testable_unit(tmp_path: Path) -> Path:
     """The unit with ExecStart pointing at an executable that exists here (verify checks that it exists)."""
     text = UNIT.read_text()
-    assert "ExecStart=/usr/local/bin/gpuwarden serve --config /etc/gpuwarden/config.yml" in text
+    assert "ExecStart=/usr/local/bin/gpuwarden serve --config.file /etc/gpuwarden/config.yml" in text
     path = tmp_path / "gpuwarden.service"
     path.write_text(text.replace("ExecStart=/usr/local/bin/gpuwarden ", f"ExecStart={shutil.which('true')} "))
     return path
@@ -109,7 +109,7 @@ def test_unit_settings() -> None:
     assert s["WatchdogSec"] == ["30s"]
     assert s["Restart"] == ["on-failure"]
     assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
-    assert s["ExecStart"][0].startswith("/usr/local/bin/gpuwarden serve --config /etc/gpuwarden/config.yml")
+    assert s["ExecStart"][0].startswith("/usr/local/bin/gpuwarden serve --config.file /etc/gpuwarden/config.yml")
     assert s["EnvironmentFile"] == ["-/etc/gpuwarden/gpuwarden.env"]
     assert s["User"] == ["gpuwarden"] and s["NoNewPrivileges"] == ["yes"]
     assert s["ProtectSystem"] == ["strict"] and s["ProtectHome"] == ["yes"]
@@ -257,7 +257,7 @@ def test_objects_fit_together() -> None:
     from gpuwarden.config import load_config
 
     mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
-    arg = container["args"][container["args"].index("--config") + 1]
+    arg = container["args"][container["args"].index("--config.file") + 1]
     assert arg == f"{mount['mountPath']}/config.yml"
     cfg_text = one("ConfigMap")["data"]["config.yml"]
     assert load_config_from_text(cfg_text, load_config).port == DEFAULT_PORT

@@ -360,7 +360,7 @@ def test_notifier_is_a_no_op_without_systemd_and_speaks_abstract_sockets() -> No
     assert other.watchdog_seconds is None  # the watchdog is meant for another process
 
 
-# -- the daemon as a process: SIGHUP reload, SIGTERM exit, --wait-for-nvml ---------------------------------
+# -- the daemon as a process: SIGHUP reload, SIGTERM exit, --nvml.wait ---------------------------------
 
 
 def start_serve(*args: str) -> tuple[subprocess.Popen[str], str]:
@@ -412,7 +412,7 @@ def terminate(proc: subprocess.Popen[str]) -> tuple[int, float, str]:
 def test_sighup_reloads_the_config_and_sigterm_exits_0(tmp_path: Path) -> None:
     cfg = tmp_path / "gpuwarden.yml"
     cfg.write_text("poll_interval_seconds: 0.2\n")
-    proc, base = start_serve("--replay", str(trace("h100-idle")), "--config", str(cfg))
+    proc, base = start_serve("--replay", str(trace("h100-idle")), "--config.file", str(cfg))
     try:
         assert "gpu_power_usage_watts" in families(base)
         cfg.write_text("poll_interval_seconds: 0.2\ncollectors:\n  disable: [power]\n")
@@ -437,7 +437,7 @@ def test_sighup_reloads_the_config_and_sigterm_exits_0(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_wait_for_nvml_process_serves_source_down_without_a_driver() -> None:
     skip_where_nvml_works("the no-driver path")
-    proc, base = start_serve("--wait-for-nvml", "--poll-interval", "0.2")
+    proc, base = start_serve("--nvml.wait", "--poll.interval", "0.2")
     try:
         text = httpx.get(f"{base}/metrics").text
         assert value(text, "gpuwarden_source_up") == 0.0 and value(text, "gpu_devices") == 0.0

@@ -108,7 +108,7 @@ def test_access_lines_only_at_debug_after_reloads_and_bounded_in_a_flood(tmp_pat
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--config", str(cfg)]
+            [sys.executable, "-m", "gpuwarden", "serve", "--demo", "--config.file", str(cfg)]
             + ["--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json"],
             stdout=subprocess.DEVNULL,
             stderr=out,

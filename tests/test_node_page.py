@@ -140,8 +140,8 @@ def test_page_shows_every_gpu_verdict_readings_and_strip() -> None:
     # one starved figure per GPU, over the verdict's own window, named on it (not a 5-minute ratio beside a verdict
     # on the last minute)
     starved = [t for _, _, t in dom.find(data_meter="starved")]
-    assert len(starved) == 8 and all(re.fullmatch(r"starved · \d+ s\d+%", t) for t in starved), starved
-    assert all(re.fullmatch(r"SM activity · \d+ s\d+%", t) for _, _, t in dom.find(data_meter="activity"))
+    assert len(starved) == 8 and all(re.fullmatch(r"starved\d+% · last \d+ s", t) for t in starved), starved
+    assert all(re.fullmatch(r"SM activity\d+% · last \d+ s", t) for _, _, t in dom.find(data_meter="activity"))
     states = {a["data-state"] for _, a, _ in dom.find() if "data-state" in a}
     assert states & {"busy", "starved"}, states
     assert dom.find(id="banner")[0][1].get("hidden") is not None  # fresh data: no warning shown
@@ -172,7 +172,7 @@ def test_page_of_the_demo() -> None:
 def test_page_without_a_driver_names_the_cause() -> None:
     """A daemon waiting for an NVIDIA driver that is not there: the banner says why there are no readings."""
     skip_where_nvml_works("the no-driver page")
-    with daemon("--wait-for-nvml") as url:
+    with daemon("--nvml.wait") as url:
         dom = _dom(url + "/")
     [(_, attrs, text)] = dom.find(id="banner")
     assert attrs.get("hidden") is None and "no readings: NVML unavailable" in text, text
@@ -191,3 +191,32 @@ def test_api_reference_renders_offline() -> None:
     assert "/api/v1/gpus" in text and "/api/v1/diagnosis" in text, text
     assert not dom.find(class_="errors-wrapper"), [t for _, _, t in dom.find(class_="errors-wrapper")]
     assert "Unable to render" not in "".join(t for _, _, t in dom.find(id="swagger-ui"))
+
+
+@pytest.mark.e2e
+@needs_chromium
+def test_page_is_readable_on_a_phone() -> None:
+    """The 8-GPU page on a 390 px wide phone screen (Playwright driving the same Chromium): nothing wider than the
+    screen, every card and meter inside it, so no text is cut off or needs a sideways scroll."""
+    from playwright.sync_api import sync_playwright
+
+    with daemon("--replay", str(trace("derived-8gpu"))) as url, sync_playwright() as pw:
+        _wait_verdicts(url, 8)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True)
+            page.goto(url + "/")
+            page.locator("article.gpu[data-gpu='7'] .meter[data-meter='starved']").wait_for()
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / "node-page-phone.png"))
+            width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+            outside = page.evaluate(
+                """() => [...document.querySelectorAll('article.gpu, article.gpu *, header, table')]
+                     .filter((e) => e.getBoundingClientRect().width
+                                     && e.getBoundingClientRect().right > innerWidth + 0.5)
+                     .map((e) => e.tagName + '.' + e.className + ' ' + (e.textContent || '').slice(0, 40))"""
+            )
+        finally:
+            browser.close()
+    assert width[0] <= width[1] == 390, width
+    assert outside == [], outside

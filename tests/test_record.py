@@ -68,11 +68,12 @@ def gw(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--duration", "10", "--interval", "0"], "--interval must be a number of seconds from 0.05 to 300"),
+        (["--duration", "10", "--poll.interval", "0"], "--poll.interval must be a number of seconds from 0.05 to 300"),
+        (["--duration", "10", "--interval", "0"], "--poll.interval must be a number of seconds from 0.05 to 300"),
         (["--duration", "nan"], "--duration must be a number of seconds"),
         (["--duration", "-1"], "--duration must be a number of seconds"),
         (["--duration", "inf"], "--duration must be a number of seconds"),
-        (["--duration", "5", "--slow-interval", "0"], "--slow-interval must be"),
+        (["--duration", "5", "--poll.slow-interval", "0"], "--poll.slow-interval must be"),
     ],
 )
 @pytest.mark.e2e

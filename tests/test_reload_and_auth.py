@@ -78,7 +78,7 @@ def test_basic_auth_turns_on_changes_and_off_by_sighup_and_tls_changes_are_refus
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"web_config_file: {web}\nlog_level: info\n")
     log = tmp_path / "serve.log"
-    proc, url = _start(["--config", str(cfg)], log)
+    proc, url = _start(["--config.file", str(cfg)], log)
     try:
         _wait(url, proc)
         assert _status(url) == 200
@@ -263,7 +263,7 @@ def test_keep_alive_guessers_do_not_lock_out_a_right_login_on_a_live_daemon(tmp_
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"web_config_file: {web}\n")
     log = tmp_path / "serve.log"
-    proc, url = _start(["--config", str(cfg)], log)
+    proc, url = _start(["--config.file", str(cfg)], log)
     stop = threading.Event()
     guesses = [0]
 

@@ -416,7 +416,7 @@ def test_a_sighup_storm_on_a_tls_daemon_keeps_it_serving(pki: PKI, tmp_path: Pat
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"web_config_file: {web}\nlog_level: info\n")
     log = tmp_path / "serve.log"
-    with serving("--config", str(cfg), log=log) as (proc, port):
+    with serving("--config.file", str(cfg), log=log) as (proc, port):
         url = f"https://127.0.0.1:{port}"
         answers: list[int] = []
         stop = threading.Event()
@@ -463,7 +463,7 @@ def test_a_tls_daemon_weathers_idle_tcp_and_idle_tls_floods_in_bounded_memory(pk
             worst = max(worst, time.monotonic() - t0)
         return worst
 
-    with serving("--config", str(cfg), log=log) as (proc, port):
+    with serving("--config.file", str(cfg), log=log) as (proc, port):
         scrapes(port)
         start = rss_mib(proc.pid)
         held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(1100)]

@@ -20,14 +20,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     r = subparsers.add_parser("record", help=COMMANDS["record"].help)
     r.add_argument("--duration", type=float, required=True, help="seconds to record")
     r.add_argument("--out", required=True, help="trace file to write (.jsonl, or .jsonl.gz)")
-    r.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default 1)")
     r.add_argument(
-        "--slow-interval",
+        "--poll.interval",
+        dest="interval",
         type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between polls (default 1)",
+    )
+    r.add_argument(
+        "--poll.slow-interval",
+        dest="slow_interval",
+        type=float,
+        metavar="S",
         default=RECORD_SLOW_INTERVAL,
         help=f"seconds between the slow readings (default {RECORD_SLOW_INTERVAL:g}: a trace keeps more of them than "
         "serve, whose default is its slow_interval_seconds)",
     )
+    r.add_argument("--interval", dest="interval", type=float, help=argparse.SUPPRESS)  # older name, after the default
+    r.add_argument(
+        "--slow-interval", dest="slow_interval", type=float, help=argparse.SUPPRESS
+    )  # older name, after the default
     r.add_argument("--no-processes", action="store_true", help="do not record GPU processes")
     r.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata for the header")
     r.add_argument("--force", action="store_true", help="overwrite --out if it exists")
@@ -56,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
         return die(str(exc), EXIT_USAGE)
     for flag, value, low, high in (
         ("--duration", args.duration, 0.05, 7 * 86400.0),
-        ("--interval", args.interval, 0.05, 300.0),
-        ("--slow-interval", args.slow_interval, 1.0, 3600.0),
+        ("--poll.interval", args.interval, 0.05, 300.0),
+        ("--poll.slow-interval", args.slow_interval, 1.0, 3600.0),
     ):
         if not (math.isfinite(value) and low <= value <= high):
             return die(f"{flag} must be a number of seconds from {low:g} to {high:g}, got {value!r}", EXIT_USAGE)

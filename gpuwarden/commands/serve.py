@@ -30,9 +30,11 @@ def _gpus(text: str) -> list[int]:
 class Flag:
     """One ``serve`` flag that sets configuration key ``key`` (a ``Config`` field).
 
-    ``names``: its spellings, the first shown first; ``kind``: ``float``/``str`` for a value, ``bool`` for a switch
-    that sets ``value`` when given; ``convert`` turns the given text into the key's value (raises ValueError);
-    ``nested``: the sub-key for a section (``processes.enabled``); ``help``: overrides the key's description.
+    ``names``: its spellings: the first is the one shown in ``--help`` (Prometheus's style: ``namespace.name``,
+    words joined by ``-``), the others are older names still accepted and not shown; ``kind``: ``float``/``str``
+    for a value, ``bool`` for a switch that sets ``value`` when given; ``convert`` turns the given text into the
+    key's value (raises ValueError); ``nested``: the sub-key for a section (``processes.enabled``); ``help``:
+    overrides the key's description.
     """
 
     names: tuple[str, ...]
@@ -61,16 +63,16 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--web.listen-address",), "listen_address", metavar="HOST:PORT"),
     Flag(("--web.telemetry-path",), "telemetry_path", metavar="PATH"),
     Flag(("--web.config.file",), "web_config_file", metavar="FILE"),
-    Flag(("--poll-interval",), "poll_interval_seconds", float, metavar="S"),
-    Flag(("--slow-interval",), "slow_interval_seconds", float, metavar="S"),
-    Flag(("--gpm-interval",), "gpm_interval_seconds", float, metavar="S"),
+    Flag(("--poll.interval", "--poll-interval"), "poll_interval_seconds", float, metavar="S"),
+    Flag(("--poll.slow-interval", "--slow-interval"), "slow_interval_seconds", float, metavar="S"),
+    Flag(("--poll.gpm-interval", "--gpm-interval"), "gpm_interval_seconds", float, metavar="S"),
     Flag(("--gpus",), "gpus", metavar="I,J", convert=_gpus),
     Flag(("--no-processes",), "processes", bool, value=False, nested="enabled", help="do not read GPU processes"),
     Flag(("--replay",), "replay", metavar="FILE"),
     Flag(("--demo",), "demo", bool),
     Flag(("--log.level", "--log-level"), "log_level", choices=("debug", "info", "warning", "error")),
     Flag(("--log.format",), "log_format", choices=("logfmt", "json")),
-    Flag(("--wait-for-nvml",), "wait_for_nvml", bool),
+    Flag(("--nvml.wait", "--wait-for-nvml"), "wait_for_nvml", bool),
 )
 
 
@@ -92,19 +94,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from gpuwarden.catalog import COLLECTORS
 
     s = subparsers.add_parser("serve", help=COMMANDS["serve"].help)
-    s.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    s.add_argument("--config.file", dest="config", metavar="FILE", help="YAML configuration file")
+    s.add_argument("--config", dest="config", metavar="FILE", help=argparse.SUPPRESS)  # the older name
     for flag in FLAGS:
-        if flag.kind is bool:
-            s.add_argument(*flag.names, dest=flag.dest, action="store_true", default=None, help=_help(flag))
-        else:
-            s.add_argument(
-                *flag.names,
-                dest=flag.dest,
-                type=flag.kind,
-                metavar=flag.metavar,
-                choices=flag.choices,
-                help=_help(flag),
-            )
+        for i, name in enumerate(flag.names):  # the older names work, and --help shows only the first
+            shown = _help(flag) if i == 0 else argparse.SUPPRESS
+            if flag.kind is bool:
+                s.add_argument(name, dest=flag.dest, action="store_true", default=None, help=shown)
+            else:
+                s.add_argument(
+                    name, dest=flag.dest, type=flag.kind, metavar=flag.metavar, choices=flag.choices, help=shown
+                )
     s.add_argument(
         "--collector.disable-defaults",
         dest="collectors_disable_defaults",

@@ -81,14 +81,14 @@ function card(gpu, diag, windowSeconds, now) {
     // Activity and starved share over the verdict's own window (one figure per GPU, the one the verdict read),
     // else the last poll's utilization.
     const ev = (name) => { const e = d && d.evidence.find((x) => x.name === name); return e ? e.value : null; };
-    const win = d ? ` · ${Math.round(d.window_seconds)} s` : "";
+    const win = d ? ` · last ${Math.round(d.window_seconds)} s` : "";
     const sm = ev("sm_activity"), util = d ? ev("utilization_gpu") : r.utilization_gpu_ratio;
     const act = sm != null ? sm : util;
-    const actLabel = (sm != null ? "SM activity" : "utilization") + win;
+    const actLabel = sm != null ? "SM activity" : "utilization";
     const starved = ev("starved_share");
     node.append(...[
-      meter(actLabel, act, 1, act == null ? "" : pct(act), false, "activity"),
-      starved != null ? meter(`starved${win}`, starved, 1, pct(starved), true, "starved") : null,
+      meter(actLabel, act, 1, act == null ? "" : pct(act) + win, false, "activity"),
+      starved != null ? meter("starved", starved, 1, pct(starved) + win, true, "starved") : null,
       meter("memory", r.memory_used_bytes, r.memory_total_bytes || s.memory_total_bytes,
         `${gb(r.memory_used_bytes || 0)} of ${gb(r.memory_total_bytes || s.memory_total_bytes || 0)}`),
       meter("temperature", r.temperature_gpu_celsius, s.temperature_thresholds_celsius.slowdown,
