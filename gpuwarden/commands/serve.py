@@ -150,6 +150,24 @@ def load(args: argparse.Namespace) -> Config:
     return load_config(Path(args.config) if args.config else None, overrides(args))
 
 
+def _node_name_problem(cfg: Any) -> str | None:
+    """Why the node's default name is no stable ``nodename`` (gpuwarden.nodename), when it reads real GPUs under it;
+    None when ``node_name`` is set, for a replay or the demo, or when the host name is stable."""
+    if cfg.node_name or cfg.demo or cfg.replay:
+        return None
+    import os
+    import socket
+
+    from gpuwarden.nodename import unstable_name
+
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            mountinfo = f.read(1 << 20)
+    except OSError:
+        mountinfo = ""
+    return unstable_name(socket.gethostname(), os.environ, mountinfo)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the daemon until SIGINT/SIGTERM: 0 then, 2 for a bad configuration, 1 when it cannot bind or open the
     source (one line on stderr)."""
@@ -161,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = load(args)
+        if problem := _node_name_problem(cfg):
+            return die(f"GpuMissing could not work: {problem}", EXIT_USAGE)
         # a bad web config raises WebConfigError, a ConfigError
         daemon = Daemon(cfg, reload=lambda: load(args), hup_pending=HUP_PENDING)
     except (ConfigError, ValueError) as exc:
