@@ -68,6 +68,35 @@ def test_parameters_change_thresholds_selectors_and_urls(tmp_path: Path, capsys)
     assert "unknown parameters memory_ful_ratio" in capsys.readouterr().err and not (tmp_path / "x.yml").exists()
 
 
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        ("runbook_url: docs/runbook.md", "runbook_url must be an absolute http(s) URL"),
+        ("grafana_url: /grafana", "grafana_url must be an absolute http(s) URL"),
+        ("grafana_url: 'javascript:alert(1)'", "grafana_url must be an absolute http(s) URL"),
+        ("cluster_labels: 'cluster, bad-label'", "cluster_labels must be label names"),
+    ],
+)
+def test_relative_links_and_bad_label_lists_are_refused(tmp_path: Path, capsys, param: str, message: str) -> None:  # noqa: ANN001
+    gen = _generate()
+    (tmp_path / "p.yml").write_text(param + "\n")
+    assert gen.main(["--params", str(tmp_path / "p.yml"), "--out", str(tmp_path / "r.yml")]) == 2  # type: ignore[attr-defined]
+    assert message in capsys.readouterr().err and not (tmp_path / "r.yml").exists()
+
+
+def test_cluster_labels_are_kept_in_cross_target_aggregations(tmp_path: Path) -> None:
+    gen = _generate()
+    (tmp_path / "p.yml").write_text("cluster_labels: 'cluster, region'\ngrafana_url: https://grafana.example/\n")
+    assert gen.main(["--params", str(tmp_path / "p.yml"), "--out", str(tmp_path / "r.yml")]) == 0  # type: ignore[attr-defined]
+    rules = [r for g in yaml.safe_load((tmp_path / "r.yml").read_text())["groups"] for r in g["rules"]]
+    by = {r.get("record") or r["alert"]: r["expr"] for r in rules}
+    assert "count by (cluster, region, job_id)" in by["job_id:gpu_nodes:count"]
+    assert "max by (cluster, region, nodename)" in by["nodename:gpu_devices:max"]
+    assert "on (cluster, region, nodename) group_left (instance)" in by["GpuMissing"]
+    urls = [r["annotations"]["dashboard_url"] for r in rules if "alert" in r]
+    assert all(u.startswith("https://grafana.example/d/gpuwarden-") for u in urls), urls
+
+
 @pytest.mark.e2e
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:
     fires: set[str] = set()
@@ -102,7 +131,8 @@ def test_alerts_follow_the_mixin_style() -> None:
         assert "{{" in ann["description"], name
         anchor = ann["runbook_url"].rsplit("#", 1)[1]
         assert anchor == name.lower() and anchor in anchors, name
-        assert ann["dashboard_url"].startswith("/d/gpuwarden-"), name
+        assert ann["dashboard_url"].startswith("http://localhost:3000/d/gpuwarden-"), name
+        assert ann["runbook_url"].startswith("https://"), name
 
 
 @pytest.mark.e2e
