@@ -155,9 +155,11 @@ def link(title: str, url: str) -> gd.DashboardLink:
 
 
 def job_link() -> gd.DashboardLink:
-    """A data link from a row with a job_id to the job view; the id is percent-encoded (cgroup paths hold '/')."""
+    """A data link from a row with a job_id (and, for a node-local id, its instance) to the job view; the values are
+    percent-encoded (cgroup paths hold '/')."""
     return gd.DashboardLink("Job view").url(
-        "/d/gpuwarden-job?var-job_id=${__data.fields.job_id:percentencode}&${__url_time_range}"
+        "/d/gpuwarden-job?var-job_id=${__data.fields.job_id:percentencode}"
+        "&var-instance=${__data.fields.instance:percentencode}&${__url_time_range}"
     )
 
 
@@ -259,9 +261,11 @@ def fleet() -> gd.Dashboard:
         st("Cost of lost GPU-hours in range",
            [(f'sum by (currency) (sum by (instance) (increase(gpu_idle_seconds_total{{{sel}, cause!="free"}}'
              "[$__range])) / 3600 * on (instance) group_left (currency)"
-             f" max by (instance, currency) (gpuwarden_gpu_hour_price{{{sel}}}))", "{{currency}}")],
+             f" max by (instance, currency) (max_over_time(gpuwarden_gpu_hour_price{{{sel}}}[$__range])))",
+             "{{currency}}")],
            "short", NEUTRAL, "Lost GPU-hours (held but idle, every cause) times each node's price_per_gpu_hour "
-           "(gpuwarden_gpu_hour_price); nodes without a price are left out.", names=True),
+           "(gpuwarden_gpu_hour_price, over the range: a node gone since counts); nodes without a price are left "
+           "out.", names=True),
         6, 4,
     )  # fmt: skip
     lay.add(
@@ -317,9 +321,9 @@ def fleet() -> gd.Dashboard:
     )  # fmt: skip
     lay.add(
         ts("XID errors",
-           [(f"sum by (instance, gpu, xid) (increase(gpu_xid_errors_total{{{sel}}}[$__rate_interval])) > 0",
+           [(f"round(sum by (instance, gpu, xid) (increase(gpu_xid_errors_total{{{sel}}}[$__rate_interval]))) > 0",
              "{{instance}} GPU {{gpu}} XID {{xid}}"),
-            (f"sum(increase(gpu_xid_errors_total{{{sel}}}[$__rate_interval]))", "all XIDs")],
+            (f"round(sum(increase(gpu_xid_errors_total{{{sel}}}[$__rate_interval])))", "all XIDs")],
            "short", "XID errors per interval; only codes that occurred are drawn per GPU. Tiers: docs/runbook.md."),
         12, 8,
     )  # fmt: skip
@@ -413,8 +417,9 @@ def node() -> gd.Dashboard:
     lay.add(
         ts("GPU time by state",
            [(f"sum by (state) (rate(gpu_state_seconds_total{{{g}}}[$__rate_interval]))"
-             f" / scalar(count(gpu_up{{{g}}}))", "{{state}}")],
-           "percentunit", "Share of the selected GPUs' time in each state (busy, starved, held_idle, free, lost).",
+             f" / scalar(sum(rate(gpu_state_seconds_total{{{g}}}[$__rate_interval])))", "{{state}}")],
+           "percentunit", "Share of the selected GPUs' accounted time in each state (busy, starved, held_idle, free, "
+           "lost): the shares add to 100%.",
            stack=True, min=0, max=1),
         12, 8,
     )  # fmt: skip
@@ -480,11 +485,13 @@ def node() -> gd.Dashboard:
     )  # fmt: skip
     lay.add(
         ts("Errors",
-           [(f"sum by (gpu, xid) (increase(gpu_xid_errors_total{{{g}}}[$__rate_interval])) > 0", leg + " XID {{xid}}"),
-            (f'increase(gpu_ecc_errors_total{{{g}, type="uncorrected", counter="volatile"}}[$__rate_interval]) > 0',
-             leg + " uncorrectable ECC"),
-            (f"sum by (gpu) (increase(gpu_nvlink_errors_total{{{g}}}[$__rate_interval])) > 0", leg + " NVLink CRC"),
-            (f"sum(increase(gpu_xid_errors_total{{{g}}}[$__rate_interval]))", "all XIDs")],
+           [(f"round(sum by (gpu, xid) (increase(gpu_xid_errors_total{{{g}}}[$__rate_interval]))) > 0",
+             leg + " XID {{xid}}"),
+            (f'round(increase(gpu_ecc_errors_total{{{g}, type="uncorrected", counter="volatile"}}[$__rate_interval]))'
+             " > 0", leg + " uncorrectable ECC"),
+            (f"round(sum by (gpu) (increase(gpu_nvlink_errors_total{{{g}}}[$__rate_interval]))) > 0",
+             leg + " NVLink CRC"),
+            (f"round(sum(increase(gpu_xid_errors_total{{{g}}}[$__rate_interval])))", "all XIDs")],
            "short", "Errors per interval; only the GPUs and codes that had one are drawn."),
         12, 8,
     )  # fmt: skip
@@ -517,7 +524,12 @@ def node() -> gd.Dashboard:
 
 def job() -> gd.Dashboard:
     """Job view: a job's GPUs side by side with its diagnosis and processes."""
-    info = 'gpu_process_job_info{job=~"$job", job_id="$job_id"}'
+    # a cluster-wide id (pod UID, Slurm job) is the same job on every node; a node-local one (container, cgroup,
+    # systemd unit) repeats on unrelated nodes, so only the chosen node's is this job
+    info = (
+        '(gpu_process_job_info{job=~"$job", job_id="$job_id", job_scope="cluster"}'
+        ' or gpu_process_job_info{job=~"$job", job_id="$job_id", job_scope!="cluster", instance="$instance"})'
+    )
     gpus = f"max by (instance, gpu, uuid) ({info})"
     on = "* on (instance, gpu, uuid) group_left ()"
     leg = "{{instance}} GPU {{gpu}}"
@@ -532,7 +544,7 @@ def job() -> gd.Dashboard:
     lay.add(
         st("Imbalance across the job's GPUs",
            [('job_id:gpu_imbalance_ratio:across_nodes{job_id="$job_id"}'
-             ' or max(gpu_job_imbalance_ratio{job=~"$job", job_id="$job_id"})'
+             f' or max(gpu_job_imbalance_ratio{{job=~"$job", job_id="$job_id"}} and on (instance) {gpus})'
              f" or max(0 * (count by (instance) ({gpus}) == 1))", "imbalance")],
            "percentunit", steps((None, GREEN), (0.2, "orange"), (0.5, RED)),
            "(1 - mean/max) * n/(n-1) of 5-minute SM activity: 0 balanced, 1 one GPU does all the work; 0 for a job "
@@ -551,7 +563,8 @@ def job() -> gd.Dashboard:
                max=1), 12, 8)  # fmt: skip
     lay.add(
         ts("Imbalance of the job by node",
-           [('max by (instance) (gpu_job_imbalance_ratio{job=~"$job", job_id="$job_id"})', "{{instance}}"),
+           [(f'max by (instance) (gpu_job_imbalance_ratio{{job=~"$job", job_id="$job_id"}} and on (instance) {gpus})',
+             "{{instance}}"),
             (f"0 * (count by (instance) ({gpus}) == 1)", "{{instance}}: one GPU, nothing to balance")],
            "percentunit", "The exporter's gpu_job_imbalance_ratio of the job's GPUs on each node.", min=0, max=1),
         12, 8,
@@ -581,7 +594,8 @@ def job() -> gd.Dashboard:
     return dashboard(
         "gpuwarden-job", "GPU job (gpuwarden)", "One job's GPUs on every node: activity, starvation, imbalance.",
         [var_ds(), var("job", "label_values(gpu_up, job)"),
-         var("job_id", 'label_values(gpu_process_job_info{job=~"$job"}, job_id)', multi=False)],
+         var("job_id", 'label_values(gpu_process_job_info{job=~"$job"}, job_id)', multi=False),
+         var("instance", 'label_values(gpu_process_job_info{job=~"$job", job_id="$job_id"}, instance)', multi=False)],
         lay,
     )  # fmt: skip
 

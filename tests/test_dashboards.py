@@ -98,9 +98,10 @@ def test_rows_with_a_job_or_a_node_link_to_its_view_percent_encoded(path: Path) 
         cols = " ".join(t["expr"] for t in p["targets"])
         rows_are_jobs = "job_id:" in cols or ("gpu_process_job_info" in cols and "$job_id" not in cols)
         if p["type"] == "table" and rows_are_jobs:
-            assert "/d/gpuwarden-job?var-job_id=${__data.fields.job_id:percentencode}&${__url_time_range}" in _links(
-                p
-            ), p["title"]
+            assert (
+                "/d/gpuwarden-job?var-job_id=${__data.fields.job_id:percentencode}"
+                "&var-instance=${__data.fields.instance:percentencode}&${__url_time_range}"
+            ) in _links(p), p["title"]
         for url in _links(p):
             for field in re.findall(r"\$\{__data\.fields\.[a-z_]+(:?\w*)\}", url):
                 assert field == ":percentencode", (p["title"], url)

@@ -208,7 +208,11 @@ def test_every_dashboard_panel_shows_data_for_every_variable_value(stack: dict) 
         for gpu in _label_values(prom, "gpu", f'gpu_up{{instance="{instance}"}}'):
             combos.append({"job": "gpuwarden", "instance": instance, "gpu": gpu, "job_id": "x"})
     for job_id in _label_values(prom, "job_id", "gpu_process_job_info"):
-        combos.append({"job": ".*", "instance": ".*", "gpu": ".*", "job_id": json.dumps(job_id)[1:-1]})
+        quoted = json.dumps(job_id)[1:-1]
+        combos.append({"job": ".*", "instance": ".*", "gpu": ".*", "job_id": quoted})
+        # the job view's node: a node-local id is that node's job only
+        for instance in _label_values(prom, "instance", f'gpu_process_job_info{{job_id="{quoted}"}}'):
+            combos.append({"job": ".*", "instance": instance, "gpu": ".*", "job_id": quoted})
     lost = f"127.0.0.1:{stack['ports']['lost']}"
     assert {"job": "gpuwarden", "instance": lost, "gpu": "3", "job_id": "x"} in combos
     # (over 15 s: the looping replay reads GPU 3 up for 2 polls of every 30)
@@ -247,7 +251,8 @@ def test_every_dashboard_panel_shows_data_for_every_variable_value(stack: dict) 
 
 
 def test_every_dashboard_variable_has_values(stack: dict) -> None:
-    plain = {"job": "gpuwarden", "instance": stack["ddp"]}
+    [ddp_job] = _label_values(stack["prom"], "job_id", f'gpu_process_job_info{{instance="{stack["ddp"]}"}}')
+    plain = {"job": "gpuwarden", "instance": stack["ddp"], "job_id": ddp_job}
 
     def fill(m: re.Match) -> str:  # =~ takes the regex-escaped value, = the value itself (as Grafana inserts them)
         value = plain[m.group(2)]
@@ -260,7 +265,7 @@ def test_every_dashboard_variable_has_values(stack: dict) -> None:
             q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
             m = re.fullmatch(r"label_values\((.+), (\w+)\)", q)
             assert m, q
-            selector = re.sub(r'(=~|=)"\$(job|instance)"', fill, m.group(1))
+            selector = re.sub(r'(=~|=)"\$(job_id|job|instance)"', fill, m.group(1))
             r = httpx.get(f"{stack['prom']}/api/v1/label/{m.group(2)}/values", params={"match[]": selector}, timeout=10)
             assert r.json()["data"], (path.stem, v["name"], selector)
 
@@ -381,3 +386,24 @@ def test_unrelated_nodes_sharing_a_local_job_id_raise_nothing(stack: dict) -> No
     shared = query(stack["prom"], f"count by (job_id) ({both}) == 2")
     assert shared, "the two traces were expected to share their (node-local) job id"
     assert [a for a in _alerts() if a["labels"]["alertname"] == "GpuJobImbalancedAcrossNodes"] == []
+
+
+def _panel(board: str, title: str) -> list[str]:
+    return next(exprs for b, t, exprs in dashboard_panels() if b == board and t == title)
+
+
+def test_job_view_keeps_a_node_local_id_on_its_node_and_state_shares_add_to_one(stack: dict) -> None:
+    """ "lost" and "eight" are unrelated nodes whose processes share one node-local (cgroup) job id: the job view of
+    that id on one node counts that node only. The node view's state shares add to 100%."""
+    prom = stack["prom"]
+    both = 'group by (job_id) (gpu_process_job_info{scenario="lost"}) and on (job_id) group by (job_id) ' \
+        '(gpu_process_job_info{scenario="eight"})'  # fmt: skip
+    [shared] = [r["metric"]["job_id"] for r in query(prom, both)]
+    values = {"job": ".*", "job_id": json.dumps(shared)[1:-1], "instance": f"127.0.0.1:{PORTS['lost']}", "gpu": ".*"}
+    [nodes] = query(prom, substitute(_panel("gpuwarden-job", "Nodes")[0], values))
+    [gpus] = query(prom, substitute(_panel("gpuwarden-job", "GPUs")[0], values))
+    on_lost = query(prom, f'count(max by (gpu) (gpu_process_job_info{{scenario="lost", job_id="{values["job_id"]}"}}))')
+    assert nodes["value"][1] == "1" and gpus["value"][1] == on_lost[0]["value"][1], (nodes, gpus, on_lost)
+    node = {"job": ".*", "job_id": "x", "instance": f"127.0.0.1:{PORTS['eight']}", "gpu": ".*"}
+    shares = query(prom, substitute(_panel("gpuwarden-node", "GPU time by state")[0], node))
+    assert shares and abs(sum(float(r["value"][1]) for r in shares) - 1) < 1e-6, shares
