@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import ssl
 from dataclasses import dataclass
 from time import monotonic
 
@@ -36,6 +37,42 @@ class Sample:
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
+@dataclass(frozen=True)
+class ClientTls:
+    """How to authenticate to the Prometheus API and check its certificate: ``ca_file`` (PEM; None: the system's
+    CAs), a client certificate ``cert_file`` with its ``key_file`` (mutual TLS), and a ``bearer_token_file`` whose
+    one line is sent as ``Authorization: Bearer`` (Prometheus's own ``authorization.credentials_file``)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    bearer_token_file: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """The SSL context to verify with; raises PrometheusError (one line) for a file that cannot be read."""
+        if bool(self.cert_file) != bool(self.key_file):
+            raise PrometheusError("a client certificate needs both --prometheus.cert-file and --prometheus.key-file")
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+            if self.cert_file and self.key_file:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise PrometheusError(f"cannot load the TLS files: {visible(exc)}") from None
+        return ctx
+
+
+def _token(path: str) -> str:
+    """The bearer token in ``path``: its first line, stripped; raises PrometheusError (never echoing the token)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read(65536).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PrometheusError(f"cannot read the bearer token file {visible(path)}: {type(exc).__name__}") from None
+    if not token or "\n" in token or not token.isprintable():
+        raise PrometheusError(f"the bearer token file {visible(path)} must hold one line of printable text")
+    return token
+
+
 class Prometheus:
     """Instant queries against ``url`` (``http://HOST:9090``, or a Thanos/Mimir query front end with its path prefix,
     e.g. ``http://mimir/prometheus``; credentials as ``http://USER:PASSWORD@HOST``).
@@ -45,13 +82,19 @@ class Prometheus:
     with every request (e.g. ``X-Scope-OrgID`` for Mimir/Cortex tenants).
     """
 
-    def __init__(self, url: str, timeout: float = 30.0, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, url: str, timeout: float = 30.0, headers: dict[str, str] | None = None, tls: ClientTls | None = None
+    ) -> None:
         base = url if "://" in url else f"http://{url}"
         self.base = base.rstrip("/")
         self.timeout = timeout
         self._deadline = monotonic() + timeout
+        tls = tls or ClientTls()
+        sent = dict(headers or {})
+        if tls.bearer_token_file:
+            sent["Authorization"] = f"Bearer {_token(tls.bearer_token_file)}"
         try:
-            self._client = httpx.Client(base_url=self.base, timeout=timeout, headers=headers or {})
+            self._client = httpx.Client(base_url=self.base, timeout=timeout, headers=sent, verify=tls.context())
         except (httpx.InvalidURL, ValueError):
             raise PrometheusError(f"not a usable URL: {redacted(url)}") from None
 

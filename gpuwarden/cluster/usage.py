@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 
 #: Causes of lost (held but idle) time: every idle cause but ``free``.
 LOST_CAUSES = tuple(c for c in IDLE_CAUSES if c != "free")
-#: A Prometheus duration, as PromQL writes ranges: 30s, 15m, 6h, 1d, 2w.
-DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)$")
-_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+#: A Prometheus duration, as PromQL writes ranges: units from the largest down, each at most once (30s, 15m, 1h30m,
+#: 1d12h, 2w); Prometheus's own grammar (model.ParseDuration).
+DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_UNITS = (31536000, 604800, 86400, 3600, 60, 1, 0.001)
 #: SM activity at or above this is effective use (DCGM: below 0.5 likely ineffective).
 EFFECTIVE_SM = 0.5
 #: A GPU flagged ``straggler`` in at least this share of the steps its job held it is reported as the straggler.
@@ -41,12 +42,13 @@ STRAGGLER_MIN_SHARE = 0.1
 
 
 def seconds(duration: str) -> float:
-    """The seconds of a Prometheus duration (``1d`` -> 86400). Raises ValueError for anything else (compound
-    durations such as ``1h30m`` included: write ``90m``)."""
-    m = DURATION.match(duration)
-    if not m or int(m.group(1)) == 0:
-        raise ValueError(f"not a duration: {duration!r} (e.g. 30m, 6h, 1d, 2w)")
-    return int(m.group(1)) * _SECONDS[m.group(2)]
+    """The seconds of a Prometheus duration (``1d`` -> 86400, ``1h30m`` -> 5400). Raises ValueError for anything
+    else (units out of order or repeated, no unit, zero)."""
+    m = DURATION.match(duration) if duration else None
+    total = sum(int(n) * unit for n, unit in zip(m.groups(), _UNITS, strict=True) if n) if m else 0
+    if not total:
+        raise ValueError(f"not a duration: {duration!r} (e.g. 30m, 1h30m, 6h, 1d, 2w)")
+    return total
 
 
 @dataclass(frozen=True, order=True)

@@ -77,9 +77,10 @@ def _nodes(u: Usage, names: dict[str, str]) -> str:
 
 
 def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
-    from gpuwarden.cluster.promapi import Prometheus  # httpx: only for the commands that ask Prometheus
+    from gpuwarden.cluster.promapi import ClientTls, Prometheus  # httpx: only for the commands that ask Prometheus
 
-    prom = Prometheus(args.prometheus, timeout=args.timeout)
+    tls = ClientTls(args.ca_file, args.cert_file, args.key_file, args.bearer_token_file)
+    prom = Prometheus(args.prometheus, timeout=args.timeout, headers=dict(args.header), tls=tls)
     return prom, Accounting(prom, args.range, args.step, args.selector)
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 from gpuwarden.cluster.usage import seconds
+from gpuwarden.terminal import visible
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -21,6 +23,26 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=positive_seconds, default=60.0,
                    help="seconds to wait for Prometheus, all queries together (default 60)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--header", action="append", default=[], type=header, metavar="'NAME: VALUE'",
+                   help="an HTTP header for every query, e.g. 'X-Scope-OrgID: team-a' (Mimir, Cortex tenants); "
+                   "repeatable")  # fmt: skip
+    p.add_argument("--prometheus.bearer-token-file", dest="bearer_token_file", metavar="FILE",
+                   help="send the token in FILE as Authorization: Bearer")  # fmt: skip
+    p.add_argument("--prometheus.ca-file", dest="ca_file", metavar="FILE",
+                   help="CA certificates (PEM) to verify an https Prometheus with (default: the system's)")  # fmt: skip
+    p.add_argument("--prometheus.cert-file", dest="cert_file", metavar="FILE",
+                   help="client certificate (PEM) for mutual TLS, with --prometheus.key-file")  # fmt: skip
+    p.add_argument("--prometheus.key-file", dest="key_file", metavar="FILE", help="its private key (PEM)")
+
+
+def header(text: str) -> tuple[str, str]:
+    """Return ``NAME: VALUE`` as (name, value); raises argparse.ArgumentTypeError for anything HTTP cannot send (a
+    name outside RFC 9110's token characters, a value with control characters)."""
+    name, sep, value = text.partition(":")
+    name, value = name.strip(), value.strip()
+    if not sep or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name) or not value.isprintable():
+        raise argparse.ArgumentTypeError(f"expects 'NAME: VALUE' (an HTTP header), got {visible(text)!r}")
+    return name, value
 
 
 def duration(text: str) -> str:
