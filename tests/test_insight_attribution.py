@@ -25,6 +25,13 @@ UID = "1b2c3d4e-aaaa-bbbb-cccc-0123456789ab"
         (f"/kubepods/pod{UID}/{CID}", "kubernetes", UID, CID[:12]),
         ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", "slurm", "4242", ""),
         ("/slurm/uid_1000/job_77/step_batch/task_0", "slurm", "77", ""),
+        # Slurm 26.05: the job's cgroup is named by its SLUID (cluster-wide, as a job id)
+        ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0", "slurm", "sEKNKTV3WPV500", ""),
+        ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_extern/user/task_special", "slurm", "sEKNKTV3WPV500", ""),
+        ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500", "slurm", "sEKNKTV3WPV500", ""),
+        # not SLUIDs: the stepd's own cgroup, a lower-case or non-base32 name (I, L, O, U are not Crockford digits)
+        ("/system.slice/slurmstepd.scope/system", "cgroup", "/system.slice/slurmstepd.scope/system", ""),
+        ("/system.slice/slurmstepd.scope/sILOUILOUILOU", "cgroup", "/system.slice/slurmstepd.scope/sILOUILOUILOU", ""),
         (f"/system.slice/docker-{CID}.scope", "container", CID[:12], CID[:12]),
         (f"/docker/{CID}", "container", CID[:12], CID[:12]),
         (f"/machine.slice/libpod-{CID}.scope/container", "container", CID[:12], CID[:12]),
@@ -89,6 +96,7 @@ def test_processes_disappear_when_they_end() -> None:
         ("/user.slice/user-1000.slice/session-3.scope", "4243", "slurm", "4243"),  # no slurm cgroup plugin paths
         ("/system.slice/slurmd.service", "4243", "slurm", "4243"),
         ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", "9999", "slurm", "4242"),  # the cgroup wins
+        ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0", "4242", "slurm", "sEKNKTV3WPV500"),
         ("/user.slice/user-1000.slice/session-3.scope", None, "process", "alice/python3"),
     ],
 )

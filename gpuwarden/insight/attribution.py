@@ -8,6 +8,7 @@ kind           cgroup path shape (cgroup v2 and v1, systemd and cgroupfs)     jo
 ============== ============================================================== =========================
 ``kubernetes`` ``.../kubepods...-pod<UID>.slice/...`` or ``/kubepods/.../pod<UID>/<id>`` pod UID (dashes)
 ``slurm``      ``.../job_<N>/...`` under ``slurm`` or ``slurmstepd.scope``     Slurm job id
+``slurm``      ``.../slurmstepd.scope/<SLUID>/...`` (Slurm 26.05's default)   the job's SLUID
 ``slurm``      any other path, with ``SLURM_JOB_ID`` in the process environment  Slurm job id
 ``container``  ``docker-<id>.scope``, ``/docker/<id>``, ``cri-containerd-``,   container id, 12 hex chars
                ``crio-``, ``libpod-<id>.scope``, ``/containerd/.../<id>``
@@ -53,6 +54,10 @@ _CONTAINER = re.compile(
 )
 _POD_CONTAINER = re.compile(rf"/({_HEX_ID})(?:\.scope)?(?:/|$)")
 _SLURM = re.compile(r"(?:slurm[^/]*)/(?:[^/]+/)*?job_(\d+)(?:/|$)")
+#: Slurm 26.05 names a job's cgroup by its SLUID (``s`` and Crockford base32, e.g. ``sEKNKTV3WPV500``) unless
+#: ``CgroupJobIdPaths=yes``: ``/system.slice/slurmstepd.scope/<SLUID>/step_0/user/task_0``. The SLUID is unique in the
+#: cluster, so the job joins across nodes as a job id does; the epilog has it as ``SLURM_JOB_SLUID``.
+_SLUID = re.compile(r"(?:slurm[^/]*)/(s[0-9A-HJKMNP-TV-Z]{8,26})(?:/|$)")
 _UNIT = re.compile(r"/([^/]+\.service)(?:/|$)")
 _SESSION = re.compile(r"/session-[^/]+\.scope$|^/user\.slice(?:/[^/]+\.slice)?/?$")
 
@@ -105,7 +110,7 @@ def attribute_cgroup(cgroup: str | None, user: str | None = None, command: str |
         rest = path[m.end() - 1 :] if path[m.end() - 1 : m.end()] == "/" else ""
         c = _POD_CONTAINER.search(rest) if rest else None
         return JobRef("kubernetes", m.group(1), c.group(1)[:12] if c else "")
-    m = _SLURM.search(path)
+    m = _SLURM.search(path) or _SLUID.search(path)
     if m:
         return JobRef("slurm", m.group(1))
     cid = _container_id(path)
@@ -126,8 +131,10 @@ def attribute_cgroup(cgroup: str | None, user: str | None = None, command: str |
 
 
 def attribute(proc: ProcessReading) -> JobRef:
-    """Return the job of one GPU process: from its cgroup path when that names a pod or a Slurm job, else from its
-    SLURM_JOB_ID (a Slurm node without the cgroup plugin's job paths), else from its cgroup path, user and command."""
+    """Return the job of one GPU process: from its cgroup path when that names a pod or a Slurm job (its id, or its
+    SLUID: never replaced by the environment's SLURM_JOB_ID, so that a node that can read the environment and one
+    that cannot key the job alike), else from its SLURM_JOB_ID (a Slurm node without the cgroup plugin's job
+    paths), else from its cgroup path, user and command."""
     ref = attribute_cgroup(proc.cgroup, proc.username, proc.name)
     if ref.kind not in CLUSTER_JOB_KINDS and proc.slurm_job_id:
         return JobRef("slurm", proc.slurm_job_id)
