@@ -205,6 +205,8 @@ class PodAssignment(_Model):
 
     ``device_id`` is the device plugin's id: the GPU's UUID, ``UUID::N`` for a time-slicing replica, a MIG device's
     UUID, or the GPU index (``deviceIDStrategy=index``); ``resource`` the extended resource (``nvidia.com/gpu``, ...).
+    For a device allocated through Dynamic Resource Allocation, ``device_id`` is the DRA driver's device name
+    (``gpu-0``) and ``resource`` ``DRIVER/CLAIM_NAMESPACE/CLAIM_NAME``.
     """
 
     namespace: str

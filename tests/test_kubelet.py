@@ -245,3 +245,33 @@ def test_a_kubelet_that_never_answers_costs_the_caller_its_timeout_once(tmp_path
         client.close()
     assert 0.5 <= first < 3.0, first
     assert max(waits) < 0.5, waits  # never the 1 s deadline: List waits in the background
+
+
+def _claim_pod(ns: str, name: str, container: str, claim: str, devices: list[tuple[str, str]]) -> pb.PodResources:
+    """A pod whose container holds GPUs through a ResourceClaim (DRA): (driver, device name) pairs."""
+    res = [pb.ClaimResource(driver_name=d, pool_name="node-1", device_name=n) for d, n in devices]
+    dyn = pb.DynamicResource(claim_name=claim, claim_namespace=ns, claim_resources=res)
+    holder = pb.ContainerResources(name=container, dynamic_resources=[dyn])
+    return pb.PodResources(namespace=ns, name=name, containers=[holder])
+
+
+def test_gpus_allocated_through_dynamic_resource_allocation_name_their_pods(tmp_path: Path) -> None:
+    """Kubernetes DRA: the kubelet lists a container's ResourceClaims with the driver's device names (gpu-N, and
+    gpu-N-mig-... for a MIG device); those from NVIDIA's GPU driver name the GPU, others (a NIC's driver) do not."""
+    sock = tmp_path / "kubelet.sock"
+    pods = [
+        _claim_pod("train", "ddp-0", "main", "ddp-0-gpus", [("gpu.nvidia.com", "gpu-0"), ("gpu.nvidia.com", "gpu-2")]),
+        _claim_pod("infer", "small", "srv", "small-mig", [("gpu.nvidia.com", "gpu-1-mig-1g10gb-0-0")]),
+        _claim_pod("net", "router", "r", "nic", [("sriov.example.com", "gpu-1")]),
+        _pod("legacy", "plugin", {"c": [("nvidia.com/gpu", [GPU_A])]}),
+    ]
+    with kubelet(sock, pods):
+        client = PodResources(sock, refresh_seconds=0)
+        a, b, c = client.assign(_gpus())
+        client.close()
+    assert {(p.namespace, p.pod, p.container) for p in a.pods} == {
+        ("train", "ddp-0", "main"),
+        ("legacy", "plugin", "c"),
+    }
+    assert [(p.pod, p.resource) for p in b.pods] == [("small", "gpu.nvidia.com/infer/small-mig")]
+    assert [(p.pod, p.device_id) for p in c.pods] == [("ddp-0", "gpu-2")]

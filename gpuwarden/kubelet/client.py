@@ -25,6 +25,9 @@ log = logging.getLogger("gpuwarden.kubelet")
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 #: Extended resources of NVIDIA's device plugin (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb, ...).
 RESOURCE_PREFIX = "nvidia.com/"
+#: The driver name of NVIDIA's DRA driver for GPUs (k8s-dra-driver-gpu): its devices are named gpu-<index> and
+#: gpu-<index>-mig-... in the claim's allocation (ClaimResource.device_name).
+DRA_DRIVER = "gpu.nvidia.com"
 _METHOD = "/v1.PodResourcesLister/List"
 
 
@@ -103,6 +106,20 @@ class PodResources:
             for dev in c.devices
             if dev.resource_name.startswith(RESOURCE_PREFIX)
             for dev_id in dev.device_ids
+        ] + [
+            # Dynamic Resource Allocation: a ResourceClaim's devices from NVIDIA's DRA driver
+            PodAssignment(
+                namespace=pod.namespace,
+                pod=pod.name,
+                container=c.name,
+                device_id=res.device_name,
+                resource=f"{res.driver_name}/{claim.claim_namespace}/{claim.claim_name}",
+            )  # fmt: skip
+            for pod in resp.pod_resources
+            for c in pod.containers
+            for claim in c.dynamic_resources
+            for res in claim.claim_resources
+            if res.driver_name == DRA_DRIVER and res.device_name
         ]
         with self._lock:
             self._call = None
@@ -121,7 +138,12 @@ class PodResources:
         out = []
         for g in gpus:
             names = {g.uuid, str(g.index), *(m.uuid for m in g.mig)}
-            pods = [a for a in found if a.device_id.split("::", 1)[0] in names]
+            dra = f"gpu-{g.index}"  # the DRA driver's device names: gpu-N, and gpu-N-mig-... for its MIG devices
+            pods = [
+                a
+                for a in found
+                if a.device_id.split("::", 1)[0] in names or a.device_id == dra or a.device_id.startswith(dra + "-mig-")
+            ]
             out.append(g.model_copy(update={"pods": pods}) if pods else g)
         return out
 
