@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).parent.parent
-RULES = sorted((REPO / "alerts").glob("*.rules.yml"))
+RULES = [REPO / "alerts" / "gpuwarden.rules.yml"]  # the shipped rules; dcgm-compat.rules.yml is optional, apart
+COMPAT = REPO / "alerts" / "dcgm-compat.rules.yml"
 TESTS = sorted((REPO / "alerts" / "tests").glob("*.test.yml"))
 RUNBOOK = (REPO / "docs" / "runbook.md").read_text()
 
@@ -21,7 +22,8 @@ def rules() -> list[dict]:
 
 @pytest.mark.e2e
 def test_promtool_check_rules(promtool: str) -> None:
-    res = subprocess.run([promtool, "check", "rules", *map(str, RULES)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run([promtool, "check", "rules", *map(str, [*RULES, COMPAT])], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -163,3 +165,33 @@ def test_alert_trace_is_what_its_script_writes_and_says_it_is_modified(tmp_path:
     assert gzip.decompress((tmp_path / "t.jsonl.gz").read_bytes()) == committed, "run tests/data/make_alert_trace.py"
     header = yaml.safe_load(committed.split(b"\n", 1)[0])  # JSON is YAML
     assert "modified" in header["metadata"] and header["metadata"]["derived_from"].endswith(".jsonl.gz")
+
+
+def _module(name: str) -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"alerts_{name}", REPO / "alerts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dcgm_compatibility_rules_are_generated_and_read_only_exported_series() -> None:
+    """alerts/dcgm-compat.rules.yml is its script's output, and every gpuwarden series it reads is one the exporter
+    declares (a renamed family would leave a dcgm-exporter dashboard silently empty)."""
+    from gpuwarden.catalog import FAMILIES
+
+    compat = _module("dcgm_compat")
+    assert compat.render() == COMPAT.read_text()  # type: ignore[attr-defined]
+    read = set()
+    for expr, _ in compat.MAPPED.values():  # type: ignore[attr-defined]
+        read |= set(re.findall(r"\b(gpu_[a-z_]+)", expr))
+    declared = {f.name for f in FAMILIES}
+    assert read and read <= declared, read - declared
+    tested = {
+        case["expr"]
+        for t in yaml.safe_load((REPO / "alerts" / "tests" / "dcgm-compat.test.yml").read_text())["tests"]
+        for case in t["promql_expr_test"]
+    }
+    assert len(tested) >= 5 and tested <= set(compat.MAPPED)  # type: ignore[attr-defined]
