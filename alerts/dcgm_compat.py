@@ -64,9 +64,9 @@ NOT_MAPPED: dict[str, str] = {
 
 #: dcgm-exporter's own labels, joined on: UUID (gpuwarden's uuid), modelName (gpu_info's name), Hostname (the node).
 LABELS = (
-    ' * on (instance, job, gpu, uuid) group_left (modelName) label_replace(group by (instance, job, gpu, uuid, name) '
+    " * on (instance, job, gpu, uuid) group_left (modelName) label_replace(group by (instance, job, gpu, uuid, name) "
     '(gpu_info), "modelName", "$1", "name", "(.+)")'
-    ' * on (instance, job) group_left (Hostname) label_replace(group by (instance, job, nodename) (gpu_devices), '
+    " * on (instance, job) group_left (Hostname) label_replace(group by (instance, job, nodename) (gpu_devices), "
     '"Hostname", "$1", "nodename", "(.+)")'
 )
 
