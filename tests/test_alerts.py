@@ -37,13 +37,7 @@ def test_promtool_test_rules(promtool: str) -> None:
 
 
 def _generate() -> object:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("alerts_generate", REPO / "alerts" / "generate.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _module("generate")
 
 
 def test_shipped_rules_are_the_template_with_the_default_parameters() -> None:
@@ -168,6 +162,7 @@ def test_alert_trace_is_what_its_script_writes_and_says_it_is_modified(tmp_path:
 
 
 def _module(name: str) -> object:
+    """The script alerts/NAME.py, imported."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"alerts_{name}", REPO / "alerts" / f"{name}.py")
