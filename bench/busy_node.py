@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench.busy_node", description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="*", default=list(DEFAULT_GRID), metavar="G:W:X")
     ap.add_argument("--seconds", type=float, default=12.0)
-    ap.add_argument("--poll.interval", type=float, default=1.0)
+    ap.add_argument("--poll.interval", dest="poll_interval", type=float, default=1.0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: G:on|off:RANK,RANK,...
     args = ap.parse_args(argv)

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench.cpu_breakdown", description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--warmup", type=float, default=10.0)
-    ap.add_argument("--poll.interval", type=float, default=1.0)
+    ap.add_argument("--poll.interval", dest="poll_interval", type=float, default=1.0)
     ap.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes; 0: no scrapes")
     ap.add_argument("--replay", type=Path, help="a trace to replay instead of live NVML")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a configuration override")
