@@ -137,13 +137,9 @@ class PodResources:
             return gpus
         out = []
         for g in gpus:
-            names = {g.uuid, str(g.index), *(m.uuid for m in g.mig)}
             dra = f"gpu-{g.index}"  # the DRA driver's device names: gpu-N, and gpu-N-mig-... for its MIG devices
-            pods = [
-                a
-                for a in found
-                if a.device_id.split("::", 1)[0] in names or a.device_id == dra or a.device_id.startswith(dra + "-mig-")
-            ]
+            names = {g.uuid, str(g.index), dra, *(m.uuid for m in g.mig)}
+            pods = [a for a in found if a.device_id.split("::", 1)[0] in names or a.device_id.startswith(dra + "-mig-")]
             out.append(g.model_copy(update={"pods": pods}) if pods else g)
         return out
 
