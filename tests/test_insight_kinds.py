@@ -197,6 +197,39 @@ def test_a_lost_gpu_is_diagnosed_lost() -> None:
     assert d0 is not None and d0.verdict != "gpu_lost"
 
 
+@pytest.mark.parametrize("down", [range(10, 15), range(5, 8), range(3, 24)])
+def test_a_flapping_gpu_counts_its_time_down_as_lost_and_nothing_else(down: range) -> None:
+    """GPU 1 of the DDP recording is down for the polls in ``down``, then back: every second between the poll before
+    it went down and the last down poll is ``lost`` (state and idle cause), none of it grows another state, and the
+    states still add up to the wall time since the GPU's first poll."""
+    from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
+    from gpuwarden.trace import read_trace
+
+    header, polls = read_trace(TRACES / "h200x2-ddp_straggler.jsonl.gz")
+    polls = polls[: down.stop + 5]
+    analyzer, clean = InsightAnalyzer(), InsightAnalyzer()
+    result = reference = None
+    for n, poll in enumerate(polls):
+        reference = insight_result(clean(poll, header.node))
+        if n in down:
+            g0, g1 = poll.gpus
+            g1 = g1.model_construct(index=g1.index, uuid=g1.uuid, timestamp=g1.timestamp, up=False, error="gpu_is_lost")
+            poll = poll.model_copy(update={"gpus": [g0, g1]})
+        result = insight_result(analyzer(poll, header.node))
+    assert result is not None and reference is not None
+    g1, ref1 = result.gpus[1], reference.gpus[1]
+    went_down = polls[down.start - 1].gpus[1].timestamp
+    lost = polls[down.stop - 1].gpus[1].timestamp - went_down
+    assert g1.state_seconds_total["lost"] == pytest.approx(lost)
+    assert g1.idle_seconds_total["lost"] == pytest.approx(lost)
+    wall = polls[-1].gpus[1].timestamp - polls[0].gpus[1].timestamp
+    assert sum(g1.state_seconds_total.values()) == pytest.approx(wall)
+    assert sum(ref1.state_seconds_total.values()) == pytest.approx(wall)
+    for state in ("held_idle", "starved", "paused", "unknown", "free"):  # no state grew from the time down
+        assert g1.state_seconds_total[state] <= ref1.state_seconds_total[state] + 1e-6
+    assert result.gpus[0].state_seconds_total == reference.gpus[0].state_seconds_total
+
+
 @pytest.mark.parametrize("name", ["h100-held_idle", "h100-k-self-paused", "h200x2-ddp_straggler"])
 def test_held_idle_energy_is_power_above_the_idle_floor_over_held_idle_time(name: str) -> None:
     """The held-idle energy counter is, poll by poll, the held-idle seconds times the power above the lowest power

@@ -3,7 +3,8 @@
 Reads ``snapshot.insight`` (an ``InsightResult``); definitions in docs/scores.md.
 
 - ``gpu_state_seconds_total{gpu,uuid,state}`` counter: seconds the GPU spent in each state since the daemon
-  started; ``state`` is one of busy, starved, held_idle, free, unknown (they add up to the accounted wall time).
+  started; ``state`` is one of busy, starved, paused, held_idle, free, unknown, lost (they add up to the accounted wall
+  time).
 - ``gpu_starved_ratio{gpu,uuid}``: starved seconds / accounted seconds over the analyzer window (default 5 min).
 - ``gpu_node_imbalance_ratio``: load imbalance over all GPUs of the node in [0, 1] (0 balanced, 1 one GPU does
   all the work), on GPM SM activity where every GPU has it, else util.gpu. Absent with fewer than 2 GPUs.

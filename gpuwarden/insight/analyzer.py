@@ -235,6 +235,9 @@ class InsightAnalyzer:
         processes, primary = self._process_jobs(up, rates)
         for g in up:
             self._account(g, statics.get(g.index), rates, host_busy, primary.get(g.uuid))
+        for g in poll.gpus:
+            if not g.up:
+                self._account_lost(g)
         up_uuids = {g.uuid for g in up}
         gpus = [
             GpuCapture(
@@ -276,6 +279,21 @@ class InsightAnalyzer:
             )
         state.index = g.index
         return state
+
+    def _account_lost(self, g: GpuReading) -> None:
+        """Account poll ``g`` of a GPU that could not be read: the time since its previous poll (up or down, at most
+        MAX_INTERVAL_SECONDS) is ``lost``, and this poll becomes the start of its next interval, so the first poll
+        after it comes back accounts only its own interval. A GPU down from the daemon's start counts from its
+        second poll."""
+        state = self._state(g)
+        start, state.last_ts = state.last_ts, g.timestamp
+        state.last_iv = None  # the windows' newest interval no longer ends where the next one starts
+        if start is None or not 0 < g.timestamp - start <= st.MAX_INTERVAL_SECONDS:
+            return
+        secs = {"lost": g.timestamp - start}
+        state.totals["lost"] += secs["lost"]
+        state.idle["lost"] += secs["lost"]
+        _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
 
     def _job_inputs(self, procs: Sequence[ProcessReading], rates: dict[int, ProcessRates]) -> JobInputs:
         """What the GPU's processes ``procs`` did over the interval (JobInputs), from their ``rates``."""

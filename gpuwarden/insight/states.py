@@ -12,9 +12,12 @@ gpuwarden.nvml.device) splits the interval into segments. A segment of ``dt`` se
   within the last RECENT_WORK_SECONDS;
 - ``held_idle`` a process holds it, its processes use less CPU than that, and no recent GPU work;
 - ``unknown``   held, but the evidence is missing: process list off or not visible, or no process CPU
-  time readable (another PID namespace), and no recent GPU work; or no utilization reading at all.
+  time readable (another PID namespace), and no recent GPU work; or no utilization reading at all;
+- ``lost``      the GPU could not be read at all (NVML: GPU is lost, fallen off the bus): the whole interval since
+  its previous poll, up or down (gpuwarden.insight.analyzer), so a GPU that flaps counts its time down here and
+  never as held idle.
 
-So busy + starved + held_idle + free + unknown is exactly the accounted wall time.
+So busy + starved + paused + held_idle + free + unknown + lost is exactly the accounted wall time.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: The states, in exposition order (a bounded label set).
-STATES = ("busy", "starved", "paused", "held_idle", "free", "unknown")
+STATES = ("busy", "starved", "paused", "held_idle", "free", "unknown", "lost")
 
 #: Causes of idle GPU time (``gpu_idle_seconds_total{cause}``): starved time split by what the job did meanwhile -
-#: CPU work (preprocessing), reads from storage, or unknown (its CPU not visible) - then the other idle states.
+#: CPU work (preprocessing), reads from storage, or unknown (its CPU not visible) - then the other idle states,
+#: ``lost`` last (the GPU could not be read: its time is lost to whoever holds it, or to the fleet when nobody does).
 #: Busy seconds plus idle seconds by cause add up to the accounted wall time.
-IDLE_CAUSES = ("input_cpu", "input_io", "input", "paused", "held_idle", "free", "unknown")
+IDLE_CAUSES = ("input_cpu", "input_io", "input", "paused", "held_idle", "free", "unknown", "lost")
 
 #: A job whose GPU processes use at least this many CPU cores (user+sys s per s) is working. Our calibration
 #: from the H100 traces: held_idle 0.00-0.01 cores, every working scenario 0.78-1.03 cores.
@@ -125,7 +129,7 @@ def idle_causes(states: dict[str, float], job_cpu_cores: float | None, io_waitin
         cause = "input_cpu"  # starved with the job's CPU known: account() found it working
     else:
         cause = "input"
-    out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "free", "unknown")}
+    out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "free", "unknown", "lost")}
     out[cause] = starved
     return out
 

@@ -4,11 +4,11 @@
 
 const STATE_COLORS = {
   busy: "#2e7d32", starved: "#ef6c00", paused: "#90caf9", held_idle: "#ad1457", free: "#cfd8dc",
-  unknown: "#9e9e9e",
+  unknown: "#9e9e9e", lost: "#212121",
 };
 const STATE_TEXT = {
   busy: "busy", starved: "starved (waiting on input)", paused: "paused by its job", held_idle: "held, idle",
-  free: "free", unknown: "unknown",
+  free: "free", unknown: "unknown", lost: "lost (could not be read)",
 };
 
 function el(tag, attrs, ...children) {
