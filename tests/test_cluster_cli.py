@@ -140,6 +140,34 @@ def test_jobs_holding_one_gpu_in_turn_each_get_their_own_time_and_verdict(prom: 
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("step", ["1s", "7s", "15s", "30s"])
+def test_lost_gpu_hours_are_the_counters_growth_whatever_the_step(prom: dict, step: str) -> None:
+    """Node c's GPU is held idle by one job the whole time: at any step, the job's held and lost GPU-hours are the
+    GPU's (its counters' growth over the range, within one scrape), lost is all of held, and held is the range."""
+    from gpuwarden.cluster.promapi import Prometheus
+    from gpuwarden.cluster.usage import Accounting
+
+    instance = f"127.0.0.1:{prom['ports']['c']}"
+    client = Prometheus(prom["url"], timeout=30)
+    try:
+        at = time.time()
+        acc = Accounting(client, "30s", step, at=at)
+        jobs, gpus = acc.jobs(), acc.gpus()
+        idle = sum(s.value for s in client.query(f'gpu_idle_seconds_total{{instance="{instance}"}}', at))
+        before = sum(s.value for s in client.query(f'gpu_idle_seconds_total{{instance="{instance}"}} offset 30s', at))
+    finally:
+        client.close()
+    [(key, job)] = [(k, u) for k, u in jobs.items() if k.instance == instance]
+    [gpu] = [u for (i, _), u in gpus.items() if i == instance]
+    scrape = 1.5 / 3600  # one scrape interval (1 s) and some jitter, in hours
+    assert job.lost_total == pytest.approx(gpu.lost_total, abs=1e-9)
+    assert job.held_hours == pytest.approx(job.lost_total + job.busy_hours, abs=1e-9)
+    assert job.lost_hours["held_idle"] == pytest.approx(job.lost_total, abs=1e-9)
+    assert abs(job.held_hours - 30 / 3600) <= scrape + acc.step_s / 3600 * (acc.step_s > 1)
+    assert abs(gpu.lost_total + gpu.free_hours - (idle - before) / 3600) <= scrape + acc.step_s / 3600
+
+
+@pytest.mark.e2e
 def test_report_summarizes_one_job(prom: dict) -> None:
     res = gw("report", "--job", "4242", "--prometheus", prom["url"], "--range", "30s", "--step", "1s", "--json")
     assert res.returncode == 0, res.stderr

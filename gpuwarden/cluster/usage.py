@@ -10,8 +10,11 @@ range counts for each job only while that job held it.
   (id, instance).
 - **Shared GPUs.** A GPU held by N jobs at once counts 1/N of its time for each, so the jobs' hours add up to the
   GPU's.
-- **Lost time** is idle time a job held: every cause of ``gpu_idle_seconds_total`` but ``free`` (nobody held the
-  GPU; that is the fleet's spare capacity, reported per GPU).
+- **Held time** is the GPU's accounted seconds in every state but ``free`` while the job held it, so held = busy +
+  lost exactly. **Lost time** is idle time a job held: every cause of ``gpu_idle_seconds_total`` but ``free`` (nobody
+  held the GPU; that is the fleet's spare capacity, reported per GPU), ``lost`` (the GPU could not be read) included.
+- **Exact at any step.** Counters are summed step by step as their growth since the previous step (``_increase``),
+  which telescopes to their growth over the range; only the job shares and the diagnosis are sampled at each step.
 - **Effective time** (``report``): time with SM activity >= 0.5 (util.gpu where the GPU has no GPM): DCGM's guidance
   is that SM activity below 0.5 likely means the GPU is used ineffectively.
 """
@@ -143,10 +146,20 @@ class Accounting:
         return f"(0 * {self._m('gpu_up')} + 1)"
 
     def _increase(self, metric: str, extra: str = "") -> str:
-        """The counter's growth over one step: its rate over 4 steps (at least 2 scrapes in any window, as Grafana's
-        $__rate_interval) times the step; summed over the steps of the range this is the increase over the range."""
-        window = f"{max(1, round(4 * self.step_s))}s"
-        return f"(rate({self._m(metric, extra)}[{window}]) * {self.step_s:g})"
+        """The counter's growth over the step that ends at each evaluation: its value then minus its value one step
+        earlier (each the newest sample at or before that time). Summed over the steps of the range these telescope
+        to the counter's growth from just before the range to its end, exactly, whatever the step: a step shorter
+        than the scrape interval sees no growth in most steps and all of it in the one after a scrape; nothing is
+        extrapolated (``rate`` and ``increase`` over a window are, and read nothing in a window with fewer than two
+        scrapes). A counter that restarted (a daemon restart: below its earlier value) or appeared within the step
+        counts its value since it started (``+ 0`` drops the metric name as the difference does, so a series is one
+        series over the range whichever side a step took)."""
+        m = self._m(metric, extra)
+        return f"((({m} - {m} offset {self.step}) >= 0) or ({m} + 0))"
+
+    def _gpu_increase(self, metric: str, extra: str = "") -> str:
+        """``_increase`` summed over the series of each GPU (e.g. every state but one): one series per GPU."""
+        return f"sum by (instance, gpu, uuid) ({self._increase(metric, extra)})"
 
     def _q(self, promql: str, *need: str) -> list:
         """The query's samples that carry every label in ``need``: PromQL drops an empty label from a ``by`` result
@@ -158,11 +171,12 @@ class Accounting:
         jf = _job_filter(job_id, instance)
         out: dict[JobKey, Usage] = defaultdict(Usage)
 
-        h = self.step_s / 3600
-        # GPU-steps held, per GPU and job: the job's held hours, nodes and GPUs
-        for s in self._q(self._per_job(self._one(), jf, by="instance, gpu, job_id, job_scope, job_kind"), *_GPU_JOB):
+        # held: the GPU's accounted seconds in every state but free while the job held it (so held = busy + lost,
+        # from the same counters), per GPU and job: the job's held hours, nodes and GPUs
+        held = self._gpu_increase("gpu_state_seconds_total", 'state!="free"')
+        for s in self._q(self._per_job(held, jf, by="instance, gpu, job_id, job_scope, job_kind"), *_GPU_JOB):
             u = out[_job_key(s.labels)]
-            u.held_hours += s.value * h
+            u.held_hours += s.value / 3600
             u.instances.add(s.labels["instance"])
             u.gpus.add((s.labels["instance"], s.labels["gpu"]))
             u.kind = s.labels.get("job_kind", u.kind)
@@ -238,15 +252,16 @@ class Accounting:
     def gpus(self) -> dict[tuple[str, str], Usage]:
         """Usage of every GPU over the range: lost hours by cause, free hours, the reasons given."""
         out: dict[tuple[str, str], Usage] = defaultdict(Usage)
-        q = f"sum by (instance, gpu, cause) (increase({self._m('gpu_idle_seconds_total')}[{self.range}]))"
+        idle = self._increase("gpu_idle_seconds_total")
+        q = f"sum by (instance, gpu, cause) (sum_over_time({idle}[{self.range}:{self.step}]))"
         for s in self._q(q, "instance", "gpu", "cause"):
             u = out[(s.labels["instance"], s.labels["gpu"])]
             if s.labels["cause"] == "free":
                 u.free_hours += s.value / 3600
             elif s.labels["cause"] in u.lost_hours:
                 u.lost_hours[s.labels["cause"]] += s.value / 3600
-        busy = self._m("gpu_state_seconds_total", 'state="busy"')
-        q = f"sum by (instance, gpu) (increase({busy}[{self.range}]))"
+        busy = self._increase("gpu_state_seconds_total", 'state="busy"')
+        q = f"sum by (instance, gpu) (sum_over_time({busy}[{self.range}:{self.step}]))"
         for s in self._q(q, "instance", "gpu"):
             out[(s.labels["instance"], s.labels["gpu"])].busy_hours += s.value / 3600
         for g, reasons in self._gpu_reasons().items():

@@ -8,6 +8,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage
@@ -81,7 +82,8 @@ def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
 
     tls = ClientTls(args.ca_file, args.cert_file, args.key_file, args.bearer_token_file)
     prom = Prometheus(args.prometheus, timeout=args.timeout, headers=dict(args.header), tls=tls)
-    return prom, Accounting(prom, args.range, args.step, args.selector)
+    # every query at one moment: the jobs and GPU tables (and a report's parts) cover the same range
+    return prom, Accounting(prom, args.range, args.step, args.selector, at=time.time())
 
 
 def top(args: argparse.Namespace) -> int:
