@@ -407,3 +407,29 @@ def test_job_view_keeps_a_node_local_id_on_its_node_and_state_shares_add_to_one(
     node = {"job": ".*", "job_id": "x", "instance": f"127.0.0.1:{PORTS['eight']}", "gpu": ".*"}
     shares = query(prom, substitute(_panel("gpuwarden-node", "GPU time by state")[0], node))
     assert shares and abs(sum(float(r["value"][1]) for r in shares) - 1) < 1e-6, shares
+
+
+def _gw_json(*args: str) -> dict:
+    res = subprocess.run([sys.executable, "-m", "gpuwarden", *args, "--json"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_a_gpu_lost_under_a_job_is_named_by_its_report_and_its_time_down_is_lost(stack: dict) -> None:
+    """GPU 3 of "lost" falls off the bus 3 s into each 30 s replay of its trace while the job holds it: the job's
+    report on that node names it, the same (node-local) job id on "eight" (no GPU down) names none, and ``top``'s GPU
+    table counts its time down under the cause ``lost``, never under held_idle (and none for GPU 0, never down)."""
+    prom = stack["prom"]
+    both = 'group by (job_id) (gpu_process_job_info{scenario="lost"}) and on (job_id) group by (job_id) ' \
+        '(gpu_process_job_info{scenario="eight"})'  # fmt: skip
+    [job] = [r["metric"]["job_id"] for r in query(prom, both)]
+    lost, eight = f"127.0.0.1:{PORTS['lost']}", f"127.0.0.1:{PORTS['eight']}"
+    common = ("--prometheus", prom, "--range", "1m", "--step", "1s")
+    doc = _gw_json("report", "--job", job, "--instance", lost, *common)
+    assert doc["gpus_lost"] == [{"instance": lost, "gpu": "3", "node": "lost"}]
+    assert _gw_json("report", "--job", job, "--instance", eight, *common)["gpus_lost"] == []
+    gpus = {(g["instance"], g["gpu"]): g for g in _gw_json("top", *common, "--limit", "100")["gpus"]}
+    causes = gpus[(lost, "3")]["lost_gpu_hours_by_cause"]
+    assert max(causes, key=causes.get) == "lost" and causes["held_idle"] == 0, causes
+    assert gpus[(lost, "0")]["lost_gpu_hours_by_cause"]["lost"] == 0

@@ -40,6 +40,10 @@ DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?
 _UNITS = (31536000, 604800, 86400, 3600, 60, 1, 0.001)
 #: SM activity at or above this is effective use (DCGM: below 0.5 likely ineffective).
 EFFECTIVE_SM = 0.5
+#: A GPU is lost during a job when it is down (gpu_up 0) within this many seconds of the job's last sample on it:
+#: NVML lists no process on a lost GPU, so the job's series on it end at the scrape that finds it lost; Prometheus's
+#: default lookback (5 min) bounds how late that scrape can be.
+LOST_WITHIN_SECONDS = 300
 #: A GPU flagged ``straggler`` in at least this share of the steps its job held it is reported as the straggler.
 STRAGGLER_MIN_SHARE = 0.1
 
@@ -235,6 +239,16 @@ class Accounting:
             if share >= STRAGGLER_MIN_SHARE:
                 out.append((g[0], g[1], share))
         return sorted(out, key=lambda x: -x[2])
+
+    def lost_gpus(self, job_id: str, instance: str | None = None) -> list[tuple[str, str]]:
+        """The GPUs of the job that went down (``gpu_up`` 0) in the range within LOST_WITHIN_SECONDS of the job's
+        last sample on them: (instance, gpu), sorted."""
+        info = self._m("gpu_process_job_info", _job_filter(job_id, instance))
+        recent = f"max by (instance, gpu, uuid) (max_over_time({info}[{LOST_WITHIN_SECONDS}s]))"
+        down = f"({self._m('gpu_up')} == bool 0)"
+        q = (f"max by (instance, gpu) (max_over_time(({down} * on (instance, gpu, uuid) group_left () {recent})"
+             f"[{self.range}:{self.step}])) == 1")  # fmt: skip
+        return sorted((s.labels["instance"], s.labels["gpu"]) for s in self._q(q, "instance", "gpu"))
 
     def _gpu_reasons(self) -> dict[tuple[str, str], dict[str, float]]:
         """Per GPU, the steps of the range each reason of gpu_diagnosis was 1 (asked once: jobs() and gpus() share

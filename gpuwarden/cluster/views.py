@@ -172,6 +172,7 @@ def report(args: argparse.Namespace) -> int:
                 return 1
             [(key, u)] = found.items()
             stragglers = acc.stragglers(args.job, key.instance or args.instance)
+            lost = acc.lost_gpus(args.job, key.instance or args.instance)
             names = acc.node_names()
         finally:
             prom.close()
@@ -181,15 +182,16 @@ def report(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"job_id": key.job_id, "instance": key.instance, "job_kind": u.kind, "range": args.range,
                **_usage_json(u),
-               "stragglers": [{"instance": i, "gpu": g, "share": s} for i, g, s in stragglers]}  # fmt: skip
+               "stragglers": [{"instance": i, "gpu": g, "share": s} for i, g, s in stragglers],
+               "gpus_lost": [{"instance": i, "gpu": g, "node": names.get(i, "")} for i, g in lost]}  # fmt: skip
         print(_json(doc))
         return 0
-    _print_report(key, u, stragglers, names, args.range)
+    _print_report(key, u, stragglers, lost, names, args.range)
     return 0
 
 
-def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]], names: dict[str, str],
-                  range_: str) -> None:  # fmt: skip
+def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]], lost: list[tuple[str, str]],
+                  names: dict[str, str], range_: str) -> None:  # fmt: skip
     from rich.console import Console
     from rich.table import Table
 
@@ -217,6 +219,9 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
     if stragglers:
         i, g, s = stragglers[0]
         _row(t, "straggler", f"{names.get(i) or i} GPU {g}", f"flagged {s:.0%} of the time")
+    if lost:
+        _row(t, "GPUs lost (down)", ", ".join(f"{names.get(i) or i} GPU {g}" for i, g in lost),
+             "went down while the job held them")  # fmt: skip
     _row(t, "verdict", " + ".join(u.verdict()) or "-", "")
     Console().print(t)
     if u.first_remedy():
