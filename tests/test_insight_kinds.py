@@ -212,9 +212,9 @@ def test_a_flapping_gpu_counts_its_time_down_as_lost_and_nothing_else(down: rang
     for n, poll in enumerate(polls):
         reference = insight_result(clean(poll, header.node))
         if n in down:
-            g0, g1 = poll.gpus
-            g1 = g1.model_construct(index=g1.index, uuid=g1.uuid, timestamp=g1.timestamp, up=False, error="gpu_is_lost")
-            poll = poll.model_copy(update={"gpus": [g0, g1]})
+            r0, r1 = poll.gpus
+            r1 = r1.model_construct(index=r1.index, uuid=r1.uuid, timestamp=r1.timestamp, up=False, error="gpu_is_lost")
+            poll = poll.model_copy(update={"gpus": [r0, r1]})
         result = insight_result(analyzer(poll, header.node))
     assert result is not None and reference is not None
     g1, ref1 = result.gpus[1], reference.gpus[1]
