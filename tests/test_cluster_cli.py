@@ -116,6 +116,11 @@ def test_top_prints_tables_a_person_reads(prom: dict) -> None:
     assert "Jobs by GPU-hours lost, last 30s" in out and "GPUs by GPU-hours lost" in out
     assert "4242" in out and "node-a, node-b" in out and "held_idle" in out and "USD" in out
     assert len(out.splitlines()) < 40
+    # not a terminal: every column, each job on one line, nothing wrapped at 80 columns
+    [line] = [x for x in out.splitlines() if x.strip().startswith("4242 ")]
+    assert "node-a, node-b" in line and "USD" in line and "%)" in line
+    details = gw("top", "--prometheus", prom["url"], "--range", "30s", "--step", "1s", "--details")
+    assert details.returncode == 0 and "do first:" in details.stdout and "nodes: node-a, node-b" in details.stdout
 
 
 @pytest.mark.e2e
@@ -179,6 +184,28 @@ def test_report_summarizes_one_job(prom: dict) -> None:
     assert doc["first_remedy"]
     text = gw("report", "--job", "4242", "--prometheus", prom["url"], "--range", "30s", "--step", "1s")
     assert text.returncode == 0 and "GPU-hours held" in text.stdout and "Do first" in text.stdout
+
+
+@pytest.mark.e2e
+def test_the_slurm_epilog_writes_one_record_per_job(prom: dict, tmp_path: Path) -> None:
+    """deploy/slurm/epilog.sh as slurmd runs it (the job's environment, no scontrol on this machine): it asks for the
+    SLUID first (not in Prometheus: the job's cgroups carry the numeric id), then the numeric id, and leaves one JSON
+    record naming the job, its 4 GPUs and when it was taken."""
+    wrapper = tmp_path / "gpuwarden"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m gpuwarden "$@"\n')
+    wrapper.chmod(0o755)
+    records = tmp_path / "records"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "SLURM_JOB_ID": "4242",
+           "SLURM_JOB_SLUID": "sEKNKTV3WPV500", "SLURM_JOB_START_TIME": str(int(time.time()) - 30),
+           "SLURMD_NODENAME": "node-a", "GPUWARDEN": str(wrapper), "GPUWARDEN_PROMETHEUS": prom["url"],
+           "GPUWARDEN_JOB_RECORDS": str(records), "GPUWARDEN_REPORT_ARGS": "--step 1s"}  # fmt: skip
+    res = subprocess.run(["sh", str(REPO / "deploy" / "slurm" / "epilog.sh")], env=env, capture_output=True,
+                         text=True, timeout=120, check=False)  # fmt: skip
+    assert res.returncode == 0 and res.stdout == "", res.stderr
+    assert sorted(p.name for p in records.iterdir()) == ["4242.json"]
+    doc = json.loads((records / "4242.json").read_text())
+    assert doc["job_id"] == "4242" and doc["job_kind"] == "slurm" and len(doc["gpus"]) == 4
+    assert doc["range"] == "2m" and abs(doc["evaluated_at"] - time.time()) < 120 and doc["held_gpu_hours"] > 0
 
 
 @pytest.mark.e2e

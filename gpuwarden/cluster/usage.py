@@ -288,14 +288,16 @@ class Accounting:
         return dict(out)
 
     def node_names(self) -> dict[str, str]:
-        """instance -> node name (gpu_devices{nodename})."""
-        return {s.labels["instance"]: s.labels.get("nodename", "")
-                for s in self._q(f"max by (instance, nodename) ({self._m('gpu_devices')})", "instance")}  # fmt: skip
+        """instance -> node name (gpu_devices{nodename}) of every instance seen in the range (a node gone since
+        keeps its name)."""
+        q = f"max by (instance, nodename) (max_over_time({self._m('gpu_devices')}[{self.range}]))"
+        return {s.labels["instance"]: s.labels.get("nodename", "") for s in self._q(q, "instance")}
 
     def _price(self, usages: dict) -> None:
         """Set each usage's cost: its lost GPU-hours on each node times that node's gpuwarden_gpu_hour_price (split
-        evenly over the nodes of a multi-node job; no price on any of its nodes: None)."""
-        q = f"max by (instance, currency) ({self._m('gpuwarden_gpu_hour_price')})"
+        evenly over the nodes of a multi-node job; no price on any of its nodes: None). The price is the highest
+        each node exported in the range, so a node gone since is priced."""
+        q = f"max by (instance, currency) (max_over_time({self._m('gpuwarden_gpu_hour_price')}[{self.range}]))"
         prices = {s.labels["instance"]: (s.value, s.labels.get("currency", "")) for s in self._q(q, "instance")}
         for u in usages.values():
             known = [prices[i] for i in u.instances if i in prices]

@@ -9,6 +9,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage
@@ -115,41 +116,144 @@ def top(args: argparse.Namespace) -> int:
         }
         print(_json(doc))
         return 0
+    console = _console()
+    if not jobs and not gpus:
+        _print(console, plain(f"No gpuwarden data in {redacted(args.prometheus)} over the last {args.range}."))
+        return 1
+    _print(console, jobs_table(ranked_jobs, names, args.range, console.width))
+    if args.details:
+        for k, u in ranked_jobs:
+            _print(console, job_details(k, u, names))
+    _print(console, gpus_table(ranked_gpus, names, args.range, console.width))
+    return 0
+
+
+def _console() -> Any:
+    """A rich Console: the terminal's width on a terminal; otherwise no width limit and no colours (a pipe or a file
+    gets every column, each row on one line)."""
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
-    if not jobs and not gpus:
-        console.print(plain(f"No gpuwarden data in {redacted(args.prometheus)} over the last {args.range}."))
-        return 1
-    t = Table(title=f"Jobs by GPU-hours lost, last {args.range}", title_justify="left", expand=False)
-    for col, just in (("job", "left"), ("node", "left"), ("GPUs", "right"), ("held h", "right"),
-                      ("lost h", "right"), ("lost to", "left"), ("cost", "right"), ("verdict", "left"),
-                      ("do first", "left")):  # fmt: skip
-        t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
-    for k, u in ranked_jobs:
-        share = u.lost_total / u.held_hours if u.held_hours else 0.0
-        _row(t, k.job_id, _nodes(u, names), str(len(u.gpus)), _hours(u.held_hours),
-                  f"{_hours(u.lost_total)} ({share:.0%})", _causes(u), _cost(u), " + ".join(u.verdict()[:2]) or "-",
-                  _short(u.first_remedy()))  # fmt: skip
-    console.print(t)
-    g = Table(title=f"GPUs by GPU-hours lost, last {args.range}", title_justify="left")
-    for col in ("node", "GPU", "busy h", "lost h", "lost to", "free h", "cost", "verdict"):
-        g.add_column(col, justify="left" if col in ("node", "lost to", "verdict") else "right")
-    for (inst, gpu), u in ranked_gpus:
-        _row(g, names.get(inst) or inst, gpu, _hours(u.busy_hours), _hours(u.lost_total), _causes(u),
-                  _hours(u.free_hours), _cost(u), " + ".join(u.verdict()[:2]) or "-")  # fmt: skip
-    console.print(g)
-    return 0
+    if not console.is_terminal:
+        console = Console(width=100_000, no_color=True, highlight=False, soft_wrap=False)
+    return console
+
+
+def _print(console: Any, renderable: Any) -> None:
+    """Print ``renderable`` on ``console``; without a terminal, lines without the padding to the console's width."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    with console.capture() as captured:
+        console.print(renderable)
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+
+#: A column of ``top``'s tables: (title, right-aligned, cell of one row).
+Column = tuple[str, bool, Callable[[Any], str]]
+
+
+def _fitted(title: str, required: list[Column], optional: list[Column], rows: list[Any], width: int) -> Any:
+    """A table of ``rows``: every ``required`` column, then the ``optional`` ones in order while the table stays
+    within ``width`` characters (the first column is never folded: a job id is shown whole, ready to paste). Rows are
+    one line each when the required columns fit."""
+    from rich import box
+    from rich.table import Table
+
+    cells = {c[0]: [c[2](r) for r in rows] for c in required + optional}
+
+    def natural(c: Column) -> int:
+        return max([len(c[0]), *(len(visible(x)) for x in cells[c[0]])]) + 2  # + the padding either side
+
+    chosen = list(required)
+    used = sum(natural(c) for c in chosen)
+    for c in optional:
+        if used + natural(c) <= width:
+            chosen.append(c)
+            used += natural(c)
+    order = [c for c in required + optional if c in chosen]
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
+    for n, (name, right, _) in enumerate(order):
+        t.add_column(name, justify="right" if right else "left", no_wrap=n == 0, overflow="fold",
+                     min_width=natural(order[0]) - 2 if n == 0 else None)  # fmt: skip
+    for i in range(len(rows)):
+        t.add_row(*(plain(cells[c[0]][i]) for c in order))
+    return t
+
+
+def _lost(u: Usage) -> str:
+    share = u.lost_total / u.held_hours if u.held_hours else 0.0
+    return f"{_hours(u.lost_total)} ({share:.0%})"
+
+
+def _main_cause(u: Usage) -> str:
+    return _causes(u, 1).split(" ", 1)[0]
+
+
+def jobs_table(ranked: list[tuple[JobKey, Usage]], names: dict[str, str], range_: str, width: int) -> Any:
+    """``top``'s job table (a rich Table) of ``ranked`` (JobKey, Usage) pairs: the job id whole, its GPUs, GPU-hours
+    held and lost, and the main cause on one line; then nodes, cost, verdict and the causes in order while the table
+    fits ``width`` characters. ``--details`` prints the rest below (``job_details``)."""
+    required: list[Column] = [
+        ("job", False, lambda r: r[0].job_id),
+        ("GPUs", True, lambda r: str(len(r[1].gpus))),
+        ("held h", True, lambda r: _hours(r[1].held_hours)),
+        ("lost h", True, lambda r: _lost(r[1])),
+        ("lost to", False, lambda r: _main_cause(r[1])),
+    ]
+    optional: list[Column] = [
+        ("cost", True, lambda r: _cost(r[1])),
+        ("verdict", False, lambda r: " + ".join(r[1].verdict()[:2]) or "-"),
+        ("node", False, lambda r: _nodes(r[1], names)),
+        ("causes", False, lambda r: _causes(r[1], 3)),
+    ]
+    return _fitted(f"Jobs by GPU-hours lost, last {range_}", required, optional, ranked, width)
+
+
+def gpus_table(ranked: list[tuple[tuple[str, str], Usage]], names: dict[str, str], range_: str, width: int) -> Any:
+    """``top``'s GPU table (a rich Table) of ``ranked`` ((instance, gpu), Usage) pairs: node, GPU, GPU-hours busy and
+    lost, the main cause; then free hours, cost, verdict and the causes while it fits ``width``."""
+    required: list[Column] = [
+        ("node", False, lambda r: names.get(r[0][0]) or r[0][0]),
+        ("GPU", True, lambda r: r[0][1]),
+        ("busy h", True, lambda r: _hours(r[1].busy_hours)),
+        ("lost h", True, lambda r: _hours(r[1].lost_total)),
+        ("lost to", False, lambda r: _main_cause(r[1])),
+    ]
+    optional: list[Column] = [
+        ("free h", True, lambda r: _hours(r[1].free_hours)),
+        ("cost", True, lambda r: _cost(r[1])),
+        ("verdict", False, lambda r: " + ".join(r[1].verdict()[:2]) or "-"),
+        ("causes", False, lambda r: _causes(r[1], 3)),
+    ]
+    return _fitted(f"GPUs by GPU-hours lost, last {range_}", required, optional, ranked, width)
+
+
+def job_details(key: JobKey, u: Usage, names: dict[str, str]) -> Any:
+    """One job's details below ``top``'s table (a rich Text): its id and node, nodes, lost GPU-hours by cause, cost,
+    verdict and what to do first."""
+    from rich.text import Text
+
+    lines = [
+        ("", key.label()),
+        ("  nodes: ", ", ".join(sorted(names.get(i) or i for i in u.instances)) or "-"),
+        ("  lost to: ", _causes(u, len(LOST_CAUSES))),
+        ("  verdict: ", " + ".join(u.verdict()) or "-"),
+    ]
+    if u.cost is not None:
+        lines.insert(3, ("  cost: ", _cost(u)))
+    if u.first_remedy():
+        lines.append(("  do first: ", u.first_remedy()))
+    text = Text()
+    for label, value in lines:
+        text.append(label, style="bold" if not label else "dim")
+        text.append(visible(value) + "\n", style="bold" if not label else "")
+    return text
 
 
 def _energy(joules: float) -> str:
     """Joules as kWh, or Wh below 1 kWh."""
     return f"{joules / 3.6e6:.2f} kWh" if joules >= 3.6e6 else f"{joules / 3600:.1f} Wh"
-
-
-def _short(text: str, n: int = 70) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def report(args: argparse.Namespace) -> int:
@@ -181,6 +285,7 @@ def report(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         doc = {"job_id": key.job_id, "instance": key.instance, "job_kind": u.kind, "range": args.range,
+               "step": args.step, "evaluated_at": acc.at, "prometheus": redacted(args.prometheus),
                **_usage_json(u),
                "stragglers": [{"instance": i, "gpu": g, "share": s} for i, g, s in stragglers],
                "gpus_lost": [{"instance": i, "gpu": g, "node": names.get(i, "")} for i, g in lost]}  # fmt: skip
@@ -192,7 +297,6 @@ def report(args: argparse.Namespace) -> int:
 
 def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]], lost: list[tuple[str, str]],
                   names: dict[str, str], range_: str) -> None:  # fmt: skip
-    from rich.console import Console
     from rich.table import Table
 
     title = plain(f"Job {key.label()} ({u.kind or 'job'}), last {range_}")
@@ -223,8 +327,9 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
         _row(t, "GPUs lost (down)", ", ".join(f"{names.get(i) or i} GPU {g}" for i, g in lost),
              "went down while the job held them")  # fmt: skip
     _row(t, "verdict", " + ".join(u.verdict()) or "-", "")
-    Console().print(t)
+    console = _console()
+    _print(console, t)
     if u.first_remedy():
         from rich.text import Text
 
-        Console().print(Text.assemble(("Do first:", "bold"), " ", visible(u.first_remedy())))
+        _print(console, Text.assemble(("Do first:", "bold"), " ", visible(u.first_remedy())))

@@ -20,6 +20,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_common(p)
     p.add_argument("--limit", type=int, default=15, help="rows per table (default 15)")
+    p.add_argument("--details", action="store_true",
+                   help="below the job table: each job's nodes, causes, cost, verdict, what to do first")  # fmt: skip
     return p
 
 

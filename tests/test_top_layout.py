@@ -1,0 +1,71 @@
+"""``gpuwarden top``'s tables fit the terminal: every job on one line at 80 columns with its id whole (ready to paste
+into ``report --job``), the optional columns added only where they fit; without a terminal, every column."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from gpuwarden.cluster.usage import JobKey, Usage
+from gpuwarden.cluster.views import gpus_table, job_details, jobs_table
+
+POD = "3f2b6c1e-8a4d-4e8f-9b7a-0c5d2e1f6a9b"  # a pod UID: 36 characters
+SLUID = "sEKNKTV3WPV500"
+NAMES = {"10.0.0.7:9400": "gpu-node-007.cluster.example", "10.0.0.8:9400": "gpu-node-008.cluster.example"}
+
+
+def _usage(lost: dict[str, float], held: float, nodes: list[str], gpus: int) -> Usage:
+    u = Usage(held_hours=held, busy_hours=held - sum(lost.values()), cost=12.5 * sum(lost.values()), currency="USD")
+    u.lost_hours.update(lost)
+    u.instances = set(nodes)
+    u.gpus = {(n, str(i)) for n in nodes for i in range(gpus)}
+    u.reasons = {"input_starved": 30.0, "throttled": 5.0}
+    return u
+
+
+JOBS = [
+    (JobKey(POD), _usage({"input_cpu": 37.5, "paused": 2.0, "lost": 1.0}, 96.0, list(NAMES), 8)),
+    (JobKey(SLUID), _usage({"held_idle": 3.25}, 4.0, ["10.0.0.7:9400"], 1)),
+    (JobKey("4242"), _usage({"input_io": 0.5}, 1.0, ["10.0.0.8:9400"], 2)),
+]
+
+
+def _render(table: object, width: int) -> list[str]:
+    out = io.StringIO()
+    Console(file=out, width=width, force_terminal=True, color_system=None).print(table)
+    return [line for line in out.getvalue().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_every_job_is_one_line_with_its_whole_id_within_the_width(width: int) -> None:
+    lines = _render(jobs_table(JOBS, NAMES, "1d", width), width)
+    assert all(len(line) <= width for line in lines), lines
+    for key, _ in JOBS:
+        [row] = [line for line in lines if key.job_id in line]  # whole, on exactly one line
+        assert "(" in row and "%)" in row  # its lost share is on that line too
+    assert len(lines) == 3 + len(JOBS)  # title, header, rule, one line per job
+
+
+def test_optional_columns_come_only_where_they_fit() -> None:
+    narrow = "\n".join(_render(jobs_table(JOBS, NAMES, "1d", 80), 80))
+    wide = "\n".join(_render(jobs_table(JOBS, NAMES, "1d", 100_000), 100_000))
+    assert "causes" not in narrow and "node" not in narrow
+    for column in ("cost", "verdict", "node", "causes"):
+        assert column in wide
+    assert "gpu-node-007.cluster.example" in wide and "input_cpu 37.5 h" in wide
+
+
+def test_the_gpu_table_fits_too() -> None:
+    gpus = [((inst, str(i)), _usage({"held_idle": 0.5 * i}, 1.0, [inst], 1)) for inst in NAMES for i in range(3)]
+    lines = _render(gpus_table(gpus, NAMES, "1d", 80), 80)
+    assert all(len(line) <= 80 for line in lines) and len(lines) == 3 + len(gpus)
+    assert sum("gpu-node-008.cluster.example" in line for line in lines) == 3
+
+
+def test_details_name_every_cause_the_cost_and_what_to_do_first() -> None:
+    text = "\n".join(_render(job_details(*JOBS[0], NAMES), 80))
+    assert POD in text and "gpu-node-007.cluster.example, gpu-node-008.cluster.example" in text
+    assert "input_cpu 37.5 h, paused 2.00 h, lost 1.00 h" in text and "506.25 USD" in text
+    assert "do first:" in text and "input_starved + throttled" in text
