@@ -67,7 +67,8 @@ NODES = {
 }
 #: Shorter windows than production, so the rules see enough data within the test.
 PARAMS = {"memory_filling_range": "1m", "memory_filling_horizon_seconds": 600, "held_idle_range": "20s",
-          "memory_growth_window": "4s", "memory_growth_offset_2": "8s", "memory_growth_offset_3": "12s"}  # fmt: skip
+          "memory_growth_window": "4s", "memory_growth_offset_2": "8s", "memory_growth_offset_3": "12s",
+          "straggler_for": "10s", "suspect_range": "5m"}  # fmt: skip
 
 
 def _daemon(trace: str, port: int, node: str) -> subprocess.Popen:

@@ -124,9 +124,12 @@ class Accounting:
         self.sel = selector.strip().strip(",")
         self._reasons: dict[tuple[str, str], dict[str, float]] | None = None
 
-    def _m(self, metric: str, extra: str = "") -> str:
+    def metric(self, metric: str, extra: str = "") -> str:
+        """The selector of ``metric`` with the accounting's label matchers and ``extra`` ones."""
         inner = ", ".join(x for x in (self.sel, extra) if x)
         return f"{metric}{{{inner}}}"
+
+    _m = metric
 
     def _share(self, job_filter: str = "") -> str:
         """Per (GPU, job): 1/N where N jobs hold the GPU at that moment."""
@@ -164,6 +167,10 @@ class Accounting:
     def _gpu_increase(self, metric: str, extra: str = "") -> str:
         """``_increase`` summed over the series of each GPU (e.g. every state but one): one series per GPU."""
         return f"sum by (instance, gpu, uuid) ({self._increase(metric, extra)})"
+
+    def samples(self, promql: str, *need: str) -> list:
+        """The instant query's samples at the accounting's moment that carry every label in ``need`` (``_q``)."""
+        return self._q(promql, *need)
 
     def _q(self, promql: str, *need: str) -> list:
         """The query's samples that carry every label in ``need``: PromQL drops an empty label from a ``by`` result

@@ -128,6 +128,46 @@ def top(args: argparse.Namespace) -> int:
     return 0
 
 
+def suspects_view(args: argparse.Namespace) -> int:
+    """``gpuwarden top --suspects``: print the fail-slow suspects (gpuwarden.cluster.suspects) with their evidence;
+    exit 1 with one line on errors."""
+    from gpuwarden.cluster.promapi import PrometheusError
+    from gpuwarden.cluster.suspects import suspects
+
+    try:
+        prom, acc = _open(args)
+        try:
+            found, names = suspects(acc, args.straggler_for, args.suspect_jobs), acc.node_names()
+        finally:
+            prom.close()
+    except (PrometheusError, ValueError) as exc:
+        print(f"gpuwarden top: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        doc = {"prometheus": redacted(args.prometheus), "range": args.range, "min_jobs": args.suspect_jobs,
+               "straggler_for": args.straggler_for,
+               "suspects": [{"instance": s.instance, "node": names.get(s.instance, ""), "gpu": s.gpu, "uuid": s.uuid,
+                             "jobs": s.jobs, "evidence": s.evidence} for s in found]}  # fmt: skip
+        print(_json(doc))
+        return 0
+    console = _console()
+    if not found:
+        _print(console, plain(f"No GPU was the straggler of {args.suspect_jobs} or more jobs over the last "
+                              f"{args.range}."))  # fmt: skip
+        return 0
+    rows = [(s, names.get(s.instance) or s.instance) for s in found]
+    required: list[Column] = [
+        ("node", False, lambda r: r[1]),
+        ("GPU", True, lambda r: r[0].gpu),
+        ("jobs", True, lambda r: str(r[0].jobs)),
+        ("evidence on the node", False, lambda r: "; ".join(r[0].evidence) or "none: not on this node"),
+    ]
+    optional: list[Column] = [("uuid", False, lambda r: r[0].uuid)]
+    title = f"Fail-slow suspects: the straggler of {args.suspect_jobs}+ jobs, last {args.range}"
+    _print(console, _fitted(title, required, optional, rows, console.width))
+    return 0
+
+
 def _console() -> Any:
     """A rich Console: the terminal's width on a terminal; otherwise no width limit and no colours (a pipe or a file
     gets every column, each row on one line)."""

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from gpuwarden.commands import COMMANDS
-from gpuwarden.commands._prometheus import add_common
+from gpuwarden.commands._prometheus import add_common, duration
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -22,12 +22,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=15, help="rows per table (default 15)")
     p.add_argument("--details", action="store_true",
                    help="below the job table: each job's nodes, causes, cost, verdict, what to do first")  # fmt: skip
+    p.add_argument("--suspects", action="store_true",
+                   help="instead: the GPUs that held back several jobs (fail-slow suspects) with their node-local "
+                   "evidence; use a long --range, e.g. 7d")  # fmt: skip
+    p.add_argument("--suspects.min-jobs", dest="suspect_jobs", type=_positive_int, default=3, metavar="N",
+                   help="distinct jobs a GPU must have been the straggler of (default 3)")  # fmt: skip
+    p.add_argument("--suspects.straggler-for", dest="straggler_for", type=duration, default="5m",
+                   help="how long the daemon must flag it its job's straggler to count (default 5m)")  # fmt: skip
     return p
+
+
+def _positive_int(text: str) -> int:
+    """``text`` as an integer >= 1; raises argparse.ArgumentTypeError otherwise."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more: {text!r}")
+    return n
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the jobs and GPUs that lost the most GPU-hours (gpuwarden.cluster.views.top); 1 with one line on
     errors."""
-    from gpuwarden.cluster.views import top
+    from gpuwarden.cluster.views import suspects_view, top
 
-    return top(args)
+    return suspects_view(args) if args.suspects else top(args)

@@ -1,0 +1,110 @@
+"""Fail-slow suspects: GPUs that were the sustained straggler of several distinct jobs over a range, with the
+node-local evidence Prometheus holds for each, from gpuwarden's series (no recording rule needed; the shipped rules
+``job_id:gpu_straggler:sustained`` and ``uuid:gpu_straggler_jobs:count`` and the alert GpuSuspectFailSlow compute the
+same).
+
+- **Straggler of a job**: the daemon flagged the GPU ``straggler`` (``gpu_diagnosis{reason="straggler"}``: the other
+  GPUs of its job wait on it in collectives, docs/scores.md) at every sample of ``straggler_for``, and the job held it
+  then and ``straggler_for`` before (a flag left from the previous job never counts for the next). One slow job
+  proves little (a rank with more host work or a larger shard straggles too); the same GPU holding back job after job
+  points at the GPU (Greyhound, ATC'25; Guard, MLSys'26). Where the straggling moves between GPUs from job to job, no
+  GPU reaches the count.
+- **Evidence** (``evidence``): what the node's own series say of the suspect against the node's other GPUs over the
+  same range. An empty list means none on the node: the cause is outside what NVML sees.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from statistics import mean
+from typing import TYPE_CHECKING
+
+from gpuwarden.catalog import THROTTLE_REASONS
+
+if TYPE_CHECKING:
+    from gpuwarden.cluster.usage import Accounting
+
+#: A suspect's mean SM clock below this share of its node's other GPUs' is evidence (at the power they draw).
+CLOCK_BELOW_PEERS = 0.97
+#: Seconds in a power, thermal or hardware clock event beyond the node's other GPUs' mean that are evidence.
+CLOCK_EVENT_SECONDS = 60.0
+#: A memory (HBM) temperature peak this many degrees above the hottest of the node's other GPUs is evidence.
+MEMORY_HOTTER_CELSIUS = 5.0
+
+
+@dataclass
+class Suspect:
+    """A GPU (instance, gpu index, uuid) that was the sustained straggler of ``jobs`` distinct jobs in the range,
+    with the node-local ``evidence`` (one sentence each; empty: none on the node)."""
+
+    instance: str
+    gpu: str
+    uuid: str
+    jobs: int
+    evidence: list[str] = field(default_factory=list)
+
+
+def suspects(acc: Accounting, straggler_for: str = "5m", min_jobs: int = 3) -> list[Suspect]:
+    """The GPUs that were the sustained straggler (flagged for all of ``straggler_for``, a Prometheus duration) of at
+    least ``min_jobs`` distinct jobs over ``acc``'s range, most jobs first, each with its evidence. Raises
+    PrometheusError when Prometheus cannot answer."""
+    flag = acc.metric("gpu_diagnosis", 'reason="straggler"')
+    info = acc.metric("gpu_process_job_info")
+    held = f"max by (instance, gpu, uuid, job_id) ({info})"
+    held_before = f"max by (instance, gpu, uuid, job_id) ({info} offset {straggler_for})"
+    sustained = (f"((min_over_time({flag}[{straggler_for}]) == 1) * on (instance, gpu, uuid) group_right ()"
+                 f" ({held} and {held_before}))")  # fmt: skip
+    q = f"count by (instance, gpu, uuid) (count_over_time({sustained}[{acc.range}:{acc.step}])) >= {int(min_jobs)}"
+    found = [Suspect(s.labels["instance"], s.labels["gpu"], s.labels.get("uuid", ""), int(s.value))
+             for s in acc.samples(q, "instance", "gpu")]  # fmt: skip
+    if found:
+        _add_evidence(acc, found)
+    return sorted(found, key=lambda s: (-s.jobs, s.instance, s.gpu))
+
+
+def _per_gpu(acc: Accounting, promql: str, by: str = "") -> dict[tuple[str, str], dict[str, float]]:
+    """(instance, gpu) -> {label value of ``by`` (or ""): value} of a query summed by instance, gpu[, by]."""
+    out: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    labels = "instance, gpu" + (f", {by}" if by else "")
+    for s in acc.samples(f"sum by ({labels}) ({promql})", "instance", "gpu"):
+        out[(s.labels["instance"], s.labels["gpu"])][s.labels.get(by, "") if by else ""] = s.value
+    return out
+
+
+def _peers(values: dict[tuple[str, str], dict[str, float]], g: tuple[str, str], key: str = "") -> list[float]:
+    return [v[key] for (inst, gpu), v in values.items() if inst == g[0] and gpu != g[1] and key in v]
+
+
+def _add_evidence(acc: Accounting, found: list[Suspect]) -> None:
+    """Fill each suspect's evidence from its node's series over the range (one query per signal, every GPU)."""
+    r = acc.range
+    sm_clock = acc.metric("gpu_clock_hertz", 'clock="sm"')
+    clock = _per_gpu(acc, f"avg_over_time({sm_clock}[{r}])")
+    power = _per_gpu(acc, f"avg_over_time({acc.metric('gpu_power_usage_watts')}[{r}])")
+    throttles = acc.metric("gpu_clock_event_reason_seconds_total", 'reason=~"' + "|".join(THROTTLE_REASONS) + '"')
+    events = _per_gpu(acc, f"increase({throttles}[{r}])", by="reason")
+    replays = _per_gpu(acc, f"increase({acc.metric('gpu_pcie_replay_errors_total')}[{r}])")
+    nvlink = _per_gpu(acc, f"increase({acc.metric('gpu_nvlink_errors_total')}[{r}])")
+    pending = _per_gpu(acc, f"max_over_time({acc.metric('gpu_row_remap_pending')}[{r}])")
+    hbm = _per_gpu(acc, f"max_over_time({acc.metric('gpu_memory_temperature_celsius')}[{r}])")
+    for s in found:
+        g, ev = (s.instance, s.gpu), s.evidence
+        peers = _peers(clock, g)
+        if g in clock and peers and clock[g][""] < CLOCK_BELOW_PEERS * mean(peers):
+            watts = _peers(power, g)
+            at = f" at {power[g][''] / mean(watts):.0%} of their power" if g in power and watts and mean(watts) else ""
+            ev.append(f"SM clock {clock[g][''] / mean(peers):.0%} of the node's other GPUs'{at}")
+        for reason, secs in sorted(events.get(g, {}).items()):
+            others = _peers(events, g, reason)
+            if secs - (mean(others) if others else 0.0) >= CLOCK_EVENT_SECONDS:
+                ev.append(f"{secs:.0f} s of clock event {reason} (the node's other GPUs: {mean(others or [0]):.0f} s)")
+        if replays.get(g, {}).get("", 0) >= 1:
+            ev.append(f"{replays[g]['']:.0f} PCIe replays")
+        if nvlink.get(g, {}).get("", 0) >= 1:
+            ev.append(f"{nvlink[g]['']:.0f} NVLink CRC errors")
+        if pending.get(g, {}).get("", 0) >= 1:
+            ev.append("row remapping pending (a reset applies it)")
+        hot = _peers(hbm, g)
+        if g in hbm and hot and hbm[g][""] >= max(hot) + MEMORY_HOTTER_CELSIUS:
+            ev.append(f"memory temperature peaked at {hbm[g]['']:.0f} °C, the node's other GPUs at {max(hot):.0f} °C")
