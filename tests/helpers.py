@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -126,3 +127,46 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
+
+
+def replay_nodes(
+    traces: dict[str, str], env: dict[str, dict[str, str]]
+) -> tuple[list[subprocess.Popen], dict[str, int]]:
+    """Start one ``serve --replay`` daemon per node of ``traces`` (node -> trace name in tests/data/traces), each on a
+    free port with its ``env`` added (node -> variables); returns the processes and each node's port."""
+    ports = {n: free_port() for n in traces}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuwarden",
+                "serve",
+                "--replay",
+                str(REPO / "tests" / "data" / "traces" / f"{trace}.jsonl.gz"),
+                "--web.listen-address",
+                f"127.0.0.1:{ports[n]}",
+                "--log.level",
+                "warning",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **env.get(n, {})},
+        )  # fmt: skip
+        for n, trace in traces.items()
+    ]
+    return procs, ports
+
+
+def prometheus(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subprocess.Popen, str]:
+    """Start a real Prometheus (``binary``) with ``config`` (written to ``tmp``/prometheus.yml) and its storage in
+    ``tmp``; returns the process and its URL (not yet ready: wait_http its /-/ready)."""
+    import yaml
+
+    port = free_port()
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"

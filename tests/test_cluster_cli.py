@@ -14,8 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers import REPO, free_port, wait_http
+from helpers import REPO, prometheus, replay_nodes, wait_http
 
 TRACES = REPO / "tests" / "data" / "traces"
 PROMETHEUS = shutil.which("prometheus")
@@ -29,43 +28,21 @@ PRICE = {"a": "4", "b": "4", "c": "2", "d": "2.5"}
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("cluster")
-    ports = {n: free_port() for n in NODES}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuwarden",
-                "serve",
-                "--replay",
-                str(TRACES / f"{trace}.jsonl.gz"),
-                "--web.listen-address",
-                f"127.0.0.1:{ports[n]}",
-                "--log.level",
-                "warning",
-            ],
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "GPUWARDEN_NODE_NAME": f"node-{n}", "GPUWARDEN_PRICE_PER_GPU_HOUR": PRICE[n]},
-        )  # fmt: skip
-        for n, trace in NODES.items()
-    ]
-    port = free_port()
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+    env = {n: {"GPUWARDEN_NODE_NAME": f"node-{n}", "GPUWARDEN_PRICE_PER_GPU_HOUR": PRICE[n]} for n in NODES}
+    procs, ports = replay_nodes(NODES, env)
+    config = {
         "global": {"scrape_interval": "1s"},
         "scrape_configs": [{"job_name": "gpuwarden",
                             "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports.values()]}]}],
-    }))  # fmt: skip
-    procs.append(subprocess.Popen(
-        [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+    }  # fmt: skip
+    server, url = prometheus(PROMETHEUS, tmp, config)
+    procs.append(server)
     try:
         for p in ports.values():
             wait_http(f"http://127.0.0.1:{p}/healthz")
-        wait_http(f"http://127.0.0.1:{port}/-/ready")
+        wait_http(f"{url}/-/ready")
         time.sleep(60)  # one-second scrapes: node d's second job starts 49 s into its recording
-        yield {"url": f"http://127.0.0.1:{port}", "ports": ports}
+        yield {"url": url, "ports": ports}
     finally:
         for proc in procs:
             proc.terminate()

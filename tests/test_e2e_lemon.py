@@ -7,7 +7,6 @@ same GPU without the rules and says its evidence is not on the node (the derived
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,9 +16,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import yaml
-from helpers import REPO, free_port, wait_http
+from helpers import REPO, prometheus, replay_nodes, wait_http
 
-TRACES = REPO / "tests" / "data" / "traces"
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
     pytest.mark.e2e,
@@ -38,28 +36,7 @@ def _query(prom: str, expr: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("lemon")
-    ports = {n: free_port() for n in NODES}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuwarden",
-                "serve",
-                "--replay",
-                str(TRACES / f"{trace}.jsonl.gz"),
-                "--web.listen-address",
-                f"127.0.0.1:{ports[n]}",
-                "--log.level",
-                "warning",
-            ],
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "GPUWARDEN_NODE_NAME": n},
-        )  # fmt: skip
-        for n, trace in NODES.items()
-    ]
+    procs, ports = replay_nodes(NODES, {n: {"GPUWARDEN_NODE_NAME": n} for n in NODES})
     (tmp / "params.yml").write_text(yaml.safe_dump(PARAMS))
     gen = subprocess.run([sys.executable, str(REPO / "alerts" / "generate.py"), "--params", str(tmp / "params.yml"),
                           "--out", str(tmp / "rules.yml")], capture_output=True, text=True, check=False)  # fmt: skip
@@ -68,17 +45,14 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     for group in rules["groups"]:
         group.pop("interval", None)  # every group at the global 1 s
     (tmp / "rules.yml").write_text(yaml.safe_dump(rules))
-    port = free_port()
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+    config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(tmp / "rules.yml")],
         "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [
             {"targets": [f"127.0.0.1:{ports[n]}"], "labels": {"scenario": n}} for n in NODES]}],
-    }))  # fmt: skip
-    procs.append(subprocess.Popen(
-        [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    }  # fmt: skip
+    server, url = prometheus(PROMETHEUS, tmp, config)
+    procs.append(server)
     try:
         for p in ports.values():
             wait_http(f"http://127.0.0.1:{p}/healthz")

@@ -10,7 +10,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage
 from gpuwarden.terminal import plain, visible
@@ -18,6 +18,8 @@ from gpuwarden.urls import redacted
 
 if TYPE_CHECKING:
     from gpuwarden.cluster.promapi import Prometheus
+
+T = TypeVar("T")
 
 
 def _row(table: Any, *cells: object) -> None:
@@ -87,19 +89,28 @@ def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
     return prom, Accounting(prom, args.range, args.step, args.selector, at=time.time())
 
 
-def top(args: argparse.Namespace) -> int:
-    """``gpuwarden top``: print the jobs and GPUs that lost the most GPU-hours; exit 1 with one line on errors."""
+def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T]) -> T | None:
+    """``work(accounting)`` against the Prometheus of ``args``, the client closed after it; None after printing one
+    line ``gpuwarden COMMAND: why`` when Prometheus cannot answer or the arguments are refused."""
     from gpuwarden.cluster.promapi import PrometheusError  # httpx: only for the commands that ask Prometheus
 
     try:
         prom, acc = _open(args)
         try:
-            jobs, gpus, names = acc.jobs(), acc.gpus(), acc.node_names()
+            return work(acc)
         finally:
             prom.close()
     except (PrometheusError, ValueError) as exc:
-        print(f"gpuwarden top: {exc}", file=sys.stderr)
+        print(f"gpuwarden {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def top(args: argparse.Namespace) -> int:
+    """``gpuwarden top``: print the jobs and GPUs that lost the most GPU-hours; exit 1 with one line on errors."""
+    got = _ask(args, "top", lambda acc: (acc.jobs(), acc.gpus(), acc.node_names()))
+    if got is None:
         return 1
+    jobs, gpus, names = got
     ranked_jobs = sorted(jobs.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))[: args.limit]
     ranked_gpus = sorted(gpus.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))[: args.limit]
     if args.json:
@@ -131,18 +142,12 @@ def top(args: argparse.Namespace) -> int:
 def suspects_view(args: argparse.Namespace) -> int:
     """``gpuwarden top --suspects``: print the fail-slow suspects (gpuwarden.cluster.suspects) with their evidence;
     exit 1 with one line on errors."""
-    from gpuwarden.cluster.promapi import PrometheusError
     from gpuwarden.cluster.suspects import suspects
 
-    try:
-        prom, acc = _open(args)
-        try:
-            found, names = suspects(acc, args.straggler_for, args.suspect_jobs), acc.node_names()
-        finally:
-            prom.close()
-    except (PrometheusError, ValueError) as exc:
-        print(f"gpuwarden top: {exc}", file=sys.stderr)
+    got = _ask(args, "top", lambda acc: (suspects(acc, args.straggler_for, args.suspect_jobs), acc.node_names()))
+    if got is None:
         return 1
+    found, names = got
     if args.json:
         doc = {"prometheus": redacted(args.prometheus), "range": args.range, "min_jobs": args.suspect_jobs,
                "straggler_for": args.straggler_for,
