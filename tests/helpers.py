@@ -101,11 +101,18 @@ def serving(*args: str, log: Path, **popen: Any) -> Iterator[tuple[subprocess.Po
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM ``proc`` and wait for it; SIGKILL it after 10 s."""
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_all([proc])
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every process of ``procs`` at once, then wait for each; SIGKILL one still running after 10 s."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def skip_where_nvml_works(what: str) -> None:

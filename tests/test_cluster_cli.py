@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REPO, prometheus, replay_nodes, wait_http
+from helpers import REPO, prometheus, replay_nodes, stop_all, wait_http
 
 TRACES = REPO / "tests" / "data" / "traces"
 PROMETHEUS = shutil.which("prometheus")
@@ -44,13 +44,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         time.sleep(60)  # one-second scrapes: node d's second job starts 49 s into its recording
         yield {"url": url, "ports": ports}
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
 
 
 def gw(*args: str) -> subprocess.CompletedProcess[str]:

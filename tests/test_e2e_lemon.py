@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import yaml
-from helpers import REPO, prometheus, replay_nodes, wait_http
+from helpers import REPO, prometheus, replay_nodes, stop_all, wait_http
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
@@ -67,13 +67,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         time.sleep(5)  # an evaluation or two more, so the alert rule has read the count
         yield {"url": url, "ports": ports}
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
 
 
 def test_the_gpu_that_held_back_three_jobs_is_marked_and_alerted_and_no_other(prom: dict) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from helpers import free_port, wait_http
+from helpers import free_port, stop_all, wait_http
 
 REPO = Path(__file__).parent.parent
 TRACES = REPO / "tests" / "data" / "traces"
@@ -154,13 +154,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         PORTS.update(ports)
         yield {"prom": prom, "ddp": f"127.0.0.1:{ports['ddp']}", "ports": ports}
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         hook.shutdown()
 
 

@@ -129,12 +129,10 @@ class Accounting:
         inner = ", ".join(x for x in (self.sel, extra) if x)
         return f"{metric}{{{inner}}}"
 
-    _m = metric
-
     def _share(self, job_filter: str = "") -> str:
         """Per (GPU, job): 1/N where N jobs hold the GPU at that moment."""
-        info = self._m("gpu_process_job_info", job_filter)
-        every = self._m("gpu_process_job_info")
+        info = self.metric("gpu_process_job_info", job_filter)
+        every = self.metric("gpu_process_job_info")
         return (
             f"(max by (instance, gpu, uuid, job_id, job_scope, job_kind) ({info})"
             f" / on (instance, gpu, uuid) group_left () count by (instance, gpu, uuid)"
@@ -150,7 +148,7 @@ class Accounting:
 
     def _one(self) -> str:
         """1 for every GPU (gpu_up is there for a lost GPU too)."""
-        return f"(0 * {self._m('gpu_up')} + 1)"
+        return f"(0 * {self.metric('gpu_up')} + 1)"
 
     def _increase(self, metric: str, extra: str = "") -> str:
         """The counter's growth over the step that ends at each evaluation: its value then minus its value one step
@@ -161,7 +159,7 @@ class Accounting:
         scrapes). A counter that restarted (a daemon restart: below its earlier value) or appeared within the step
         counts its value since it started (``+ 0`` drops the metric name as the difference does, so a series is one
         series over the range whichever side a step took)."""
-        m = self._m(metric, extra)
+        m = self.metric(metric, extra)
         return f"((({m} - {m} offset {self.step}) >= 0) or ({m} + 0))"
 
     def _gpu_increase(self, metric: str, extra: str = "") -> str:
@@ -169,10 +167,6 @@ class Accounting:
         return f"sum by (instance, gpu, uuid) ({self._increase(metric, extra)})"
 
     def samples(self, promql: str, *need: str) -> list:
-        """The instant query's samples at the accounting's moment that carry every label in ``need`` (``_q``)."""
-        return self._q(promql, *need)
-
-    def _q(self, promql: str, *need: str) -> list:
         """The query's samples that carry every label in ``need``: PromQL drops an empty label from a ``by`` result
         (a series with no job id), and a server that is not what it claims may send anything."""
         return [s for s in self.prom.query(promql, self.at) if all(s.labels.get(k) for k in need)]
@@ -185,18 +179,19 @@ class Accounting:
         # held: the GPU's accounted seconds in every state but free while the job held it (so held = busy + lost,
         # from the same counters), per GPU and job: the job's held hours, nodes and GPUs
         held = self._gpu_increase("gpu_state_seconds_total", 'state!="free"')
-        for s in self._q(self._per_job(held, jf, by="instance, gpu, job_id, job_scope, job_kind"), *_GPU_JOB):
+        for s in self.samples(self._per_job(held, jf, by="instance, gpu, job_id, job_scope, job_kind"), *_GPU_JOB):
             u = out[_job_key(s.labels)]
             u.held_hours += s.value / 3600
             u.instances.add(s.labels["instance"])
             u.gpus.add((s.labels["instance"], s.labels["gpu"]))
             u.kind = s.labels.get("job_kind", u.kind)
-        for s in self._q(self._per_job(self._increase("gpu_state_seconds_total", 'state="busy"'), jf), "job_id"):
+        for s in self.samples(self._per_job(self._increase("gpu_state_seconds_total", 'state="busy"'), jf), "job_id"):
             out[_job_key(s.labels)].busy_hours += s.value / 3600
         for cause in LOST_CAUSES:
-            for s in self._q(self._per_job(self._increase("gpu_idle_seconds_total", f'cause="{cause}"'), jf), "job_id"):
+            idle = self._increase("gpu_idle_seconds_total", f'cause="{cause}"')
+            for s in self.samples(self._per_job(idle, jf), "job_id"):
                 out[_job_key(s.labels)].lost_hours[cause] += s.value / 3600
-        for s in self._q(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf), "job_id"):
+        for s in self.samples(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf), "job_id"):
             u = out[_job_key(s.labels)]
             u.held_idle_energy_joules = (u.held_idle_energy_joules or 0.0) + s.value
         # the reasons the daemons gave for a job's GPUs while it held them, step by step (one query per reason seen
@@ -204,8 +199,8 @@ class Accounting:
         # match many-to-many)
         seen = {r for reasons in self._gpu_reasons().values() for r in reasons}
         for reason in sorted(seen):
-            flagged = f"{self._m('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
-            for s in self._q(self._per_job(flagged, jf), "job_id"):
+            flagged = f"{self.metric('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
+            for s in self.samples(self._per_job(flagged, jf), "job_id"):
                 if s.value > 0:
                     u = out[_job_key(s.labels)]
                     u.reasons[reason] = u.reasons.get(reason, 0.0) + s.value
@@ -216,14 +211,14 @@ class Accounting:
         """``jobs()`` of one id, with energy and effective (SM activity >= 0.5) GPU-hours added."""
         out = self.jobs(job_id, instance)
         jf = _job_filter(job_id, instance)
-        activity = f"({self._m('gpu_sm_activity_ratio')} or {self._m('gpu_utilization_ratio')})"
+        activity = f"({self.metric('gpu_sm_activity_ratio')} or {self.metric('gpu_utilization_ratio')})"
         h = self.step_s / 3600
 
-        for s in self._q(self._per_job(f"{activity} >= bool {EFFECTIVE_SM}", jf), "job_id"):
+        for s in self.samples(self._per_job(f"{activity} >= bool {EFFECTIVE_SM}", jf), "job_id"):
             if _job_key(s.labels) in out:
                 u = out[_job_key(s.labels)]
                 u.effective_hours = (u.effective_hours or 0.0) + s.value * h
-        for s in self._q(self._per_job(self._increase("gpu_energy_joules_total"), jf), "job_id"):
+        for s in self.samples(self._per_job(self._increase("gpu_energy_joules_total"), jf), "job_id"):
             if _job_key(s.labels) in out:
                 u = out[_job_key(s.labels)]
                 u.energy_joules = (u.energy_joules or 0.0) + s.value
@@ -233,11 +228,11 @@ class Accounting:
         """GPUs of the job the daemons flagged ``straggler`` in at least STRAGGLER_MIN_SHARE of the steps the job held
         them: (instance, gpu, share), most flagged first."""
         jf = _job_filter(job_id, instance)
-        straggler = self._m("gpu_diagnosis", 'reason="straggler"')
-        flagged = self._q(self._per_job(f"{straggler} == bool 1", jf, by="instance, gpu"), "instance", "gpu")
+        straggler = self.metric("gpu_diagnosis", 'reason="straggler"')
+        flagged = self.samples(self._per_job(f"{straggler} == bool 1", jf, by="instance, gpu"), "instance", "gpu")
         held = {
             (s.labels["instance"], s.labels["gpu"]): s.value
-            for s in self._q(self._per_job(self._one(), jf, by="instance, gpu"), "instance", "gpu")
+            for s in self.samples(self._per_job(self._one(), jf, by="instance, gpu"), "instance", "gpu")
         }
         out = []
         for s in flagged:
@@ -250,22 +245,22 @@ class Accounting:
     def lost_gpus(self, job_id: str, instance: str | None = None) -> list[tuple[str, str]]:
         """The GPUs of the job that went down (``gpu_up`` 0) in the range within LOST_WITHIN_SECONDS of the job's
         last sample on them: (instance, gpu), sorted."""
-        info = self._m("gpu_process_job_info", _job_filter(job_id, instance))
+        info = self.metric("gpu_process_job_info", _job_filter(job_id, instance))
         recent = f"max by (instance, gpu, uuid) (max_over_time({info}[{LOST_WITHIN_SECONDS}s]))"
-        down = f"({self._m('gpu_up')} == bool 0)"
+        down = f"({self.metric('gpu_up')} == bool 0)"
         q = (f"max by (instance, gpu) (max_over_time(({down} * on (instance, gpu, uuid) group_left () {recent})"
              f"[{self.range}:{self.step}])) == 1")  # fmt: skip
-        return sorted((s.labels["instance"], s.labels["gpu"]) for s in self._q(q, "instance", "gpu"))
+        return sorted((s.labels["instance"], s.labels["gpu"]) for s in self.samples(q, "instance", "gpu"))
 
     def _gpu_reasons(self) -> dict[tuple[str, str], dict[str, float]]:
         """Per GPU, the steps of the range each reason of gpu_diagnosis was 1 (asked once: jobs() and gpus() share
         it)."""
         if self._reasons is not None:
             return self._reasons
-        q = (f"sum by (instance, gpu, reason) (count_over_time(({self._m('gpu_diagnosis')} == 1)"
+        q = (f"sum by (instance, gpu, reason) (count_over_time(({self.metric('gpu_diagnosis')} == 1)"
              f"[{self.range}:{self.step}]))")  # fmt: skip
         out: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-        for s in self._q(q, "instance", "gpu", "reason"):
+        for s in self.samples(q, "instance", "gpu", "reason"):
             out[(s.labels["instance"], s.labels["gpu"])][s.labels["reason"]] = s.value
         self._reasons = dict(out)
         return self._reasons
@@ -275,7 +270,7 @@ class Accounting:
         out: dict[tuple[str, str], Usage] = defaultdict(Usage)
         idle = self._increase("gpu_idle_seconds_total")
         q = f"sum by (instance, gpu, cause) (sum_over_time({idle}[{self.range}:{self.step}]))"
-        for s in self._q(q, "instance", "gpu", "cause"):
+        for s in self.samples(q, "instance", "gpu", "cause"):
             u = out[(s.labels["instance"], s.labels["gpu"])]
             if s.labels["cause"] == "free":
                 u.free_hours += s.value / 3600
@@ -283,7 +278,7 @@ class Accounting:
                 u.lost_hours[s.labels["cause"]] += s.value / 3600
         busy = self._increase("gpu_state_seconds_total", 'state="busy"')
         q = f"sum by (instance, gpu) (sum_over_time({busy}[{self.range}:{self.step}]))"
-        for s in self._q(q, "instance", "gpu"):
+        for s in self.samples(q, "instance", "gpu"):
             out[(s.labels["instance"], s.labels["gpu"])].busy_hours += s.value / 3600
         for g, reasons in self._gpu_reasons().items():
             if g in out:
@@ -297,15 +292,15 @@ class Accounting:
     def node_names(self) -> dict[str, str]:
         """instance -> node name (gpu_devices{nodename}) of every instance seen in the range (a node gone since
         keeps its name)."""
-        q = f"max by (instance, nodename) (max_over_time({self._m('gpu_devices')}[{self.range}]))"
-        return {s.labels["instance"]: s.labels.get("nodename", "") for s in self._q(q, "instance")}
+        q = f"max by (instance, nodename) (max_over_time({self.metric('gpu_devices')}[{self.range}]))"
+        return {s.labels["instance"]: s.labels.get("nodename", "") for s in self.samples(q, "instance")}
 
     def _price(self, usages: dict) -> None:
         """Set each usage's cost: its lost GPU-hours on each node times that node's gpuwarden_gpu_hour_price (split
         evenly over the nodes of a multi-node job; no price on any of its nodes: None). The price is the highest
         each node exported in the range, so a node gone since is priced."""
-        q = f"max by (instance, currency) (max_over_time({self._m('gpuwarden_gpu_hour_price')}[{self.range}]))"
-        prices = {s.labels["instance"]: (s.value, s.labels.get("currency", "")) for s in self._q(q, "instance")}
+        q = f"max by (instance, currency) (max_over_time({self.metric('gpuwarden_gpu_hour_price')}[{self.range}]))"
+        prices = {s.labels["instance"]: (s.value, s.labels.get("currency", "")) for s in self.samples(q, "instance")}
         for u in usages.values():
             known = [prices[i] for i in u.instances if i in prices]
             if known:
