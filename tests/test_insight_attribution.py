@@ -119,8 +119,11 @@ def test_the_inspector_reads_slurm_job_id_from_a_real_process_environment() -> N
     from gpuwarden.procinfo import ProcessInspector
 
     env = {**os.environ, "SLURM_JOB_ID": "4243"}
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env) as child:
+    code = "import time; print('ready', flush=True); time.sleep(30)"
+    with subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True) as child:
         try:
+            # the child has run (exec'd with its environment): until then /proc shows the forked parent's environ
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
             assert ProcessInspector().describe(child.pid, None).slurm_job_id == "4243"
         finally:
             child.kill()
