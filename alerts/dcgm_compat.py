@@ -1,11 +1,13 @@
 """Writes alerts/dcgm-compat.rules.yml: optional recording rules that publish the most used dcgm-exporter series
-(its 4.8 names, in its units) from gpuwarden's, so a dashboard, autoscaler or FinOps query written for dcgm-exporter
-(Grafana dashboard 12239 among them) works unchanged against gpuwarden.
+from gpuwarden's, so a dashboard, autoscaler or FinOps query written for dcgm-exporter (Grafana dashboard 12239 among
+them) works unchanged against gpuwarden. Two groups: the 4.8 names in 4.8's units (MAPPED), and the names dcgm-exporter
+4.9 exports since DCGM 4.7 deprecated the old ones, in base units (MAPPED_49). Drop the group a site does not need.
 
-Each series keeps gpuwarden's labels and adds dcgm-exporter's ``UUID``, ``modelName`` and ``Hostname`` (from
-``gpu_info``'s ``name`` and ``gpu_devices``' ``nodename``). What cannot be mapped is listed in NOT_MAPPED and in
-docs/prometheus.md. Run: python3 alerts/dcgm_compat.py; tests/test_alerts.py checks the committed file is its output
-and tests it with promtool (alerts/tests/dcgm-compat.test.yml).
+Each series keeps gpuwarden's labels and adds dcgm-exporter's ``UUID``, ``modelName`` and its host label (from
+``gpu_info``'s ``name`` and ``gpu_devices``' ``nodename``): ``Hostname`` up to 4.8.2, ``hostname`` from 4.8.3 on, so
+the 4.8 group carries both and the 4.9 group ``hostname``. What cannot be mapped is listed in NOT_MAPPED and
+NOT_MAPPED_49, and in docs/prometheus.md. Run: python3 alerts/dcgm_compat.py; tests/test_alerts.py checks the
+committed file is its output and tests it with promtool (alerts/tests/dcgm-compat.test.yml).
 """
 
 from __future__ import annotations
@@ -59,32 +61,86 @@ NOT_MAPPED: dict[str, str] = {
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "a bitmask; gpuwarden exports each reason (gpu_clock_event_reason_active)",
     "DCGM_FI_PROF_PIPE_FP64_ACTIVE / FP32 / FP16": "gpuwarden reads the FP pipes together (gpu_pipe_activity_ratio)",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "a counter of bytes; gpuwarden exports rates per direction",
-    "dcgm-exporter 4.9 names": "not mapped yet: the 4.9 renames to DCGM 4.7 names are not in this file",
 }
 
-#: dcgm-exporter's own labels, joined on: UUID (gpuwarden's uuid), modelName (gpu_info's name), Hostname (the node).
-LABELS = (
-    " * on (instance, job, gpu, uuid) group_left (modelName) label_replace(group by (instance, job, gpu, uuid, name) "
-    '(gpu_info), "modelName", "$1", "name", "(.+)")'
-    " * on (instance, job) group_left (Hostname) label_replace(group by (instance, job, nodename) (gpu_devices), "
-    '"Hostname", "$1", "nodename", "(.+)")'
-)
+#: dcgm-exporter 4.9 name -> (gpuwarden expression, unit). The names are DCGM's current field names as go-dcgm's
+#: field table lists them (the old name marked deprecated, pointing at the new one; base-unit fields 1603, 1604, 1611
+#: with their own IDs), plus DCGM_FI_DEV_FB_CAPACITY_BYTES, which 4.9 collects by default. Base units throughout:
+#: hertz, joules, 0-1 ratios, bytes; so most are gpuwarden's series as they are. Names whose meaning did not change
+#: (ECC totals, the PROF PCIe and NVLink rates) keep their 4.8 names and are in the 4.8 group only.
+MAPPED_49: dict[str, tuple[str, str]] = {
+    "DCGM_FI_DEV_SM_CLOCK_HERTZ": ('gpu_clock_hertz{clock="sm"}', "hertz"),
+    "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": ('gpu_clock_hertz{clock="mem"}', "hertz"),
+    "DCGM_FI_DEV_GPU_TEMP_CELSIUS": ("gpu_temperature_celsius", "degrees Celsius"),
+    "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS": ("gpu_memory_temperature_celsius", "degrees Celsius"),
+    "DCGM_FI_DEV_BOARD_POWER_WATTS": ("gpu_power_usage_watts", "watts"),
+    "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": ("gpu_energy_joules_total", "joules"),
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": ("gpu_utilization_ratio", "ratio"),
+    "DCGM_FI_DEV_FB_CAPACITY_BYTES": ("gpu_memory_total_bytes", "bytes"),
+    "DCGM_FI_DEV_PCIE_REPLAY_TOTAL": ("gpu_pcie_replay_errors_total", "count"),
+    "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL": ('gpu_remapped_rows_total{type="corrected"}', "count"),
+    "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL": ('gpu_remapped_rows_total{type="uncorrected"}', "count"),
+    "DCGM_FI_DEV_ROW_REMAP_FAILED": ("gpu_row_remap_failure", "0 or 1"),
+    "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO": ("gpu_graphics_engine_activity_ratio", "ratio"),
+    "DCGM_FI_PROF_SM_UTIL_RATIO": ("gpu_sm_activity_ratio", "ratio"),
+    "DCGM_FI_PROF_SM_OCCUPANCY_RATIO": ("gpu_sm_occupancy_ratio", "ratio"),
+    "DCGM_FI_PROF_TENSOR_UTIL_RATIO": ("gpu_tensor_activity_ratio", "ratio"),
+    "DCGM_FI_PROF_DRAM_UTIL_RATIO": ("gpu_dram_activity_ratio", "ratio"),
+}
+
+#: 4.9 series left out of MAPPED_49, and why (docs/prometheus.md repeats this).
+NOT_MAPPED_49: dict[str, str] = {
+    "frame buffer free/used/reserved, copy/encoder/decoder utilization": (
+        "4.9 moves them to bytes and ratios under DCGM 4.7 names that go-dcgm's published field table does not list "
+        "yet; rather than guess a name, only their 4.8 names (MiB, percent) are published"
+    ),
+    "DCGM_FI_DEV_XID_ERROR": "the last XID as a gauge value, as in 4.8",
+    "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL": "a counter of bytes; gpuwarden exports rates per direction",
+    "DCGM_FI_PROF_FP64/FP32/FP16_UTIL_RATIO": "gpuwarden reads the FP pipes together (gpu_pipe_activity_ratio)",
+}
+
+
+def _labels(hosts: tuple[str, ...]) -> str:
+    """The join adding dcgm-exporter's own labels: modelName (gpu_info's name) and each of ``hosts`` (the node's
+    name, gpu_devices' nodename)."""
+    node = "group by (instance, job, nodename) (gpu_devices)"
+    for host in hosts:
+        node = f'label_replace({node}, "{host}", "$1", "nodename", "(.+)")'
+    return (
+        " * on (instance, job, gpu, uuid) group_left (modelName) label_replace(group by (instance, job, gpu, uuid, "
+        'name) (gpu_info), "modelName", "$1", "name", "(.+)")'
+        f" * on (instance, job) group_left ({', '.join(hosts)}) {node}"
+    )
+
+
+def _group(name: str, mapped: dict[str, tuple[str, str]], hosts: tuple[str, ...]) -> dict[str, object]:
+    """One recording group: a rule per mapped name, its series with UUID (gpuwarden's uuid) and the labels of
+    _labels(hosts)."""
+    out = []
+    for record, (expr, _) in mapped.items():
+        series = f'label_replace({expr}, "UUID", "$1", "uuid", "(.+)")'
+        out.append({"record": record, "expr": f"({series}){_labels(hosts)}"})
+    return {"name": name, "interval": "30s", "rules": out}
 
 
 def rules() -> dict[str, object]:
-    """The rule file as a mapping: one recording group, one rule per MAPPED name."""
-    out = []
-    for name, (expr, _) in MAPPED.items():
-        series = f'label_replace({expr}, "UUID", "$1", "uuid", "(.+)")'
-        out.append({"record": name, "expr": f"({series}){LABELS}"})
-    return {"groups": [{"name": "gpuwarden.dcgm-compat", "interval": "30s", "rules": out}]}
+    """The rule file as a mapping: the 4.8 group (MAPPED; Hostname and hostname) and the 4.9 group (MAPPED_49;
+    hostname)."""
+    return {
+        "groups": [
+            _group("gpuwarden.dcgm-compat", MAPPED, ("Hostname", "hostname")),
+            _group("gpuwarden.dcgm-compat-4.9", MAPPED_49, ("hostname",)),
+        ]
+    }
 
 
 def render() -> str:
     """The file's text: a header naming the source, then the rules."""
     head = (
-        "# Generated by alerts/dcgm_compat.py: dcgm-exporter 4.8 series from gpuwarden's, for dashboards and tools\n"
-        "# written for dcgm-exporter (optional; load it beside gpuwarden.rules.yml). Not mapped: see the script.\n"
+        "# Generated by alerts/dcgm_compat.py: dcgm-exporter series from gpuwarden's, for dashboards and tools\n"
+        "# written for dcgm-exporter (optional; load it beside gpuwarden.rules.yml). Group gpuwarden.dcgm-compat:\n"
+        "# the 4.8 names and units; group gpuwarden.dcgm-compat-4.9: the 4.9 names, base units. Not mapped: see\n"
+        "# the script.\n"
     )
     return head + yaml.safe_dump(rules(), sort_keys=False, width=200)
 

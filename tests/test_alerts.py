@@ -179,8 +179,10 @@ def test_dcgm_compatibility_rules_are_generated_and_read_only_exported_series() 
 
     compat = _module("dcgm_compat")
     assert compat.render() == COMPAT.read_text()  # type: ignore[attr-defined]
+    mapped = {**compat.MAPPED, **compat.MAPPED_49}  # type: ignore[attr-defined]
+    assert not set(compat.MAPPED) & set(compat.MAPPED_49)  # type: ignore[attr-defined]
     read = set()
-    for expr, _ in compat.MAPPED.values():  # type: ignore[attr-defined]
+    for expr, _ in mapped.values():
         read |= set(re.findall(r"\b(gpu_[a-z_]+)", expr))
     declared = {f.name for f in FAMILIES}
     assert read and read <= declared, read - declared
@@ -189,4 +191,5 @@ def test_dcgm_compatibility_rules_are_generated_and_read_only_exported_series() 
         for t in yaml.safe_load((REPO / "alerts" / "tests" / "dcgm-compat.test.yml").read_text())["tests"]
         for case in t["promql_expr_test"]
     }
-    assert len(tested) >= 5 and tested <= set(compat.MAPPED)  # type: ignore[attr-defined]
+    assert tested <= set(mapped)
+    assert len(tested & set(compat.MAPPED)) >= 5 and len(tested & set(compat.MAPPED_49)) >= 5  # type: ignore[attr-defined]
