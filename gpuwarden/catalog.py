@@ -678,7 +678,8 @@ FAMILIES: tuple[Family, ...] = (
         "gpu_process_job_info",
         "info",
         "The job of a GPU process: Kubernetes pod UID, Slurm job, container, systemd unit, cgroup or user/command; "
-        "job_scope cluster: the id means the same job on every node (Kubernetes, Slurm), node: only on this node.",
+        "job_scope cluster: the id means the same job on every node (Kubernetes, Slurm), node: only on this node; "
+        "slurm_job_id: the numeric Slurm job id (also of a job keyed by its SLUID, where its environment gave it).",
         "insight",
         labels=(
             "pid",
@@ -691,6 +692,7 @@ FAMILIES: tuple[Family, ...] = (
             "namespace",
             "pod",
             "container",
+            "slurm_job_id",
         ),
     ),
     Family(
@@ -699,7 +701,7 @@ FAMILIES: tuple[Family, ...] = (
         "A job holding the GPU (one series per GPU and job, whatever its number of processes): job_id, job_kind, "
         "job_scope as on gpu_process_job_info, and the Kubernetes names where the kubelet gave them.",
         "insight",
-        labels=("job_id", "job_kind", "job_scope", "namespace", "pod", "container"),
+        labels=("job_id", "job_kind", "job_scope", "namespace", "pod", "container", "slurm_job_id"),
     ),
     # exporter (the daemon's own)
     Family(

@@ -1,6 +1,8 @@
-"""``gpuwarden top`` and ``gpuwarden report`` against a real Prometheus scraping three replayed nodes: two run one
-4-rank Slurm job (derived traces, tests/data/make_cluster_traces.py, marked ``modified``), the third a held-idle H100
-(a real recording) whose job id is node-local. Every node prices its GPU-hours."""
+"""``gpuwarden top`` and ``gpuwarden report`` against a real Prometheus scraping four replayed nodes: two run one
+4-rank Slurm job whose cgroups carry its SLUID, as Slurm 26.05 names them (derived traces,
+tests/data/make_cluster_traces.py, marked ``modified``; only node a's daemon could read the numeric id 4242), the
+third a held-idle H100 (a real recording) whose job id is node-local, the fourth two Slurm jobs in turn. Every node
+prices its GPU-hours."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not insta
 NODES = {"a": "derived-h200x2-slurm-4242-a", "b": "derived-h200x2-slurm-4242-b", "c": "h100-held_idle",
          "d": "h100-jobs-in-turn"}  # fmt: skip
 PRICE = {"a": "4", "b": "4", "c": "2", "d": "2.5"}
+SLUID = "sEKNKTV3WPV500"  # Slurm job 4242's
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +61,8 @@ def test_top_ranks_the_jobs_across_nodes_with_causes_verdicts_and_cost(prom: dic
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     jobs = {j["job_id"]: j for j in doc["jobs"]}
-    slurm = jobs["4242"]
-    # one job on two nodes under one Slurm id, not two: 4 GPUs, both instances
+    slurm = jobs[SLUID]
+    # one job on two nodes under its SLUID, not two: 4 GPUs, both instances
     assert slurm["instance"] is None and slurm["job_kind"] == "slurm"
     assert len(slurm["gpus"]) == 4 and len(slurm["instances"]) == 2
     assert slurm["held_gpu_hours"] == pytest.approx(4 * 30 / 3600, rel=0.25)
@@ -85,10 +88,10 @@ def test_top_prints_tables_a_person_reads(prom: dict) -> None:
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "Jobs by GPU-hours lost, last 30s" in out and "GPUs by GPU-hours lost" in out
-    assert "4242" in out and "node-a, node-b" in out and "held_idle" in out and "USD" in out
+    assert SLUID in out and "node-a, node-b" in out and "held_idle" in out and "USD" in out
     assert len(out.splitlines()) < 40
     # not a terminal: every column, each job on one line, nothing wrapped at 80 columns
-    [line] = [x for x in out.splitlines() if x.strip().startswith("4242 ")]
+    [line] = [x for x in out.splitlines() if x.strip().startswith(SLUID + " ")]
     assert "node-a, node-b" in line and "USD" in line and "%)" in line
     details = gw("top", "--prometheus", prom["url"], "--range", "30s", "--step", "1s", "--details")
     assert details.returncode == 0 and "do first:" in details.stdout and "nodes: node-a, node-b" in details.stdout
@@ -145,9 +148,13 @@ def test_lost_gpu_hours_are_the_counters_growth_whatever_the_step(prom: dict, st
 
 @pytest.mark.e2e
 def test_report_summarizes_one_job(prom: dict) -> None:
+    """Asked for by the numeric id users know, the SLUID-keyed job is found (through node a's ``slurm_job_id``) and
+    reported whole: both nodes' GPUs, node b's too although its daemon could not read the number."""
     res = gw("report", "--job", "4242", "--prometheus", prom["url"], "--range", "30s", "--step", "1s", "--json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
+    assert doc["job_id"] == SLUID and doc["asked_for"] == "4242"
+    assert {g["instance"] for g in doc["gpus"]} == {f"127.0.0.1:{prom['ports'][n]}" for n in "ab"}
     assert doc["job_kind"] == "slurm" and len(doc["gpus"]) == 4
     assert 0 <= doc["effective_gpu_hours"] <= doc["held_gpu_hours"]
     assert doc["busy_gpu_hours"] + doc["lost_gpu_hours"] <= doc["held_gpu_hours"] * 1.1
@@ -160,8 +167,8 @@ def test_report_summarizes_one_job(prom: dict) -> None:
 @pytest.mark.e2e
 def test_the_slurm_epilog_writes_one_record_per_job(prom: dict, tmp_path: Path) -> None:
     """deploy/slurm/epilog.sh as slurmd runs it (the job's environment, no scontrol on this machine): it asks for the
-    SLUID first (not in Prometheus: the job's cgroups carry the numeric id), then the numeric id, and leaves one JSON
-    record naming the job, its 4 GPUs and when it was taken."""
+    SLUID first (the job's cgroups carry it) and leaves one JSON record, named by the numeric id, of the job, its 4
+    GPUs and when it was taken."""
     wrapper = tmp_path / "gpuwarden"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m gpuwarden "$@"\n')
     wrapper.chmod(0o755)
@@ -175,7 +182,7 @@ def test_the_slurm_epilog_writes_one_record_per_job(prom: dict, tmp_path: Path) 
     assert res.returncode == 0 and res.stdout == "", res.stderr
     assert sorted(p.name for p in records.iterdir()) == ["4242.json"]
     doc = json.loads((records / "4242.json").read_text())
-    assert doc["job_id"] == "4242" and doc["job_kind"] == "slurm" and len(doc["gpus"]) == 4
+    assert doc["job_id"] == doc["asked_for"] == SLUID and doc["job_kind"] == "slurm" and len(doc["gpus"]) == 4
     assert doc["range"] == "2m" and abs(doc["evaluated_at"] - time.time()) < 120 and doc["held_gpu_hours"] > 0
 
 

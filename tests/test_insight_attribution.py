@@ -110,6 +110,29 @@ def test_slurm_job_id_from_the_environment_where_the_cgroup_does_not_name_the_jo
     assert (ref.kind, ref.job) == (kind, job)
 
 
+@pytest.mark.parametrize(
+    ("cgroup", "slurm_job_id", "number"),
+    [
+        ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0", "4242", "4242"),  # SLUID, env readable
+        ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0", None, ""),  # SLUID, env unreadable
+        ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", None, "4242"),  # the id itself is the number
+        ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", "9999", "4242"),  # the cgroup's id wins
+        # hostile environments are not exported: only a plain number is
+        ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0", '4242"} 1\nx{', ""),
+        ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0", "\x1b[31m4242", ""),
+        ("/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0", "4" * 64, ""),
+        ("/system.slice/jupyterhub.service", "4242", "4242"),  # the environment made it a Slurm job
+        (f"/kubepods/besteffort/pod{UID}/{CID}", "4242", ""),  # a pod stays a pod: no Slurm number
+    ],
+)
+def test_the_numeric_slurm_job_id_is_kept_beside_a_sluid(cgroup: str, slurm_job_id: str | None, number: str) -> None:
+    from gpuwarden.insight.attribution import attribute, slurm_job_number
+    from gpuwarden.model import ProcessReading
+
+    proc = ProcessReading(pid=1, cgroup=cgroup, slurm_job_id=slurm_job_id, username="alice", name="python3")
+    assert slurm_job_number(attribute(proc), proc) == number
+
+
 @pytest.mark.e2e
 def test_the_inspector_reads_slurm_job_id_from_a_real_process_environment() -> None:
     import os

@@ -242,6 +242,14 @@ class Accounting:
                 out.append((g[0], g[1], share))
         return sorted(out, key=lambda x: -x[2])
 
+    def slurm_jobs(self, number: str) -> list[str]:
+        """The job ids (SLUIDs) of the Slurm jobs whose series carry ``slurm_job_id`` = ``number`` in the range: a
+        job keyed by its SLUID (Slurm 26.05+ cgroups) found by the numeric id users know. Sorted; [] when no daemon
+        could read the number (it comes from a process's environment)."""
+        info = self.metric("gpu_process_job_info", f'job_kind="slurm", slurm_job_id={_quote(number)}')
+        q = f"group by (job_id) (max_over_time({info}[{self.range}]))"
+        return sorted({s.labels["job_id"] for s in self.samples(q, "job_id")} - {number})
+
     def lost_gpus(self, job_id: str, instance: str | None = None) -> list[tuple[str, str]]:
         """The GPUs of the job that went down (``gpu_up`` 0) in the range within LOST_WITHIN_SECONDS of the job's
         last sample on them: (instance, gpu), sorted."""

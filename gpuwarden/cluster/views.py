@@ -309,7 +309,14 @@ def report(args: argparse.Namespace) -> int:
     try:
         prom, acc = _open(args)
         try:
-            found = acc.job_details(args.job, args.instance)
+            job = args.job
+            found = acc.job_details(job, args.instance)
+            if not found and args.job.isascii() and args.job.isdigit():
+                # Slurm 26.05+: the series carry the SLUID; the numeric id is a label where a daemon could read it
+                sluids = acc.slurm_jobs(args.job)
+                if len(sluids) == 1:
+                    job = sluids[0]
+                    found = acc.job_details(job, args.instance)
             if len(found) > 1:
                 where = ", ".join(sorted(k.instance or "" for k in found))
                 print(f"gpuwarden report: job id {args.job!r} is node-local and was seen on {len(found)} nodes "
@@ -320,8 +327,8 @@ def report(args: argparse.Namespace) -> int:
                 print(f"gpuwarden report: no job {args.job!r} in {where} over the last {args.range}", file=sys.stderr)
                 return 1
             [(key, u)] = found.items()
-            stragglers = acc.stragglers(args.job, key.instance or args.instance)
-            lost = acc.lost_gpus(args.job, key.instance or args.instance)
+            stragglers = acc.stragglers(job, key.instance or args.instance)
+            lost = acc.lost_gpus(job, key.instance or args.instance)
             names = acc.node_names()
         finally:
             prom.close()
@@ -329,7 +336,8 @@ def report(args: argparse.Namespace) -> int:
         print(f"gpuwarden report: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        doc = {"job_id": key.job_id, "instance": key.instance, "job_kind": u.kind, "range": args.range,
+        doc = {"job_id": key.job_id, "instance": key.instance, "job_kind": u.kind, "asked_for": args.job,
+               "range": args.range,
                "step": args.step, "evaluated_at": acc.at, "prometheus": redacted(args.prometheus),
                **_usage_json(u),
                "stragglers": [{"instance": i, "gpu": g, "share": s} for i, g, s in stragglers],

@@ -13,8 +13,9 @@ Reads ``snapshot.insight`` (an ``InsightResult``); definitions in docs/scores.md
 - ``gpu_diagnosis{gpu,uuid,reason}``: 1 for the verdict and for each extra finding (throttled,
   memory_nearly_full), 0 for every other reason of the fixed set (``gpuwarden.insight.diagnosis.REASONS``);
   absent until the analyzer has 2 s of history for the GPU.
-- ``gpu_process_job_info{gpu,uuid,pid,job_id,job_kind,job_scope,container_id,user,process_name}`` = 1: the job of
-  each GPU process (``job_scope``: cluster for ids that mean the same job on every node, else node)
+- ``gpu_process_job_info{gpu,uuid,pid,job_id,job_kind,job_scope,container_id,user,process_name,...}`` = 1: the job
+  of each GPU process (``job_scope``: cluster for ids that mean the same job on every node, else node;
+  ``slurm_job_id``: the numeric Slurm job id, also for a job keyed by its SLUID where the environment gave it)
   (the ``max_processes_per_gpu`` largest by GPU memory per GPU); series end with their process. Join on
   ``gpu``/``uuid`` to put job labels on per-GPU series without making them part of those series.
 """
@@ -159,6 +160,7 @@ def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
                 "namespace": p.namespace,
                 "pod": p.pod,
                 "container": p.container,
+                "slurm_job_id": p.slurm_job_id,
             },
         )
     return info if info.samples else None
@@ -175,9 +177,9 @@ def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | 
         labels = jobs.setdefault(
             (p.gpu, p.uuid, p.job_kind, p.job),
             {"job_id": p.job, "job_kind": p.job_kind, "job_scope": job_scope(p.job_kind), "namespace": "", "pod": "",
-             "container": ""},
+             "container": "", "slurm_job_id": ""},
         )  # fmt: skip
-        for k in ("namespace", "pod"):
+        for k in ("namespace", "pod", "slurm_job_id"):
             labels[k] = labels[k] or getattr(p, k)
         if p.container and labels["container"] not in ("", p.container):
             labels["container"] = "*"  # processes of several containers of the pod

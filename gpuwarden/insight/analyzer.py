@@ -20,7 +20,7 @@ from typing import NamedTuple
 from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
 from gpuwarden.insight.analysis import build_result
-from gpuwarden.insight.attribution import JobRef, attribute, pod_of
+from gpuwarden.insight.attribution import JobRef, attribute, pod_of, slurm_job_number
 from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Health, pack_means
 from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
 from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, mergeable, merged, terms
@@ -209,6 +209,7 @@ class InsightAnalyzer:
                         namespace=names.namespace if names else "",
                         pod=names.pod if names else "",
                         container=names.container if names else "",
+                        slurm_job_id=slurm_job_number(ref, p),
                         gpu_memory_bytes=p.gpu_memory_bytes,
                         cpu_cores=rates[p.pid].cpu_cores if p.pid in rates else None,
                     )

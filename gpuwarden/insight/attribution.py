@@ -141,6 +141,22 @@ def attribute(proc: ProcessReading) -> JobRef:
     return ref
 
 
+_NUMERIC_JOB = re.compile(r"[0-9]{1,20}")
+
+
+def slurm_job_number(ref: JobRef, proc: ProcessReading) -> str:
+    """The numeric Slurm job id of a ``slurm`` job, '' for any other kind or when unknown: the job id itself when it
+    is numeric, else (a job keyed by its SLUID) the process's SLURM_JOB_ID when its environment was readable and the
+    value is a plain number (anything else in the environment is not trusted). Lets ``report --job`` find a
+    SLUID-keyed job by the number users know."""
+    if ref.kind != "slurm":
+        return ""
+    for candidate in (ref.job, proc.slurm_job_id or ""):
+        if _NUMERIC_JOB.fullmatch(candidate):
+            return candidate
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class PodNames:
     """The Kubernetes names of a process's pod: namespace, pod, and container ("" when the pod has several containers

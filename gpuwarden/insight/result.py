@@ -75,6 +75,11 @@ class ProcessJob(_Frozen):
     namespace: str = Field(default="", description="Kubernetes namespace (kubelet pod-resources), '' when unknown")
     pod: str = Field(default="", description="Kubernetes pod name, '' when unknown")
     container: str = Field(default="", description="Kubernetes container name, '' when unknown")
+    slurm_job_id: str = Field(
+        default="",
+        description="the numeric Slurm job id of a slurm job: the job id itself, or for a job keyed by its SLUID the "
+        "process's SLURM_JOB_ID where its environment is readable; '' when unknown",
+    )
     gpu_memory_bytes: int | None = None
     cpu_cores: float | None = Field(default=None, description="CPU seconds per second over the last poll interval")
 

@@ -2,8 +2,10 @@
 (``h200x2-ddp_straggler``, tests/data/README.md) with one change its header states in ``metadata.modified``:
 
 - ``derived-h200x2-slurm-4242-a`` and ``derived-h200x2-slurm-4242-b``: every GPU process moved into the cgroup of
-  Slurm job 4242 (cgroup v2, ``slurmstepd.scope/job_4242/step_0/user/task_N``), as two nodes running one 4-rank job
-  would show it; node b's GPUs get other UUIDs (their first hex digit changed), as another node's GPUs have.
+  Slurm job 4242 as Slurm 26.05 names it by default, by the job's SLUID (cgroup v2,
+  ``slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_N``), as two nodes running one 4-rank job would show it. On node
+  a the processes' environment gives SLURM_JOB_ID=4242 (a daemon allowed to read it); on node b it is unreadable (the
+  shipped unit's case). Node b's GPUs get other UUIDs (their first hex digit changed), as another node's GPUs have.
 
 Run: PYTHONPATH=. python3 tests/data/make_cluster_traces.py
 """
@@ -19,6 +21,7 @@ HERE = Path(__file__).parent
 TRACES = HERE / "traces"
 SOURCE = TRACES / "h200x2-ddp_straggler.jsonl.gz"
 JOB = 4242
+SLUID = "sEKNKTV3WPV500"
 
 
 def _uuid(uuid: str, node: str) -> str:
@@ -29,7 +32,12 @@ def _gpu(g: GpuReading, node: str) -> GpuReading:
     procs = None
     if g.processes is not None:
         procs = [
-            p.model_copy(update={"cgroup": f"/system.slice/slurmstepd.scope/job_{JOB}/step_0/user/task_{i}"})
+            p.model_copy(
+                update={
+                    "cgroup": f"/system.slice/slurmstepd.scope/{SLUID}/step_0/user/task_{i}",
+                    "slurm_job_id": str(JOB) if node == "a" else None,
+                }
+            )
             for i, p in enumerate(g.processes)
         ]
     return g.model_copy(update={"uuid": _uuid(g.uuid, node), "processes": procs})
@@ -42,8 +50,8 @@ def write(node: str) -> Path:
     meta = {
         **header.metadata,
         "derived_from": f"tests/data/traces/{SOURCE.name}",
-        "modified": f"every GPU process in the cgroup of Slurm job {JOB}; node {node}"
-        + ("" if node == "a" else ", GPU UUIDs changed (first hex digit b)"),
+        "modified": f"every GPU process in the cgroup of Slurm job {JOB} named by its SLUID {SLUID}; node {node}"
+        + (f", SLURM_JOB_ID={JOB} in the environment" if node == "a" else ", GPU UUIDs changed (first hex digit b)"),
     }
     node_static = header.node.model_copy(
         update={"gpus": [s.model_copy(update={"uuid": _uuid(s.uuid, node)}) for s in header.node.gpus]}
