@@ -139,7 +139,9 @@ class XidEvent(_Model):
 
 class GpuReading(_Model):
     """One poll of one GPU, in base units. ``up`` is False when the GPU could not be read at all
-    (lost, fallen off the bus), in which case every reading is ``None`` and ``error`` says why.
+    (lost, fallen off the bus), in which case every reading is ``None`` and ``error`` says why, except
+    ``processes``: the processes that held the GPU at its last good read and still run (from /proc, GPU memory
+    unknown), a job stuck on the lost GPU.
     """
 
     index: int

@@ -16,6 +16,8 @@ Fault switches (all thread-safe, all may be flipped while a daemon runs):
 
 * ``lose(index, from_poll=None)`` - every call on that GPU raises NVML_ERROR_GPU_IS_LOST from its poll
   ``from_poll`` (1-based; default: its next poll) on; ``restore(index)`` brings it back.
+* ``hold(index, pids)`` - the GPU lists these PIDs (processes of this machine, 1 GiB each) instead of the
+  recorded ones, so /proc answers for them.
 * ``hang(name)`` - the named function blocks (on a threading.Event) until ``release(name)``;
   ``entered(name)`` is an Event set once a caller is blocked in it.
 * ``init_error = code`` - nvmlInit raises NVMLError(code) (DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, ...).
@@ -42,7 +44,7 @@ import pynvml
 import pytest
 
 from gpuwarden.catalog import CLOCK_DOMAINS, GPM_METRICS, TEMPERATURE_THRESHOLDS, Reading
-from gpuwarden.model import GpuReading, GpuStatic
+from gpuwarden.model import GpuReading, GpuStatic, ProcessReading
 from gpuwarden.nvml.readings import FIELDS, POLL_CALLS, SLOW_CALLS
 from gpuwarden.trace import read_trace
 
@@ -129,6 +131,7 @@ class _Device:
         self.records = records
         self.reads = 0  # polls started on this GPU (nvmlDeviceGetUtilizationRates calls)
         self.lost_from: int | None = None
+        self.pids: list[int] | None = None  # hold(): live PIDs listed instead of the recorded processes
 
     @property
     def current(self) -> GpuReading:
@@ -179,6 +182,10 @@ class FakeNvml:
     def restore(self, index: int) -> None:
         """Undo ``lose(index)``."""
         self.devices[index].lost_from = None
+
+    def hold(self, index: int, pids: list[int]) -> None:
+        """Make GPU ``index`` list ``pids`` (1 GiB each) as its compute processes instead of the recorded ones."""
+        self.devices[index].pids = pids
 
     def hang(self, name: str) -> None:
         """Make the function ``name`` block until ``release(name)``."""
@@ -482,7 +489,11 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         """``nvmlFriendlyObject`` per recorded process: pid, usedGpuMemory, instance ids."""
-        r = self._dev("nvmlDeviceGetComputeRunningProcesses", handle).current
+        dev = self._dev("nvmlDeviceGetComputeRunningProcesses", handle)
+        r = dev.current
+        if dev.pids is not None:
+            held = [ProcessReading(pid=pid, gpu_memory_bytes=2**30) for pid in dev.pids]
+            r = r.model_copy(update={"processes": held})
         if r.processes is None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         out = []

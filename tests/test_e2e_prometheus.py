@@ -413,8 +413,9 @@ def _gw_json(*args: str) -> dict:
 
 def test_a_gpu_lost_under_a_job_is_named_by_its_report_and_its_time_down_is_lost(stack: dict) -> None:
     """GPU 3 of "lost" falls off the bus 3 s into each 30 s replay of its trace while the job holds it: the job's
-    report on that node names it, the same (node-local) job id on "eight" (no GPU down) names none, and ``top``'s GPU
-    table counts its time down under the cause ``lost``, never under held_idle (and none for GPU 0, never down)."""
+    report on that node names it, the same (node-local) job id on "eight" (no GPU down) names none, ``top``'s GPU
+    table counts its time down under the cause ``lost``, never under held_idle (and none for GPU 0, never down), and
+    the job, whose processes still run, is charged that time as lost."""
     prom = stack["prom"]
     both = 'group by (job_id) (gpu_process_job_info{scenario="lost"}) and on (job_id) group by (job_id) ' \
         '(gpu_process_job_info{scenario="eight"})'  # fmt: skip
@@ -428,3 +429,7 @@ def test_a_gpu_lost_under_a_job_is_named_by_its_report_and_its_time_down_is_lost
     causes = gpus[(lost, "3")]["lost_gpu_hours_by_cause"]
     assert max(causes, key=causes.get) == "lost" and causes["held_idle"] == 0, causes
     assert gpus[(lost, "0")]["lost_gpu_hours_by_cause"]["lost"] == 0
+    # the job's processes still run: it keeps holding the lost GPU, whose time down is the job's lost time (the two
+    # commands ask a second or two apart: within a few one-second scrapes)
+    assert doc["lost_gpu_hours_by_cause"]["lost"] == pytest.approx(causes["lost"], abs=3 / 3600)
+    assert causes["lost"] > 10 / 3600  # down 27 s of every 30 s replay

@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.catalog import select_collectors
 from gpuwarden.collectors import CollectOptions
-from gpuwarden.config import load_config
-from gpuwarden.daemon import Daemon, bind
+from gpuwarden.config import Config, load_config
+from gpuwarden.daemon import Daemon, bind, build_analyzers
 from gpuwarden.exposition import Exposition
 from gpuwarden.nvml import NvmlSource
 from gpuwarden.nvml import source as nvml_source
@@ -118,6 +118,45 @@ def test_a_gpu_lost_mid_run_goes_down_alone(fake: FakeNvml) -> None:
     assert p.snapshot.poll.gpus[1].error == "gpu_is_lost"
     assert fake.calls["nvmlInit"] == 1  # one GPU lost is not a reason to re-initialise
     p.stop()
+
+
+def test_a_lost_gpus_job_keeps_holding_it_while_its_process_runs(fake: FakeNvml) -> None:
+    """NVML lists no process on a lost GPU: the daemon keeps the processes that held it at its last good read while
+    they still run (same PID and start time in /proc), so the job's info series go on and its time on the lost GPU
+    is the job's lost time; they end when the process does. GPU 1 is held by a real child process."""
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as child:
+        try:
+            fake.hold(1, [child.pid])
+            p = Poller(NvmlSource(gpm_interval=0.0, samples_min_gap=0.0), 1.0, analyzers=build_analyzers(Config()))
+            p.start(thread=False)
+            p.poll_once()
+            uuid = fake.devices[1].static.uuid
+            assert {s.labels["pid"] for s in _job_info(p, "1")} == {str(child.pid)}
+            fake.lose(1)
+            p.poll_once()
+            p.poll_once()
+            text = render(p.snapshot)
+            assert value(text, "gpu_up", gpu="1", uuid=uuid) == 0.0
+            [held] = _job_info(p, "1")  # still the child's job, on the lost GPU
+            assert held.labels["pid"] == str(child.pid) and held.labels["job_kind"] == "process"
+            assert gpus_with(text, "gpu_process_memory_used_bytes") == {"0"}  # nothing NVML did not say
+        finally:
+            child.kill()
+            child.wait()
+        p.poll_once()
+        assert _job_info(p, "1") == []  # the process ended: the lost GPU is no one's
+        assert p.snapshot.poll.gpus[1].processes == []
+        p.stop()
+
+
+def _job_info(p: Poller, gpu: str) -> list:
+    """The gpu_process_job_info samples of GPU ``gpu`` in the poller's latest snapshot."""
+    return [
+        s
+        for f in text_string_to_metric_families(render(p.snapshot))
+        for s in f.samples
+        if s.name == "gpu_process_job_info" and s.labels["gpu"] == gpu
+    ]
 
 
 def _poll_until(p: Poller, cond: object, timeout: float = 5.0) -> None:

@@ -183,14 +183,15 @@ class InsightAnalyzer:
         return ref
 
     def _process_jobs(
-        self, up: list[GpuReading], rates: dict[int, ProcessRates]
+        self, gpus: list[GpuReading], rates: dict[int, ProcessRates]
     ) -> tuple[list[ProcessJob], dict[str, JobRef]]:
         """Each GPU process with its job (gpuwarden.insight.attribution) and pod, and each GPU's job: the one whose
-        process holds most of its memory. Forgets the jobs of processes gone."""
+        process holds most of its memory (GPUs up only; a lost GPU's processes are those still running that held it
+        when it was lost, so its job keeps holding it). Forgets the jobs of processes gone."""
         live_jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
         processes: list[ProcessJob] = []
         primary: dict[str, JobRef] = {}
-        for g in up:
+        for g in gpus:
             best: tuple[int, int] | None = None
             for p in g.processes or ():
                 ref = self._job(p)
@@ -215,7 +216,7 @@ class InsightAnalyzer:
                     )
                 )
                 rank = (p.gpu_memory_bytes or 0, -p.pid)
-                if best is None or rank > best:
+                if g.up and (best is None or rank > best):
                     best, primary[g.uuid] = rank, ref
         self._jobs = live_jobs
         return processes, primary
@@ -233,7 +234,7 @@ class InsightAnalyzer:
         host_busy = self._host_busy(poll.host)
         up = [g for g in poll.gpus if g.up]
         rates = self._process_rates(up)
-        processes, primary = self._process_jobs(up, rates)
+        processes, primary = self._process_jobs(poll.gpus, rates)
         for g in up:
             self._account(g, statics.get(g.index), rates, host_busy, primary.get(g.uuid))
         for g in poll.gpus:

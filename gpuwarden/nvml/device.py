@@ -148,6 +148,7 @@ class GpuPoller:
                 caller.errors[("nvmlGpmSampleAlloc", error_name(exc))] += 1
         self._mig_gpm: dict[int, GpmSampler] = {}
         self._memory_v2 = True
+        self._holders: dict[int, float] = {}  # pid -> start time of the processes at the last good read
 
     def read(self, now: float) -> GpuReading:
         """Return this poll's reading of the GPU (``now`` is the poll's Unix time)."""
@@ -157,11 +158,27 @@ class GpuPoller:
         except GpuLost as exc:
             self._caller.errors[(str(exc), "gpu_is_lost")] += 1
             return construct_reading(
-                {"index": index, "uuid": uuid, "timestamp": now, "up": False, "error": "gpu_is_lost"}
-            )
+                {"index": index, "uuid": uuid, "timestamp": now, "up": False, "error": "gpu_is_lost",
+                 "processes": self._holders_alive()}
+            )  # fmt: skip
         if self._xid is not None:
             reading.xid_events = self._xid.drain(index)
+        self._holders = {p.pid: p.create_time for p in reading.processes or () if p.create_time is not None}
         return reading
+
+    def _holders_alive(self) -> list[ProcessReading] | None:
+        """The processes that held the GPU at its last good read and still run (the same PID and start time, read
+        from /proc; their GPU memory unknown): NVML lists no process on a lost GPU, but a job stuck on it still
+        holds it. None without process inspection."""
+        if self._inspector is None:
+            return None
+        alive = []
+        for pid, started in self._holders.items():
+            p = self._inspector.describe(pid, None)
+            if p.create_time == started:
+                alive.append(p)
+        self._holders = {p.pid: self._holders[p.pid] for p in alive}
+        return alive
 
     def _read(self, now: float) -> GpuReading:
         c, h = self._caller.call, self._handle

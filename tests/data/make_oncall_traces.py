@@ -6,7 +6,8 @@ recording (tests/data/README.md) with one change its header states in ``metadata
 - ``derived-h100-memory-growing``: the same trace with memory used rising evenly from 60% to 99% over the
   recording: a leak heading for out-of-memory (it must page before the memory is full);
 - ``derived-8gpu-lost``: the 8-GPU trace (``derived-8gpu``) where GPU 3 reports XID 79 at the third poll and cannot be
-  read from then on (``up`` false, NVML's GPU_IS_LOST): a GPU fallen off the bus.
+  read from then on (``up`` false, NVML's GPU_IS_LOST): a GPU fallen off the bus. Its processes still run, so each
+  down reading carries them as the daemon reads them from /proc for a lost GPU (GPU memory and SM share unknown).
 
 Run: PYTHONPATH=. python3 tests/data/make_oncall_traces.py
 """
@@ -57,7 +58,12 @@ def _lost(n: int, total: int, g: GpuReading) -> GpuReading:
         return g
     if n == LOST_AT:
         return g.model_copy(update={"xid_events": [XidEvent(timestamp=g.timestamp, xid=79)]})
-    return GpuReading(index=g.index, uuid=g.uuid, timestamp=g.timestamp, up=False, error="gpu_is_lost")
+    holders = None
+    if g.processes is not None:
+        holders = [p.model_copy(update={"gpu_memory_bytes": None, "sm_utilization_ratio": None}) for p in g.processes]
+    return GpuReading(
+        index=g.index, uuid=g.uuid, timestamp=g.timestamp, up=False, error="gpu_is_lost", processes=holders
+    )
 
 
 def main(out_dir: Path = TRACES) -> None:
@@ -77,7 +83,8 @@ def main(out_dir: Path = TRACES) -> None:
     _derive(
         EIGHT,
         out_dir / "derived-8gpu-lost.jsonl.gz",
-        f"GPU {LOST_GPU}: XID 79 at poll {LOST_AT + 1}, then up false with error gpu_is_lost and no readings",
+        f"GPU {LOST_GPU}: XID 79 at poll {LOST_AT + 1}, then up false with error gpu_is_lost and no readings but "
+        "its processes, still running (GPU memory and SM share unknown)",
         _lost,
         verdicts={str(LOST_GPU): "gpu_lost"},
     )
