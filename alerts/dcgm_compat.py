@@ -35,7 +35,7 @@ MAPPED: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_POWER_USAGE": ("gpu_power_usage_watts", ""),
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("gpu_energy_joules_total * 1000", "joules to millijoules"),
     "DCGM_FI_DEV_SM_CLOCK": ('gpu_clock_hertz{clock="sm"} / 1e6', "hertz to MHz"),
-    "DCGM_FI_DEV_MEM_CLOCK": ('gpu_clock_hertz{clock="mem"} / 1e6', "hertz to MHz"),
+    "DCGM_FI_DEV_MEM_CLOCK": ('gpu_clock_hertz{clock="memory"} / 1e6', "hertz to MHz"),
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("gpu_pcie_replay_errors_total", ""),
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ('gpu_ecc_errors_total{type="corrected", counter="volatile"}', ""),
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ('gpu_ecc_errors_total{type="uncorrected", counter="volatile"}', ""),
@@ -70,7 +70,7 @@ NOT_MAPPED: dict[str, str] = {
 #: (ECC totals, the PROF PCIe and NVLink rates) keep their 4.8 names and are in the 4.8 group only.
 MAPPED_49: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_SM_CLOCK_HERTZ": ('gpu_clock_hertz{clock="sm"}', "hertz"),
-    "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": ('gpu_clock_hertz{clock="mem"}', "hertz"),
+    "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": ('gpu_clock_hertz{clock="memory"}', "hertz"),
     "DCGM_FI_DEV_GPU_TEMP_CELSIUS": ("gpu_temperature_celsius", "degrees Celsius"),
     "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS": ("gpu_memory_temperature_celsius", "degrees Celsius"),
     "DCGM_FI_DEV_BOARD_POWER_WATTS": ("gpu_power_usage_watts", "watts"),

@@ -186,6 +186,11 @@ def test_dcgm_compatibility_rules_are_generated_and_read_only_exported_series() 
         read |= set(re.findall(r"\b(gpu_[a-z_]+)", expr))
     declared = {f.name for f in FAMILIES}
     assert read and read <= declared, read - declared
+    # label values the exporter emits: a wrong one (clock="mem" for "memory") leaves a series silently empty
+    from gpuwarden.catalog import CLOCK_DOMAINS
+
+    clocks = {c for expr, _ in mapped.values() for c in re.findall(r'clock="([^"]*)"', expr)}
+    assert clocks and clocks <= set(CLOCK_DOMAINS), clocks - set(CLOCK_DOMAINS)
     tested = {
         case["expr"]
         for t in yaml.safe_load((REPO / "alerts" / "tests" / "dcgm-compat.test.yml").read_text())["tests"]

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Checks gpuwarden's FLOP utilization estimate (OFU) against the MFU that workloads compute from their own FLOPs.
+
+    python3 tools/ofu_check.py [--seconds S] [--gpu N] [--json OUT]
+
+Runs, one after the other on one GPU, matrix products in bf16 and TF32 at several sizes, a bf16 product that pauses
+half the time, and a bf16 transformer layer's training step. Each counts its own floating-point operations (model
+FLOPs: 2*m*n*k per product; a training step is three times its forward pass, flash-attention recompute not counted)
+over its timed window, and its MFU is those FLOPs per second over the GPU's dense tensor peak for the precision at the
+GPU's maximum SM clock (SMs x dense FLOPs per SM per clock x max SM clock, the clock from NVML). Meanwhile
+gpuwarden's own NVML layer polls the GPU every second; the estimate per poll is
+``gpuwarden.insight.ofu.flop_utilization`` (GPM any-tensor activity x SM clock / max SM clock), averaged over the
+workload's window. Prints one JSON line per workload and a table. Needs PyTorch, an NVIDIA GPU of compute
+capability 8.0 or 9.0 (the dense-rate table below), and GPM (Hopper) for the estimate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+#: Dense tensor-core FLOPs per SM per clock, by compute capability and precision (NVIDIA's A100 and H100 white
+#: papers: A100 bf16 312 TFLOP/s = 108 SMs x 2048 x 1.41 GHz; H100 SXM bf16 989.4 TFLOP/s = 132 x 4096 x 1.83 GHz;
+#: TF32 half of bf16 on both).
+DENSE_PER_SM_CLOCK = {(8, 0): {"bf16": 2048, "tf32": 1024}, (9, 0): {"bf16": 4096, "tf32": 2048}}
+
+
+def _products(size: int, dtype: str, duty: float = 1.0) -> Callable[[object, float], float]:
+    """Back-to-back ``size``-square matrix products; with ``duty`` < 1 the loop sleeps (1 - duty) of every second.
+    Returns the FLOPs done until ``end``."""
+
+    def run(torch: object, end: float) -> float:
+        t = torch  # type: ignore[assignment]
+        t.backends.cuda.matmul.allow_tf32 = dtype == "tf32"  # type: ignore[attr-defined]
+        a = t.randn(size, size, device="cuda", dtype=t.bfloat16 if dtype == "bf16" else t.float32)  # type: ignore[attr-defined]
+        flops, per = 0.0, 2.0 * size**3
+        while time.time() < end:
+            busy_until = time.time() + duty
+            while time.time() < min(busy_until, end):
+                for _ in range(10):
+                    a @ a
+                t.cuda.synchronize()  # type: ignore[attr-defined]
+                flops += 10 * per
+            if duty < 1.0 and time.time() < end:
+                time.sleep(min(1.0 - duty, max(0.0, end - time.time())))
+        return flops
+
+    return run
+
+
+def _transformer(d: int, heads: int, seq: int, batch: int) -> Callable[[object, float], float]:
+    """A bf16 transformer layer (attention through scaled_dot_product_attention, a 4x MLP) trained step by step;
+    FLOPs per step: 3 x forward, forward = 24*tokens*d^2 (projections and MLP) + 4*batch*seq^2*d (attention)."""
+
+    def run(torch: object, end: float) -> float:
+        t = torch  # type: ignore[assignment]
+        nn, f = t.nn, t.nn.functional  # type: ignore[attr-defined]
+        qkv, out = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        up, down = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+        layer = nn.ModuleList([qkv, out, up, down]).cuda().to(t.bfloat16)  # type: ignore[attr-defined]
+        opt = t.optim.SGD(layer.parameters(), lr=1e-4)  # type: ignore[attr-defined]
+        x = t.randn(batch, seq, d, device="cuda", dtype=t.bfloat16)  # type: ignore[attr-defined]
+        tokens = batch * seq
+        per = 3 * (24 * tokens * d * d + 4 * batch * seq * seq * d)
+        flops = 0.0
+        while time.time() < end:
+            q, k, v = qkv(x).view(batch, seq, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            a = f.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, seq, d)
+            h = x + out(a)
+            y = h + down(f.gelu(up(h)))
+            y.float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            t.cuda.synchronize()  # type: ignore[attr-defined]
+            flops += per
+        return flops
+
+    return run
+
+
+#: name -> (precision of its MFU, the workload)
+WORKLOADS: dict[str, tuple[str, Callable[[object, float], float]]] = {
+    "bf16_matmul_8192": ("bf16", _products(8192, "bf16")),
+    "bf16_matmul_4096": ("bf16", _products(4096, "bf16")),
+    "bf16_matmul_1024": ("bf16", _products(1024, "bf16")),
+    "bf16_matmul_8192_half_paused": ("bf16", _products(8192, "bf16", duty=0.5)),
+    "tf32_matmul_8192": ("tf32", _products(8192, "tf32")),
+    "tf32_matmul_2048": ("tf32", _products(2048, "tf32")),
+    "bf16_transformer_step": ("bf16", _transformer(2048, 16, 2048, 8)),
+}
+
+
+class _Sampler(threading.Thread):
+    """Polls one GPU through gpuwarden's NVML layer every ``interval`` s: (time, tensor activity, SM clock Hz)."""
+
+    def __init__(self, gpu: int, interval: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        from gpuwarden.nvml import NvmlSource
+
+        self.source = NvmlSource(processes=False, xid_events=False, gpu_indices=[gpu], gpm_interval=0.0)
+        self.static = self.source.open().gpus[0]
+        self.interval, self.samples, self.stopped = interval, [], threading.Event()
+
+    def run(self) -> None:
+        from gpuwarden.insight.ofu import flop_utilization
+
+        while not self.stopped.wait(self.interval):
+            g = self.source.poll().gpus[0]
+            self.samples.append((g.timestamp, flop_utilization(g, self.static), g.gpm.get("tensor_activity")))
+
+    def mean(self, start: float, end: float) -> tuple[float | None, int]:
+        """The mean estimate over the polls inside [start, end] and how many there were."""
+        vals = [o for t, o, _ in self.samples if start <= t <= end and o is not None]
+        return (sum(vals) / len(vals) if vals else None), len(vals)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=14.0, help="timed seconds per workload (after 3 s of warm-up)")
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="write the results here as a JSON list")
+    a = ap.parse_args()
+    import torch
+
+    torch.cuda.set_device(a.gpu)
+    props = torch.cuda.get_device_properties(a.gpu)
+    rates = DENSE_PER_SM_CLOCK.get((props.major, props.minor))
+    if rates is None:
+        print(f"ofu_check: no dense-rate table for compute capability {props.major}.{props.minor}", file=sys.stderr)
+        return 1
+    sampler = _Sampler(a.gpu)
+    max_clock = sampler.static.clock_max_hertz.get("sm")
+    if not max_clock:
+        print("ofu_check: NVML gave no maximum SM clock", file=sys.stderr)
+        return 1
+    sampler.start()
+    results = []
+    for name, (precision, work) in WORKLOADS.items():
+        work(torch, time.time() + 3.0)  # warm-up: allocation, autotuning, clocks
+        start = time.time()
+        flops = work(torch, start + a.seconds)
+        end = time.time()
+        peak = props.multi_processor_count * rates[precision] * max_clock
+        mfu = flops / (end - start) / peak
+        time.sleep(1.5)  # the poll that covers the window's last second
+        ofu, polls = sampler.mean(start + 1.0, end + 1.0)
+        row = {"workload": name, "precision": precision, "seconds": round(end - start, 2),
+               "tflops": round(flops / (end - start) / 1e12, 1), "peak_tflops": round(peak / 1e12, 1),
+               "mfu": round(mfu, 4), "ofu": None if ofu is None else round(ofu, 4), "polls": polls,
+               "gpu": props.name, "sms": props.multi_processor_count, "max_sm_clock_hz": max_clock}  # fmt: skip
+        results.append(row)
+        print(json.dumps(row), flush=True)
+        time.sleep(2.0)  # idle between workloads
+    sampler.stopped.set()
+    sampler.join()
+    sampler.source.close()
+    print(f"\n{'workload':32} {'MFU':>7} {'OFU':>7} {'diff':>7}")
+    for r in results:
+        diff = "-" if r["ofu"] is None else f"{(r['ofu'] - r['mfu']) * 100:+.1f}"
+        ofu_s = "-" if r["ofu"] is None else f"{r['ofu']:.3f}"
+        print(f"{r['workload']:32} {r['mfu']:7.3f} {ofu_s:>7} {diff:>7}")
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
