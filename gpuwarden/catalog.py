@@ -513,6 +513,12 @@ FAMILIES: tuple[Family, ...] = (
         key="tensor_activity",
     ),
     _g(
+        "gpu_flop_utilization_ratio",
+        "Overall FLOP Utilization (OFU), an estimate of model FLOP utilization: tensor activity x SM clock / maximum "
+        "SM clock, against the dense tensor peak of the precision in use (docs/scores.md). Absent without GPM.",
+        "gpm",
+    ),
+    _g(
         "gpu_dram_activity_ratio",
         "Device memory bandwidth used relative to the maximum (GPM DRAM bandwidth util).",
         "gpm",

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -37,16 +38,16 @@ def _products(size: int, dtype: str, duty: float = 1.0) -> Callable[[object, flo
     Returns the FLOPs done until ``end``."""
 
     def run(torch: object, end: float) -> float:
-        t = torch  # type: ignore[assignment]
-        t.backends.cuda.matmul.allow_tf32 = dtype == "tf32"  # type: ignore[attr-defined]
-        a = t.randn(size, size, device="cuda", dtype=t.bfloat16 if dtype == "bf16" else t.float32)  # type: ignore[attr-defined]
+        t: Any = torch
+        t.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        a = t.randn(size, size, device="cuda", dtype=t.bfloat16 if dtype == "bf16" else t.float32)
         flops, per = 0.0, 2.0 * size**3
         while time.time() < end:
             busy_until = time.time() + duty
             while time.time() < min(busy_until, end):
                 for _ in range(10):
                     a @ a
-                t.cuda.synchronize()  # type: ignore[attr-defined]
+                t.cuda.synchronize()
                 flops += 10 * per
             if duty < 1.0 and time.time() < end:
                 time.sleep(min(1.0 - duty, max(0.0, end - time.time())))
@@ -60,13 +61,13 @@ def _transformer(d: int, heads: int, seq: int, batch: int) -> Callable[[object, 
     FLOPs per step: 3 x forward, forward = 24*tokens*d^2 (projections and MLP) + 4*batch*seq^2*d (attention)."""
 
     def run(torch: object, end: float) -> float:
-        t = torch  # type: ignore[assignment]
-        nn, f = t.nn, t.nn.functional  # type: ignore[attr-defined]
+        t: Any = torch
+        nn, f = t.nn, t.nn.functional
         qkv, out = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
         up, down = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
-        layer = nn.ModuleList([qkv, out, up, down]).cuda().to(t.bfloat16)  # type: ignore[attr-defined]
-        opt = t.optim.SGD(layer.parameters(), lr=1e-4)  # type: ignore[attr-defined]
-        x = t.randn(batch, seq, d, device="cuda", dtype=t.bfloat16)  # type: ignore[attr-defined]
+        layer = nn.ModuleList([qkv, out, up, down]).cuda().to(t.bfloat16)
+        opt = t.optim.SGD(layer.parameters(), lr=1e-4)
+        x = t.randn(batch, seq, d, device="cuda", dtype=t.bfloat16)
         tokens = batch * seq
         per = 3 * (24 * tokens * d * d + 4 * batch * seq * seq * d)
         flops = 0.0
@@ -78,7 +79,7 @@ def _transformer(d: int, heads: int, seq: int, batch: int) -> Callable[[object, 
             y.float().pow(2).mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            t.cuda.synchronize()  # type: ignore[attr-defined]
+            t.cuda.synchronize()
             flops += per
         return flops
 
@@ -106,7 +107,8 @@ class _Sampler(threading.Thread):
 
         self.source = NvmlSource(processes=False, xid_events=False, gpu_indices=[gpu], gpm_interval=0.0)
         self.static = self.source.open().gpus[0]
-        self.interval, self.samples, self.stopped = interval, [], threading.Event()
+        self.interval, self.stopped = interval, threading.Event()
+        self.samples: list[tuple[float, float | None, float | None]] = []
 
     def run(self) -> None:
         from gpuwarden.insight.ofu import flop_utilization
@@ -122,12 +124,14 @@ class _Sampler(threading.Thread):
 
 
 def main() -> int:
+    """Run every workload with the sampler polling; print and (--json) write the table. Exit 1 where the GPU has
+    no dense-rate entry or NVML no maximum SM clock."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=14.0, help="timed seconds per workload (after 3 s of warm-up)")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the results here as a JSON list")
     a = ap.parse_args()
-    import torch
+    import torch  # type: ignore[import-not-found]
 
     torch.cuda.set_device(a.gpu)
     props = torch.cuda.get_device_properties(a.gpu)

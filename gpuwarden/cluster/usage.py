@@ -17,6 +17,9 @@ range counts for each job only while that job held it.
   which telescopes to their growth over the range; only the job shares and the diagnosis are sampled at each step.
 - **Effective time** (``report``): time with SM activity >= 0.5 (util.gpu where the GPU has no GPM): DCGM's guidance
   is that SM activity below 0.5 likely means the GPU is used ineffectively.
+- **Peak-equivalent time** (``report``): the sum over the steps of the job's GPUs' FLOP utilization
+  estimate (OFU, ``gpu_flop_utilization_ratio``) times the step: the GPU-hours the job's tensor work would take at
+  the dense peak. None where no GPU of the job has GPM.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class Usage:
     lost_hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CAUSES, 0.0))
     free_hours: float = 0.0
     effective_hours: float | None = None
+    peak_equivalent_hours: float | None = None
     energy_joules: float | None = None
     held_idle_energy_joules: float | None = None
     reasons: dict[str, float] = field(default_factory=dict)
@@ -208,7 +212,8 @@ class Accounting:
         return dict(out)
 
     def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
-        """``jobs()`` of one id, with energy and effective (SM activity >= 0.5) GPU-hours added."""
+        """``jobs()`` of one id, with energy, effective (SM activity >= 0.5) and peak-equivalent (OFU) GPU-hours
+        added."""
         out = self.jobs(job_id, instance)
         jf = _job_filter(job_id, instance)
         activity = f"({self.metric('gpu_sm_activity_ratio')} or {self.metric('gpu_utilization_ratio')})"
@@ -218,6 +223,10 @@ class Accounting:
             if _job_key(s.labels) in out:
                 u = out[_job_key(s.labels)]
                 u.effective_hours = (u.effective_hours or 0.0) + s.value * h
+        for s in self.samples(self._per_job(self.metric("gpu_flop_utilization_ratio"), jf), "job_id"):
+            if _job_key(s.labels) in out:
+                u = out[_job_key(s.labels)]
+                u.peak_equivalent_hours = (u.peak_equivalent_hours or 0.0) + s.value * h
         for s in self.samples(self._per_job(self._increase("gpu_energy_joules_total"), jf), "job_id"):
             if _job_key(s.labels) in out:
                 u = out[_job_key(s.labels)]

@@ -64,6 +64,7 @@ def _usage_json(u: Usage) -> dict[str, Any]:
         "lost_gpu_hours_by_cause": u.lost_hours,
         "free_gpu_hours": u.free_hours,
         "effective_gpu_hours": u.effective_hours,
+        "peak_equivalent_gpu_hours": u.peak_equivalent_hours,
         "energy_joules": u.energy_joules,
         "held_idle_energy_joules": u.held_idle_energy_joules,
         "verdict": u.verdict(),
@@ -362,6 +363,9 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
     _row(t, "GPU-hours held", _hours(u.held_hours), "")
     if u.effective_hours is not None:
         _row(t, "with SM activity >= 50%", _hours(u.effective_hours), f"{u.effective_hours / held:.0%} of held")
+    if u.peak_equivalent_hours is not None:
+        _row(t, "at dense tensor peak (OFU)", _hours(u.peak_equivalent_hours),
+             f"{u.peak_equivalent_hours / held:.0%} of held: FLOP utilization estimate")  # fmt: skip
     _row(t, "busy (a kernel ran)", _hours(u.busy_hours), f"{u.busy_hours / held:.0%} of held")
     _row(t, "lost (held, idle)", _hours(u.lost_total), f"{u.lost_total / held:.0%} of held")
     for cause in LOST_CAUSES:

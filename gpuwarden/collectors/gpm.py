@@ -11,6 +11,7 @@ from prometheus_client.core import Metric
 
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, readings
+from gpuwarden.insight.ofu import flop_utilization
 from gpuwarden.snapshot import NodeSnapshot
 
 #: label value of ``pipe`` -> key of GpuReading.gpm
@@ -31,3 +32,15 @@ def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metr
             if key in g.gpm:
                 pipes.add_metric([*gpu_label_values(g), pipe], g.gpm[key])  # type: ignore[attr-defined]
     return pipes if pipes.samples else None
+
+
+@builds("gpu_flop_utilization_ratio")
+def flop_utilization_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return each GPU's OFU (gpuwarden.insight.ofu.flop_utilization), where GPM gives its tensor activity."""
+    statics = {s.index: s for s in snap.static.gpus}
+    ofu = new_family(fam)
+    for g in readings(snap):
+        value = flop_utilization(g, statics.get(g.index))
+        if value is not None:
+            ofu.add_metric(gpu_label_values(g), value)  # type: ignore[attr-defined]
+    return ofu if ofu.samples else None
