@@ -649,6 +649,13 @@ FAMILIES: tuple[Family, ...] = (
         "idle: memory held by processes, no kernel running; in joules.",
         "insight",
     ),
+    _c(
+        "gpu_idle_energy_joules_total",
+        "Energy the GPU drew above its own idle floor (the lowest power seen since gpuwarden started) while idle, by "
+        "the cause of gpu_idle_seconds_total; in joules: what each cause of idle time costs in power.",
+        "insight",
+        labels=("cause",),
+    ),
     _g(
         "gpu_starved_ratio",
         "Share of the last {window} s in which the GPU sat idle while the job holding it worked.",

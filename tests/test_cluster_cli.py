@@ -116,6 +116,13 @@ def test_jobs_holding_one_gpu_in_turn_each_get_their_own_time_and_verdict(prom: 
     doc = json.loads(rep.stdout)
     assert doc["held_idle_energy_joules"] is not None and doc["held_idle_energy_joules"] >= 0
     assert "end the idle process" in doc["first_remedy"]
+    # the power each cause of idle time cost: the held-idle job's is its held-idle energy, the starved job's goes
+    # mostly to waiting on its input
+    energy = doc["idle_energy_joules_by_cause"]
+    assert energy["held_idle"] == pytest.approx(doc["held_idle_energy_joules"], abs=1e-6)
+    rep = gw("report", "--job", "901", "--prometheus", prom["url"], "--range", "70s", "--step", "1s", "--json")
+    energy = json.loads(rep.stdout)["idle_energy_joules_by_cause"]
+    assert max(energy, key=energy.get) == "input_cpu" and energy["input_cpu"] > 0, energy
 
 
 @pytest.mark.e2e

@@ -256,3 +256,37 @@ def test_held_idle_energy_is_power_above_the_idle_floor_over_held_idle_time(name
             assert joules == 0
     if name == "h100-held_idle":
         assert result.gpus[0].idle_seconds_total["held_idle"] > 30 and result.gpus[0].held_idle_energy_joules_total > 0
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["h100-starved_dataloader", "h100-held_idle", "h100-k-self-paused", "h100-compute_bound", "h200x2-ddp_straggler"],
+)
+def test_idle_energy_by_cause_is_bounded_by_each_causes_seconds(name: str) -> None:
+    """``gpu_idle_energy_joules_total{cause}`` on real recordings: each cause's joules lie between 0 and its idle
+    seconds times the GPU's power range (none without seconds), held_idle's equal the held-idle energy family, and
+    the starved loader's cost is its input_cpu time."""
+    from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
+    from gpuwarden.insight.states import IDLE_CAUSES
+    from gpuwarden.trace import read_trace
+
+    header, polls = read_trace(TRACES / f"{name}.jsonl.gz")
+    analyzer = InsightAnalyzer()
+    powers: dict[str, list[float]] = {}
+    result = None
+    for poll in polls:
+        for g in poll.gpus:
+            if g.power_usage_watts is not None:
+                powers.setdefault(g.uuid, []).append(g.power_usage_watts)
+        result = insight_result(analyzer(poll, header.node))
+    assert result is not None
+    for gpu in result.gpus:
+        energy = gpu.idle_energy_joules_total
+        assert energy is not None and set(energy) <= set(IDLE_CAUSES)
+        p = powers[gpu.uuid]
+        for cause, seconds in gpu.idle_seconds_total.items():
+            assert 0 <= energy.get(cause, 0.0) <= seconds * (max(p) - min(p)) + 1e-9, cause
+        assert energy["held_idle"] == pytest.approx(gpu.held_idle_energy_joules_total)
+    if name == "h100-starved_dataloader":
+        energy = result.gpus[0].idle_energy_joules_total
+        assert energy is not None and max(energy, key=lambda c: energy[c]) == "input_cpu" and energy["input_cpu"] > 0

@@ -86,6 +86,7 @@ class Usage:
     peak_equivalent_hours: float | None = None
     energy_joules: float | None = None
     held_idle_energy_joules: float | None = None
+    idle_energy_joules: dict[str, float] | None = None  # report: above the idle floor, by lost cause
     reasons: dict[str, float] = field(default_factory=dict)
     instances: set[str] = field(default_factory=set)
     gpus: set[tuple[str, str]] = field(default_factory=set)  # (instance, gpu index)
@@ -212,8 +213,8 @@ class Accounting:
         return dict(out)
 
     def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
-        """``jobs()`` of one id, with energy, effective (SM activity >= 0.5) and peak-equivalent (OFU) GPU-hours
-        added."""
+        """``jobs()`` of one id, with energy (all, and above the idle floor by lost cause), effective (SM activity >=
+        0.5) and peak-equivalent (OFU) GPU-hours added."""
         out = self.jobs(job_id, instance)
         jf = _job_filter(job_id, instance)
         activity = f"({self.metric('gpu_sm_activity_ratio')} or {self.metric('gpu_utilization_ratio')})"
@@ -227,6 +228,13 @@ class Accounting:
             if _job_key(s.labels) in out:
                 u = out[_job_key(s.labels)]
                 u.peak_equivalent_hours = (u.peak_equivalent_hours or 0.0) + s.value * h
+        for cause in LOST_CAUSES:  # one query per cause: the job shares have several series per GPU too
+            joules = self._increase("gpu_idle_energy_joules_total", f"cause={_quote(cause)}")
+            for s in self.samples(self._per_job(joules, jf), "job_id"):
+                if _job_key(s.labels) in out:
+                    u = out[_job_key(s.labels)]
+                    u.idle_energy_joules = u.idle_energy_joules or dict.fromkeys(LOST_CAUSES, 0.0)
+                    u.idle_energy_joules[cause] += s.value
         for s in self.samples(self._per_job(self._increase("gpu_energy_joules_total"), jf), "job_id"):
             if _job_key(s.labels) in out:
                 u = out[_job_key(s.labels)]

@@ -67,6 +67,7 @@ def _usage_json(u: Usage) -> dict[str, Any]:
         "peak_equivalent_gpu_hours": u.peak_equivalent_hours,
         "energy_joules": u.energy_joules,
         "held_idle_energy_joules": u.held_idle_energy_joules,
+        "idle_energy_joules_by_cause": u.idle_energy_joules,
         "verdict": u.verdict(),
         "first_remedy": u.first_remedy(),
         "cost": u.cost,
@@ -373,7 +374,11 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
             _row(t, f"  {cause}", _hours(u.lost_hours[cause]), "")
     if u.energy_joules is not None:
         _row(t, "energy", _energy(u.energy_joules), "")
-    if u.held_idle_energy_joules:
+    if u.idle_energy_joules:
+        for cause, joules in u.idle_energy_joules.items():
+            if joules > 0:
+                _row(t, f"  drawn while idle: {cause}", _energy(joules), "above the idle floor")
+    elif u.held_idle_energy_joules:
         _row(t, "  drawn while held idle", _energy(u.held_idle_energy_joules), "above the idle floor")
     if u.cost is not None:
         _row(t, "cost of lost GPU-hours", _cost(u), "")

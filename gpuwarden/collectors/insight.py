@@ -82,6 +82,22 @@ def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> M
     )
 
 
+@builds("gpu_idle_energy_joules_total")
+def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the joules each GPU drew above its idle floor while idle, by cause (every cause, 0 included;
+    GpuInsight.idle_energy_joules_total: power minus the lowest power seen, times each poll interval's idle seconds
+    of the cause). Absent for a GPU that reports no power."""
+    return _per_gpu(
+        snap,
+        fam,
+        lambda g: (
+            []
+            if g.idle_energy_joules_total is None
+            else (([c], g.idle_energy_joules_total.get(c, 0.0)) for c in IDLE_CAUSES)
+        ),
+    )
+
+
 @builds("gpu_starved_ratio")
 def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return each GPU's starved share of the analyzer window (help text names the window)."""

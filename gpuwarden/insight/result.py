@@ -47,6 +47,11 @@ class GpuInsight(_Frozen):
         description="joules drawn above the GPU's idle floor (lowest power seen since the analyzer started) while "
         "held idle, since the analyzer started (None: the GPU reports no power)",
     )
+    idle_energy_joules_total: dict[str, float] | None = Field(
+        default=None,
+        description="joules drawn above the GPU's idle floor while idle, by idle cause (gpuwarden.insight.states."
+        "IDLE_CAUSES), since the analyzer started (None: the GPU reports no power)",
+    )
     window_state_seconds: dict[str, float]
     starved_ratio: float | None = None
     activity_ratio: float | None = None

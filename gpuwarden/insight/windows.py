@@ -285,3 +285,4 @@ class GpuCapture:
     idle: dict[str, float]
     runs: tuple[StateRun, ...] = ()
     held_idle_joules: float | None = None  # None: no power reading yet
+    idle_joules: dict[str, float] | None = None  # by idle cause; None: no power reading yet
