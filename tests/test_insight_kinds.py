@@ -8,6 +8,7 @@ import pytest
 from conftest import TRACES
 
 from gpuwarden.diagnose import replay_report
+from gpuwarden.insight.result import InsightResult
 
 #: trace -> (verdict, findings that must be there too)
 EXPECTED = {
@@ -230,10 +231,8 @@ def test_a_flapping_gpu_counts_its_time_down_as_lost_and_nothing_else(down: rang
     assert result.gpus[0].state_seconds_total == reference.gpus[0].state_seconds_total
 
 
-@pytest.mark.parametrize("name", ["h100-held_idle", "h100-k-self-paused", "h200x2-ddp_straggler"])
-def test_held_idle_energy_is_power_above_the_idle_floor_over_held_idle_time(name: str) -> None:
-    """The held-idle energy counter is, poll by poll, the held-idle seconds times the power above the lowest power
-    seen so far: at most held-idle seconds x (highest - lowest power), zero without held-idle time."""
+def _replayed_with_powers(name: str) -> tuple[InsightResult, dict[str, tuple[float, float]]]:
+    """The InsightResult after the whole recording ``name``, and each GPU's (lowest, highest) power in it."""
     from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
     from gpuwarden.trace import read_trace
 
@@ -247,11 +246,19 @@ def test_held_idle_energy_is_power_above_the_idle_floor_over_held_idle_time(name
                 powers.setdefault(g.uuid, []).append(g.power_usage_watts)
         result = insight_result(analyzer(poll, header.node))
     assert result is not None
+    return result, {u: (min(p), max(p)) for u, p in powers.items()}
+
+
+@pytest.mark.parametrize("name", ["h100-held_idle", "h100-k-self-paused", "h200x2-ddp_straggler"])
+def test_held_idle_energy_is_power_above_the_idle_floor_over_held_idle_time(name: str) -> None:
+    """The held-idle energy counter is, poll by poll, the held-idle seconds times the power above the lowest power
+    seen so far: at most held-idle seconds x (highest - lowest power), zero without held-idle time."""
+    result, powers = _replayed_with_powers(name)
     for gpu in result.gpus:
         joules, held = gpu.held_idle_energy_joules_total, gpu.idle_seconds_total["held_idle"]
         assert joules is not None and joules >= 0
-        p = powers[gpu.uuid]
-        assert joules <= held * (max(p) - min(p)) + 1e-9
+        low, high = powers[gpu.uuid]
+        assert joules <= held * (high - low) + 1e-9
         if held == 0:
             assert joules == 0
     if name == "h100-held_idle":
@@ -266,26 +273,15 @@ def test_idle_energy_by_cause_is_bounded_by_each_causes_seconds(name: str) -> No
     """``gpu_idle_energy_joules_total{cause}`` on real recordings: each cause's joules lie between 0 and its idle
     seconds times the GPU's power range (none without seconds), held_idle's equal the held-idle energy family, and
     the starved loader's cost is its input_cpu time."""
-    from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
     from gpuwarden.insight.states import IDLE_CAUSES
-    from gpuwarden.trace import read_trace
 
-    header, polls = read_trace(TRACES / f"{name}.jsonl.gz")
-    analyzer = InsightAnalyzer()
-    powers: dict[str, list[float]] = {}
-    result = None
-    for poll in polls:
-        for g in poll.gpus:
-            if g.power_usage_watts is not None:
-                powers.setdefault(g.uuid, []).append(g.power_usage_watts)
-        result = insight_result(analyzer(poll, header.node))
-    assert result is not None
+    result, powers = _replayed_with_powers(name)
     for gpu in result.gpus:
         energy = gpu.idle_energy_joules_total
         assert energy is not None and set(energy) <= set(IDLE_CAUSES)
-        p = powers[gpu.uuid]
+        low, high = powers[gpu.uuid]
         for cause, seconds in gpu.idle_seconds_total.items():
-            assert 0 <= energy.get(cause, 0.0) <= seconds * (max(p) - min(p)) + 1e-9, cause
+            assert 0 <= energy.get(cause, 0.0) <= seconds * (high - low) + 1e-9, cause
         assert energy["held_idle"] == pytest.approx(gpu.held_idle_energy_joules_total)
     if name == "h100-starved_dataloader":
         energy = result.gpus[0].idle_energy_joules_total
