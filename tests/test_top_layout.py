@@ -69,3 +69,36 @@ def test_details_name_every_cause_the_cost_and_what_to_do_first() -> None:
     assert POD in text and "gpu-node-007.cluster.example, gpu-node-008.cluster.example" in text
     assert "input_cpu 37.5 h, paused 2.00 h, lost 1.00 h" in text and "506.25 USD" in text
     assert "do first:" in text and "input_starved + throttled" in text
+
+
+class _Prometheus:
+    """Answers every query with nothing but the SLUIDs that carry ``slurm_job_id="4242"``: two jobs that reused
+    the number in the range."""
+
+    def query(self, promql: str, time: float | None = None) -> list:
+        from gpuwarden.cluster.promapi import Sample
+
+        if 'slurm_job_id="4242"' in promql and promql.startswith("group by (job_id)"):
+            return [Sample({"job_id": SLUID}, 1.0), Sample({"job_id": "sEKNKTV3WPV501"}, 1.0)]
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_slurm_number_of_two_sluid_jobs_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from gpuwarden.cluster import views
+    from gpuwarden.cluster.usage import Accounting
+
+    prom = _Prometheus()
+    monkeypatch.setattr(views, "_open", lambda args: (prom, Accounting(prom, "1h", "1m")))  # type: ignore[arg-type]
+    args = argparse.Namespace(job="4242", instance=None, json=True, range="1h", step="1m", prometheus="http://p:9090")
+    assert views.report(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and SLUID in err and "give the SLUID" in err
+    args.job = "4243"  # no job and no SLUID carries the number: not found
+    assert views.report(args) == 1 and "no job '4243'" in capsys.readouterr().err

@@ -305,7 +305,8 @@ def _energy(joules: float) -> str:
 
 def report(args: argparse.Namespace) -> int:
     """``gpuwarden report --job ID``: one job's efficiency summary; exit 1 with one line when the job is not found or
-    Prometheus cannot answer, 2 when a node-local id is ambiguous."""
+    Prometheus cannot answer, 2 when a node-local id, or a Slurm job number given for SLUID-keyed jobs, is
+    ambiguous."""
     from gpuwarden.cluster.promapi import PrometheusError
 
     try:
@@ -316,7 +317,11 @@ def report(args: argparse.Namespace) -> int:
             if not found and args.job.isascii() and args.job.isdigit():
                 # Slurm 26.05+: the series carry the SLUID; the numeric id is a label where a daemon could read it
                 sluids = acc.slurm_jobs(args.job)
-                if len(sluids) == 1:
+                if len(sluids) > 1:  # the number was reused in the range (another cluster, a wrapped counter)
+                    print(f"gpuwarden report: Slurm job {args.job} is {len(sluids)} jobs in the range "
+                          f"({', '.join(visible(x) for x in sluids)}): give the SLUID", file=sys.stderr)  # fmt: skip
+                    return 2
+                if sluids:
                     job = sluids[0]
                     found = acc.job_details(job, args.instance)
             if len(found) > 1:
