@@ -97,7 +97,6 @@ class _GpuState:
     idle: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.IDLE_CAUSES, 0.0))
     runs: deque[StateRun] = field(default_factory=deque)  # the node window's intervals, by main state
     idle_floor_watts: float | None = None  # the lowest power seen: the GPU's own idle baseline
-    held_idle_joules: float = 0.0  # energy above that floor while held idle
     idle_joules: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.IDLE_CAUSES, 0.0))  # by cause
     last_iv: Interval | None = None  # the newest interval in the windows (polls faster than a second merge into it)
     last_terms: list[tuple[int, int]] = field(default_factory=list)  # its terms (windows.terms)
@@ -252,7 +251,7 @@ class InsightAnalyzer:
                 totals=dict(state.totals),
                 idle=dict(state.idle),
                 runs=tuple(state.runs),
-                held_idle_joules=None if state.idle_floor_watts is None else state.held_idle_joules,
+                held_idle_joules=None if state.idle_floor_watts is None else state.idle_joules["held_idle"],
                 idle_joules=None if state.idle_floor_watts is None else dict(state.idle_joules),
             )
             for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index)
@@ -341,7 +340,7 @@ class InsightAnalyzer:
         causes = st.idle_causes(secs, inputs.job_cpu, inputs.io_waiting)
         for k, v in causes.items():
             state.idle[k] += v
-        _idle_energy(state, g, secs, causes)
+        _idle_energy(state, g, causes)
         # GPM metrics average over the time since the previous computation (every gpm_interval in serve, carried in
         # between): the first one after a job change covers time before it. Only the second on describes this job.
         gpm = g.gpm if state.gpm_changes >= 2 else {}
@@ -428,14 +427,14 @@ def _track(state: _GpuState, g: GpuReading, pids: frozenset[int]) -> float | Non
     return start
 
 
-def _idle_energy(state: _GpuState, g: GpuReading, secs: dict[str, float], causes: dict[str, float]) -> None:
-    """Add the energy above the GPU's own idle floor (the lowest power seen) spent while held idle, and while idle
-    by each cause (``causes``: the interval's idle seconds by cause): the poll's power times the seconds."""
+def _idle_energy(state: _GpuState, g: GpuReading, causes: dict[str, float]) -> None:
+    """Add the energy above the GPU's own idle floor (the lowest power seen) spent while idle, by cause
+    (``causes``: the interval's idle seconds by cause; the ``held_idle`` cause is the held-idle state's seconds): the
+    poll's power times the seconds."""
     power = finite(g.power_usage_watts)
     if power is not None:
         floor = power if state.idle_floor_watts is None else min(state.idle_floor_watts, power)
         state.idle_floor_watts = floor
-        state.held_idle_joules += secs.get("held_idle", 0.0) * (power - floor)
         for cause, seconds in causes.items():
             state.idle_joules[cause] = state.idle_joules.get(cause, 0.0) + seconds * (power - floor)
 
