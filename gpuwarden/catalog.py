@@ -155,6 +155,9 @@ CUMULATIVE: tuple[Cumulative, ...] = (
     Cumulative("process", "cgroup_cpu_seconds_total"),
     Cumulative("process", "tree_cpu_seconds_total"),
     Cumulative("process", "tree_read_bytes_total", integer=True),
+    Cumulative("process", "tree_read_chars_total", integer=True),
+    Cumulative("process", "tree_write_bytes_total", integer=True),
+    Cumulative("process", "tree_voluntary_switches_total", integer=True),
     Cumulative("host", "cpu_seconds_total", keyed=True),
     Cumulative("host", "pressure_seconds_total", keyed=True),
 )

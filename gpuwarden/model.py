@@ -113,6 +113,21 @@ class ProcessReading(_Model):
     tree_read_bytes_total: int | None = Field(
         default=None, description="bytes the process and its live descendants read from storage (/proc/PID/io)"
     )
+    tree_read_chars_total: int | None = Field(
+        default=None,
+        description="bytes the process and its live descendants read through any read call (/proc/PID/io rchar: "
+        "files, the page cache, sockets, pipes); above tree_read_bytes_total it is what did not come from storage",
+    )
+    tree_write_bytes_total: int | None = Field(
+        default=None,
+        description="bytes the process and its live descendants caused to be written to storage (/proc/PID/io "
+        "write_bytes: checkpoints, logs)",
+    )
+    tree_voluntary_switches_total: int | None = Field(
+        default=None,
+        description="voluntary context switches of the main threads of the process and its live descendants "
+        "(/proc/PID/status voluntary_ctxt_switches): each a wait (a read that blocks, a sleep, a lock)",
+    )
 
 
 class MigReading(_Model):

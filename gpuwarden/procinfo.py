@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -121,10 +122,13 @@ class ProcessInspector:
             slurm_job_id=env.get("SLURM_JOB_ID"),
             hostname_env=env.get("HOSTNAME"),
             cgroup_cpu_seconds_total=read_cgroup_cpu(cgroup, self.cgroup_root),
-            tree_cpu_seconds_total=tree[0],
-            tree_processes=tree[1],
-            tree_blocked=tree[2],
-            tree_read_bytes_total=tree[3],
+            tree_cpu_seconds_total=tree.cpu_seconds,
+            tree_processes=tree.processes,
+            tree_blocked=tree.blocked,
+            tree_read_bytes_total=tree.read_bytes,
+            tree_read_chars_total=tree.read_chars,
+            tree_write_bytes_total=tree.write_bytes,
+            tree_voluntary_switches_total=tree.voluntary_switches,
         )
 
     def forget_except(self, live: set[int]) -> None:
@@ -255,31 +259,64 @@ def descendants(pid: int, children: Callable[[int], list[int]]) -> list[int]:
     return out
 
 
-def _tree(proc: psutil.Process, cpu: object, members: list[psutil.Process]) -> tuple[float, int, int, int | None]:
-    """(CPU seconds, processes, processes in state D, bytes read) of ``proc`` and its live descendants
-    (``members``), the CPU including its reaped children's (psutil's children_user/children_system). Raises
-    psutil.Error for ``proc``."""
+class Tree(NamedTuple):
+    """What a GPU process and its live descendants did, summed (None: not readable for one of them, e.g. /proc/PID/io
+    of another user's process without CAP_SYS_PTRACE)."""
+
+    cpu_seconds: float
+    processes: int
+    blocked: int
+    read_bytes: int | None
+    read_chars: int | None
+    write_bytes: int | None
+    voluntary_switches: int | None
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
+
+
+def _io(proc: psutil.Process) -> tuple[int | None, int | None, int | None]:
+    """(read_bytes, rchar, write_bytes) of /proc/PID/io; Nones where unreadable."""
+    try:
+        io = proc.io_counters()
+    except (psutil.Error, AttributeError, OSError):
+        return None, None, None
+    chars = getattr(io, "read_chars", None)
+    return int(io.read_bytes), None if chars is None else int(chars), int(io.write_bytes)
+
+
+def _switches(proc: psutil.Process) -> int | None:
+    try:
+        return int(proc.num_ctx_switches().voluntary)
+    except (psutil.Error, AttributeError, OSError):
+        return None
+
+
+def _tree(proc: psutil.Process, cpu: object, members: list[psutil.Process]) -> Tree:
+    """What ``proc`` and its live descendants (``members``) did (Tree), the CPU including its reaped children's
+    (psutil's children_user/children_system). Raises psutil.Error for ``proc``."""
     seconds = sum(getattr(cpu, k, 0.0) for k in ("user", "system", "children_user", "children_system"))
-    count, blocked, read = 1, int(proc.status() == psutil.STATUS_DISK_SLEEP), _read_bytes(proc)
+    with proc.oneshot():
+        blocked = int(proc.status() == psutil.STATUS_DISK_SLEEP)
+        read, chars, written = _io(proc)
+        switches = _switches(proc)
+    count = 1
     for child in members:
         try:
             with child.oneshot():
                 t = child.cpu_times()
-                seconds += t.user + t.system
-                blocked += child.status() == psutil.STATUS_DISK_SLEEP
-                child_read = _read_bytes(child)
+                child_blocked = child.status() == psutil.STATUS_DISK_SLEEP
+                c_read, c_chars, c_written = _io(child)
+                c_switches = _switches(child)
         except psutil.Error:
             continue  # ended meanwhile
+        seconds += t.user + t.system
+        blocked += child_blocked
         count += 1
-        read = None if read is None or child_read is None else read + child_read
-    return seconds, count, blocked, read
-
-
-def _read_bytes(proc: psutil.Process) -> int | None:
-    try:
-        return int(proc.io_counters().read_bytes)
-    except (psutil.Error, AttributeError, OSError):
-        return None
+        read, chars, written = _add(read, c_read), _add(chars, c_chars), _add(written, c_written)
+        switches = _add(switches, c_switches)
+    return Tree(seconds, count, blocked, read, chars, written, switches)
 
 
 def read_cgroup_cpu(cgroup: str | None, root: Path = Path("/sys/fs/cgroup")) -> float | None:

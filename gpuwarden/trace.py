@@ -11,6 +11,7 @@ import gzip
 import json
 import logging
 import os
+import shutil
 import stat
 import zlib
 from collections.abc import Iterator
@@ -114,6 +115,21 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rewrite_header(path: Path, header: TraceHeader) -> None:
+    """Replace the header of the trace at ``path`` with ``header`` (what ``record`` learns at the end: the live
+    verdicts). The trace is written anew beside it and renamed over it, so a failure leaves it as it was. Raises
+    OSError where the file cannot be read or written."""
+    tmp = path.with_name(f".{path.name}.part{path.suffix}")  # same suffix: compressed alike
+    try:
+        with _open(path, "r") as src, _open(tmp, "w") as dst:
+            src.readline()
+            dst.write(header.model_dump_json(exclude_none=True) + "\n")
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_trace(path: Path) -> tuple[TraceHeader, list[PollResult]]:

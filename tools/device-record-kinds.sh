@@ -7,6 +7,11 @@ set -u
 OUT=$1; LIST=$2; SECS=${3:-25}; WARM=${WARM:-8}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
+# the "remote storage" of remote_reader: one fast server, one slow with a latency per request
+python3 tools/workloads.py serve-bytes --port 10501 --rate 200 >"$OUT/serve-bytes-fast.log" 2>&1 &
+fast=$!
+python3 tools/workloads.py serve-bytes --port 10502 --rate 20 --latency 0.02 >"$OUT/serve-bytes-slow.log" 2>&1 &
+slow=$!
 python3 -m gpuwarden serve --web.listen-address 127.0.0.1:10400 >"$OUT/serve.log" 2>&1 &
 new=$!
 if [ -n "${OLD:-}" ]; then
@@ -21,7 +26,8 @@ scraper=$!
 for item in $LIST; do
   s=${item%%:*}; args=""; [ "$item" != "$s" ] && args=$(echo "${item#*:}" | tr ',' ' ')
   tag=$(echo "$item" | tr ':,= ' '____')
-  python3 tools/workloads.py run "$s" $args --seconds $((SECS + WARM + 3)) >"$OUT/$tag.workload.log" 2>&1 &
+  python3 tools/workloads.py run "$s" $args --seconds $((SECS + WARM + 3)) --split-out "$OUT/$tag.split.json" \
+    >"$OUT/$tag.workload.log" 2>&1 &
   w=$!
   sleep "$WARM"
   python3 -m gpuwarden record --duration "$SECS" --interval 1 --out "$OUT/$tag.jsonl.gz" --meta "scenario=$s" \
@@ -41,4 +47,4 @@ kill "$scraper" 2>/dev/null
 curl -s http://127.0.0.1:10400/metrics | grep -E '^gpu_encoder|^gpuwarden_nvml_errors_total' | tee "$OUT/encoder-and-errors.txt"
 curl -s -D - -o /dev/null -H 'Accept: application/openmetrics-text;version=1.0.0' -H 'Accept-Encoding: gzip' http://127.0.0.1:10400/metrics | head -8
 python3 -m gpuwarden diagnose --replay "$OUT/$(echo "${LIST%% *}" | tr ':,= ' '____').jsonl.gz" | head -20
-kill -TERM $new ${old:-}; wait
+kill -TERM $new ${old:-} $fast $slow; wait

@@ -7,6 +7,14 @@
 Each scenario stands for one kind of workload the diagnosis names; the knobs make variants of it (other sizes,
 worker counts, duty cycles), so a rule is checked on more than the one recording it was written from. Needs
 PyTorch and an NVIDIA GPU. Prints one JSON line at the end: scenario, knobs, seconds, steps, pid.
+
+Each workload also keeps its own clock: the wall time of each phase of its loop (``gpu``: a GPU step until it is
+synchronized; ``input``: waiting for the next batch prepared on the CPU; ``read``: reading input from storage or a
+remote server; ``host``: work on the GPU's output on the CPU; ``checkpoint``: writing a checkpoint; ``sleep``: the job
+itself idle), per whole Unix second, written with ``--split-out FILE`` as JSON. ``tools/accounting_check.py``
+compares it with gpuwarden's idle seconds by cause over the same seconds of a recording.
+
+    python3 tools/workloads.py serve-bytes --port P [--rate MBPS]   # the "remote storage" of remote_reader
 """
 
 from __future__ import annotations
@@ -30,7 +38,46 @@ SCENARIOS = {
     "host_optimizer": "forward and backward on the GPU, the optimizer step on the CPU (as CPU-offloaded optimizers do):"
     " gradients go device-to-host, parameters come back",
     "host_metrics": "a GPU step, then its outputs copied to the host and metrics computed there in the training loop",
+    "mid_kernels": "eager elementwise kernels of --size elements each (a grid covering part of the SMs), launched one"
+    " after another by one busy thread: launch bound with mid-size kernels",
+    "checkpoint_writer": "bf16 training steps for --busy seconds, then the model's --size MiB written to a checkpoint"
+    " file (device-to-host copy, serialise, fsync) while the GPU waits",
+    "remote_reader": "each batch read over TCP from serve-bytes (--port; --size KiB per request, --workers readers):"
+    " input from remote storage, the processes sleeping on sockets",
+    "service": "a model server: requests arrive every --pause seconds (jittered), each a --busy second GPU batch:"
+    " the GPU a few percent busy with short requests",
 }
+
+
+class Split:
+    """The workload's own clock: wall seconds per phase per whole Unix second (``to(phase)`` starts a phase)."""
+
+    def __init__(self) -> None:
+        self.bins: dict[int, dict[str, float]] = {}
+        self.phase: str | None = None
+        self.t = time.time()
+
+    def to(self, phase: str | None) -> None:
+        """End the current phase now and start ``phase`` (None: stop the clock)."""
+        now = time.time()
+        if self.phase is not None:
+            a = self.t
+            while a < now:
+                b = min(now, float(int(a) + 1))
+                row = self.bins.setdefault(int(a), {})
+                row[self.phase] = row.get(self.phase, 0.0) + (b - a)
+                a = b
+        self.phase, self.t = phase, now
+
+    def dump(self, path: str, meta: dict[str, object]) -> None:
+        """Write the bins (seconds rounded to 0.1 ms) and ``meta`` to ``path`` as JSON."""
+        self.to(None)
+        bins = {str(k): {p: round(v, 4) for p, v in row.items()} for k, row in sorted(self.bins.items())}
+        with open(path, "w") as f:
+            json.dump({**meta, "phases": sorted({p for r in self.bins.values() for p in r}), "bins": bins}, f)
+
+
+CLOCK = Split()
 
 
 def _sync(torch: object) -> None:
@@ -39,14 +86,33 @@ def _sync(torch: object) -> None:
 
 def launch_bound(dev: object, end: float, size: int) -> int:
     """Tiny elementwise kernels, one launch each, no batching: each kernel runs microseconds, each launch costs
-    the CPU thread several microseconds more."""
+    the CPU thread several microseconds more. Its clock: all ``gpu`` (the thread launches without a stop)."""
     import torch
 
     x = torch.ones(size, device=dev)
     steps = 0
+    CLOCK.to("gpu")
     while time.time() < end:
         for _ in range(1000):
             x = x * 1.0001 + 0.0001
+        _sync(torch)
+        steps += 1
+    return steps
+
+
+def mid_kernels(dev: object, end: float, size: int) -> int:
+    """``x * 1.0001 + 0.0001`` and ``torch.tanh`` on ``size`` fp32 elements, one kernel per call: PyTorch's
+    vectorised elementwise kernel gives each block of 128 threads 512 elements, so 22,528 elements make 44 blocks
+    (a third of an H100's 132 SMs). Each kernel runs a few microseconds; the Python thread launching them is the
+    limit. Its clock: all ``gpu``."""
+    import torch
+
+    x = torch.rand(size, device=dev)
+    steps = 0
+    CLOCK.to("gpu")
+    while time.time() < end:
+        for _ in range(500):
+            x = torch.tanh(x * 1.0001 + 0.0001)
         _sync(torch)
         steps += 1
     return steps
@@ -72,65 +138,72 @@ class _Heavy:
 
 
 def loader_workers(dev: object, end: float, workers: int, size: int) -> int:
-    """A model step fed by ``workers`` DataLoader processes (pinned memory, prefetch) whose items are costly."""
+    """A model step fed by ``workers`` DataLoader processes (pinned memory, prefetch) whose items are costly;
+    ``workers`` 0: the items are made in the training process itself. Clock: ``input`` waiting for the next batch,
+    ``gpu`` the step until synchronized."""
     import torch
     from torch.utils.data import DataLoader
 
     model = torch.nn.Sequential(torch.nn.Linear(size, size), torch.nn.ReLU(), torch.nn.Linear(size, 100)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(
-        _Heavy(size, 30),
-        batch_size=128,
-        num_workers=workers,
-        pin_memory=True,
-        persistent_workers=True,
-        prefetch_factor=4,
-    )
+    extra = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
+    loader = DataLoader(_Heavy(size, 30), batch_size=128, num_workers=workers, pin_memory=True, **extra)
     steps = 0
+    CLOCK.to("input")
     for x, y in loader:
+        CLOCK.to("gpu")
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         for _ in range(6):
             loss = torch.nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
+        _sync(torch)
         steps += 1
+        CLOCK.to("input")
         if time.time() > end:
             break
-    _sync(torch)
     return steps
 
 
 def self_paused(dev: object, end: float, busy: float, pause: float, size: int) -> int:
-    """bf16 matrix products for ``busy`` seconds, then a sleep of ``pause`` seconds, the CPU idle too."""
+    """bf16 matrix products for ``busy`` seconds, then a sleep of ``pause`` seconds, the CPU idle too.
+    Clock: ``gpu``, ``sleep``."""
     import torch
 
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     steps = 0
     while time.time() < end:
+        CLOCK.to("gpu")
         until = time.time() + busy
         while time.time() < until:
             for _ in range(10):
                 a @ a
             _sync(torch)
+        CLOCK.to("sleep")
         time.sleep(pause)
         steps += 1
     return steps
 
 
+def _gpu_loop(torch: object, end: float, body: object) -> int:
+    """Run ``body()`` then synchronize until ``end``, the clock on ``gpu``; return the count."""
+    steps = 0
+    CLOCK.to("gpu")
+    while time.time() < end:
+        body()  # type: ignore[operator]
+        _sync(torch)
+        steps += 1
+    return steps
+
+
 def d2d_copy(dev: object, end: float, size: int) -> int:
-    """Copies between two device tensors of ``size`` MiB."""
+    """Copies between two device tensors of ``size`` MiB. Clock: ``gpu``."""
     import torch
 
     a = torch.empty(size * 1024 * 1024, dtype=torch.uint8, device=dev)
     b = torch.empty_like(a)
-    steps = 0
-    while time.time() < end:
-        for _ in range(20):
-            b.copy_(a)
-        _sync(torch)
-        steps += 1
-    return steps
+    return _gpu_loop(torch, end, lambda: [b.copy_(a) for _ in range(20)])
 
 
 def elementwise(dev: object, end: float, size: int) -> int:
@@ -138,13 +211,7 @@ def elementwise(dev: object, end: float, size: int) -> int:
     import torch
 
     a, b, c = (torch.randn(size * 1024 * 1024, device=dev) for _ in range(3))
-    steps = 0
-    while time.time() < end:
-        for _ in range(20):
-            torch.addcmul(c, a, b)
-        _sync(torch)
-        steps += 1
-    return steps
+    return _gpu_loop(torch, end, lambda: [torch.addcmul(c, a, b) for _ in range(20)])
 
 
 def matmul(dev: object, end: float, size: int, dtype: str) -> int:
@@ -154,30 +221,21 @@ def matmul(dev: object, end: float, size: int, dtype: str) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     a = torch.randn(size, size, device=dev, dtype=getattr(torch, dtype))
-    steps = 0
-    while time.time() < end:
-        for _ in range(10):
-            a @ a
-        _sync(torch)
-        steps += 1
-    return steps
+    return _gpu_loop(torch, end, lambda: [a @ a for _ in range(10)])
 
 
 def pinned_h2d(dev: object, end: float, size: int) -> int:
-    """Copies of a pinned host buffer of ``size`` MiB to the GPU."""
+    """Copies of a pinned host buffer of ``size`` MiB to the GPU. Clock: ``gpu`` (the copy engine works; util.gpu
+    does not count copies, so gpuwarden sees this time idle: the h2d_copy_bound verdict names it)."""
     import torch
 
     host = torch.empty(size * 1024 * 1024, dtype=torch.uint8).pin_memory()
-    steps = 0
-    while time.time() < end:
-        host.to(dev, non_blocking=True)
-        _sync(torch)
-        steps += 1
-    return steps
+    return _gpu_loop(torch, end, lambda: host.to(dev, non_blocking=True))
 
 
 def io_reader(dev: object, end: float, size: int, path: str = "/tmp/gpuwarden-io") -> int:
-    """Reads ``size`` MiB files from storage with O_DIRECT (no page cache) before each small GPU step."""
+    """Reads ``size`` MiB files from storage with O_DIRECT (no page cache) before each small GPU step.
+    Clock: ``read``, ``gpu``."""
     import mmap
 
     import torch
@@ -195,12 +253,14 @@ def io_reader(dev: object, end: float, size: int, path: str = "/tmp/gpuwarden-io
     steps = 0
     while time.time() < end:
         for f in files:
+            CLOCK.to("read")
             fd = os.open(f, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
             try:
                 while os.readv(fd, [buf]) > 0:
                     pass
             finally:
                 os.close(fd)
+            CLOCK.to("gpu")
             x = torch.randn(1024, 4096, device=dev)
             model(x).sum().backward()
             _sync(torch)
@@ -210,7 +270,8 @@ def io_reader(dev: object, end: float, size: int, path: str = "/tmp/gpuwarden-io
 
 def host_optimizer(dev: object, end: float, size: int) -> int:
     """An MLP of four ``size`` x ``size`` layers: forward and backward on the GPU, gradients copied to pinned host
-    memory, Adam stepped on the CPU (CPU-offloaded optimizer), parameters copied back. The host step is the limit."""
+    memory, Adam stepped on the CPU (CPU-offloaded optimizer), parameters copied back. The host step is the limit.
+    Clock: ``gpu`` (forward, backward, gradients out), ``host`` (the Adam step), ``gpu`` (parameters back)."""
     import torch
 
     model = torch.nn.Sequential(*[torch.nn.Linear(size, size) for _ in range(4)]).to(dev)
@@ -219,33 +280,171 @@ def host_optimizer(dev: object, end: float, size: int) -> int:
     x = torch.randn(256, size, device=dev)
     steps = 0
     while time.time() < end:
+        CLOCK.to("gpu")
         model(x).square().mean().backward()
         for h, p in zip(host, model.parameters(), strict=True):
             h.grad = p.grad.to("cpu", non_blocking=True)
             p.grad = None
         _sync(torch)
+        CLOCK.to("host")
         opt.step()
+        CLOCK.to("gpu")
         with torch.no_grad():
             for h, p in zip(host, model.parameters(), strict=True):
                 p.copy_(h, non_blocking=True)
         steps += 1
+    _sync(torch)
     return steps
 
 
 def host_metrics(dev: object, end: float, size: int) -> int:
     """A bf16 matrix step on the GPU, then its ``size`` x ``size`` output copied to the host and metrics (sort,
-    histogram, ranks) computed there with NumPy before the next step: the host consumes the GPU's output."""
+    histogram, ranks) computed there with NumPy before the next step: the host consumes the GPU's output.
+    Clock: ``gpu`` (the step and the copy out), ``host``."""
     import numpy as np
     import torch
 
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     steps = 0
     while time.time() < end:
+        CLOCK.to("gpu")
         out = (a @ a).float().cpu().numpy()
+        CLOCK.to("host")
         np.histogram(out, bins=256)
         np.argsort(out, axis=1)
         steps += 1
     return steps
+
+
+def checkpoint_writer(dev: object, end: float, busy: float, size: int, path: str = "/tmp/gpuwarden-ckpt") -> int:
+    """bf16 products for ``busy`` seconds, then a checkpoint: a ``size`` MiB state copied to the host, serialised
+    with torch.save to a file and fsync'ed, the GPU waiting. Clock: ``gpu``, ``checkpoint``."""
+    import torch
+
+    a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    state = {f"w{i}": torch.randn(size * 1024 * 1024 // 4 // 8, device=dev) for i in range(8)}
+    os.makedirs(path, exist_ok=True)
+    target = os.path.join(path, "ckpt.pt")
+    steps = 0
+    while time.time() < end:
+        CLOCK.to("gpu")
+        until = time.time() + busy
+        while time.time() < until:
+            for _ in range(20):
+                a @ a
+            _sync(torch)
+        CLOCK.to("checkpoint")
+        with open(target, "wb") as f:
+            torch.save({k: v.cpu() for k, v in state.items()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        steps += 1
+    return steps
+
+
+def _fetch(port: int, kib: int) -> bytes:
+    """One request to serve-bytes on localhost ``port``: ``kib`` KiB back."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(f"{kib}\n".encode())
+        chunks, want = [], kib * 1024
+        while want > 0:
+            c = s.recv(min(want, 1 << 20))
+            if not c:
+                break
+            chunks.append(c)
+            want -= len(c)
+        return b"".join(chunks)
+
+
+class _Remote:
+    """A dataset whose items are fetched from serve-bytes (a stand-in for an object store or a network file system:
+    the bytes come through a socket, not from local storage)."""
+
+    def __init__(self, port: int, kib: int) -> None:
+        self.port, self.kib = port, kib
+
+    def __len__(self) -> int:
+        return 10**7
+
+    def __getitem__(self, i: int) -> object:
+        import numpy as np
+        import torch
+
+        raw = np.frombuffer(_fetch(self.port, self.kib), dtype=np.uint8)
+        return torch.from_numpy(raw[: 4096 * (raw.size // 4096)].astype(np.float32).reshape(-1, 4096)[:4].copy())
+
+
+def remote_reader(dev: object, end: float, workers: int, size: int, port: int) -> int:
+    """A small model step on batches of 8 items, each ``size`` KiB fetched from serve-bytes on ``port`` by
+    ``workers`` DataLoader processes (0: by the training process). Clock: ``read`` waiting for the batch, ``gpu``."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    model = torch.nn.Linear(4096, 4096).to(dev)
+    extra = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
+    loader = DataLoader(_Remote(port, size), batch_size=8, num_workers=workers, **extra)
+    steps = 0
+    CLOCK.to("read")
+    for x in loader:
+        CLOCK.to("gpu")
+        x = x.to(dev).reshape(-1, 4096)
+        for _ in range(4):
+            model(x).sum().backward()
+        _sync(torch)
+        steps += 1
+        CLOCK.to("read")
+        if time.time() > end:
+            break
+    return steps
+
+
+def service(dev: object, end: float, busy: float, pause: float, size: int) -> int:
+    """Requests every ``pause`` seconds (uniformly jittered by half), each ``busy`` seconds of bf16 products of
+    ``size`` square matrices: the GPU a few percent busy in short bursts. Clock: ``gpu``, ``sleep``."""
+    import random
+
+    import torch
+
+    a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    rng = random.Random(7)
+    steps = 0
+    while time.time() < end:
+        CLOCK.to("sleep")
+        time.sleep(pause * rng.uniform(0.5, 1.5))
+        CLOCK.to("gpu")
+        until = time.time() + busy
+        while time.time() < until:
+            a @ a
+            _sync(torch)
+        steps += 1
+    return steps
+
+
+def serve_bytes(port: int, rate_mbps: float, latency: float) -> None:
+    """Serve ``N\n`` requests on localhost ``port`` with N KiB of bytes, after ``latency`` seconds, sent at
+    ``rate_mbps`` MB/s per connection (0: as fast as possible): a remote store's latency and bandwidth."""
+    import socketserver
+
+    block = os.urandom(1 << 20)
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            kib = int(self.rfile.readline() or b"0")
+            time.sleep(latency)
+            left = kib * 1024
+            while left > 0:
+                n = min(left, 64 * 1024)
+                self.wfile.write(block[:n])
+                left -= n
+                if rate_mbps > 0:
+                    time.sleep(n / (rate_mbps * 1e6))
+
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    with socketserver.ThreadingTCPServer(("127.0.0.1", port), Handler) as srv:
+        srv.daemon_threads = True
+        srv.serve_forever()
 
 
 def run(a: argparse.Namespace) -> int:
@@ -278,6 +477,14 @@ def run(a: argparse.Namespace) -> int:
         return host_optimizer(dev, end, a.size or 4096)
     if s == "host_metrics":
         return host_metrics(dev, end, a.size or 4096)
+    if s == "mid_kernels":
+        return mid_kernels(dev, end, a.size or 22528)
+    if s == "checkpoint_writer":
+        return checkpoint_writer(dev, end, a.busy, a.size or 1024)
+    if s == "remote_reader":
+        return remote_reader(dev, end, a.workers, a.size or 1024, a.port)
+    if s == "service":
+        return service(dev, end, a.busy, a.pause, a.size or 4096)
     raise SystemExit(f"unknown scenario {s!r}; see: workloads.py list")
 
 
@@ -286,6 +493,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="print the scenarios")
+    sb = sub.add_parser("serve-bytes", help="serve bytes over TCP for remote_reader")
+    sb.add_argument("--port", type=int, default=10500)
+    sb.add_argument("--rate", type=float, default=0.0, help="MB/s per connection (0: unlimited)")
+    sb.add_argument("--latency", type=float, default=0.0, help="seconds before each reply")
     r = sub.add_parser("run", help="run one scenario")
     r.add_argument("scenario", choices=sorted(SCENARIOS))
     r.add_argument("--seconds", type=float, default=30.0)
@@ -294,15 +505,22 @@ def main() -> None:
     r.add_argument("--workers", type=int, default=8)
     r.add_argument("--busy", type=float, default=1.0)
     r.add_argument("--pause", type=float, default=1.0)
+    r.add_argument("--port", type=int, default=10500, help="serve-bytes's port (remote_reader)")
+    r.add_argument("--split-out", help="write the workload's own clock (seconds per phase per second) here")
     a = p.parse_args()
     if a.cmd == "list":
         for k, v in SCENARIOS.items():
-            print(f"{k:16s} {v}")
+            print(f"{k:18s} {v}")
+        return
+    if a.cmd == "serve-bytes":
+        serve_bytes(a.port, a.rate, a.latency)
         return
     t0 = time.time()
     steps = run(a)
     knobs = {k: getattr(a, k) for k in ("size", "workers", "busy", "pause")}
     out = {"scenario": a.scenario, **knobs, "seconds": round(time.time() - t0, 2), "steps": steps, "pid": os.getpid()}
+    if a.split_out:
+        CLOCK.dump(a.split_out, out)
     print(json.dumps(out))
     sys.stdout.flush()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -46,7 +46,9 @@ CGROUP_JOBS = frozenset({"kubernetes", "slurm", "container"})
 @dataclass(frozen=True, slots=True)
 class ProcessSeen:
     """A GPU process's counters at the poll it was last seen (from ProcessReading): start time (Unix s), its CPU
-    seconds, the poll's time, its tree's CPU seconds and bytes read, its cgroup's CPU seconds (None: unknown)."""
+    seconds, the poll's time, its tree's CPU seconds, bytes read from storage, its cgroup's CPU seconds, its tree's
+    bytes read through any read call (rchar), bytes written to storage and voluntary context switches (None:
+    unknown)."""
 
     create_time: float | None
     cpu_seconds: float
@@ -54,31 +56,44 @@ class ProcessSeen:
     tree_cpu_seconds: float
     tree_read_bytes: int | None
     cgroup_cpu_seconds: float | None
+    tree_read_chars: int | None = None
+    tree_write_bytes: int | None = None
+    tree_switches: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessRates:
     """A GPU process's rates since the previous poll: CPU cores of the process, of the process with its
-    descendants (DataLoader workers, where recorded), bytes per second its tree read, CPU cores of its cgroup
-    (None where unknown)."""
+    descendants (DataLoader workers, where recorded), bytes per second its tree read from storage, CPU cores of its
+    cgroup, bytes per second its tree read other than from storage (rchar beyond read_bytes: sockets, pipes, the
+    page cache), wrote to storage, and its voluntary context switches per second (None where unknown)."""
 
     cpu_cores: float
     tree_cpu_cores: float
     read_bytes_per_second: float | None = None
     cgroup_cpu_cores: float | None = None
+    other_read_bytes_per_second: float | None = None
+    write_bytes_per_second: float | None = None
+    switches_per_second: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class JobInputs:
     """What a GPU's processes did over one interval, from their ProcessRates: the jobs' CPU cores (``_job_cpu``),
-    the busiest process's cores, bytes per second read, processes in uninterruptible sleep, and whether the job
-    waits on storage (reads >= IO_READ_BYTES_PER_SECOND or any process in I/O wait). None: not known."""
+    the busiest process's cores, bytes per second read from storage, processes in uninterruptible sleep, bytes per
+    second read other than from storage (sockets: remote storage), written to storage, voluntary context switches
+    per second; whether the job waits on I/O (reads or writes >= IO_READ_BYTES_PER_SECOND, or any process in I/O
+    wait) and whether it writes (IO_WRITE_BYTES_PER_SECOND, more than it reads: a checkpoint). None: not known."""
 
     job_cpu: float | None = None
     max_proc_cpu: float | None = None
     io_read: float | None = None
     blocked: float | None = None
     io_waiting: bool = False
+    other_read: float | None = None
+    io_write: float | None = None
+    switches: float | None = None
+    writing: bool = False
 
 
 @dataclass(slots=True)
@@ -153,6 +168,9 @@ class InsightAnalyzer:
                     p.tree_cpu_seconds_total if p.tree_cpu_seconds_total is not None else p.cpu_seconds_total,
                     p.tree_read_bytes_total,
                     p.cgroup_cpu_seconds_total,
+                    p.tree_read_chars_total,
+                    p.tree_write_bytes_total,
+                    p.tree_voluntary_switches_total,
                 )
                 rate = _rates(now, self._proc_cpu.get(p.pid))
                 if rate is not None:
@@ -301,16 +319,23 @@ class InsightAnalyzer:
     def _job_inputs(self, procs: Sequence[ProcessReading], rates: dict[int, ProcessRates]) -> JobInputs:
         """What the GPU's processes ``procs`` did over the interval (JobInputs), from their ``rates``."""
         known = [rates[p.pid] for p in procs if p.pid in rates]
-        reads = [k.read_bytes_per_second for k in known if k.read_bytes_per_second is not None]
-        io_read = sum(reads) if reads else None
+        io_read = _total(k.read_bytes_per_second for k in known)
+        other = _total(k.other_read_bytes_per_second for k in known)
+        written = _total(k.write_bytes_per_second for k in known)
         blocked_counts = [p.tree_blocked for p in procs if p.tree_blocked is not None]
         blocked = float(sum(blocked_counts)) if blocked_counts else None
+        reads = (io_read or 0.0) + (other or 0.0)
+        writing = (written or 0.0) >= st.IO_WRITE_BYTES_PER_SECOND and (written or 0.0) > reads
         return JobInputs(
             job_cpu=self._job_cpu(procs, rates) if known else None,
             max_proc_cpu=max(k.cpu_cores for k in known) if known else None,
             io_read=io_read,
             blocked=blocked,
-            io_waiting=(io_read or 0.0) >= st.IO_READ_BYTES_PER_SECOND or (blocked or 0.0) > 0,
+            io_waiting=reads >= st.IO_READ_BYTES_PER_SECOND or (blocked or 0.0) > 0 or writing,
+            other_read=other,
+            io_write=written,
+            switches=_total(k.switches_per_second for k in known),
+            writing=writing,
         )
 
     def _account(
@@ -337,7 +362,7 @@ class InsightAnalyzer:
         secs, state.last_work = st.account(segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting)
         for k, v in secs.items():
             state.totals[k] += v
-        causes = st.idle_causes(secs, inputs.job_cpu, inputs.io_waiting)
+        causes = st.idle_causes(secs, inputs.job_cpu, inputs.io_waiting, inputs.writing)
         for k, v in causes.items():
             state.idle[k] += v
         _idle_energy(state, g, causes)
@@ -363,6 +388,10 @@ class InsightAnalyzer:
                 dram=finite(gpm.get("dram_activity")),
                 fp32=finite(gpm.get("fp32_activity")),
                 io_read_bytes_per_second=inputs.io_read,
+                io_other_read_bytes_per_second=inputs.other_read,
+                io_write_bytes_per_second=inputs.io_write,
+                voluntary_switches_per_second=inputs.switches,
+                whole_idle_ratio=_whole_idle(segs) if g.utilization_samples else None,
                 io_blocked_processes=inputs.blocked,
                 host_cpu_busy_ratio=host_busy,
                 power_watts=finite(g.power_usage_watts),
@@ -404,13 +433,37 @@ def _rates(now: ProcessSeen, prev: ProcessSeen | None) -> ProcessRates | None:
     dc = now.cpu_seconds - prev.cpu_seconds
     if not (dt > 0 and dc >= 0):
         return None
-    read = None
-    if now.tree_read_bytes is not None and prev.tree_read_bytes is not None:
-        read = max(0.0, (now.tree_read_bytes - prev.tree_read_bytes) / dt)
-    group = None
-    if now.cgroup_cpu_seconds is not None and prev.cgroup_cpu_seconds is not None:
-        group = max(0.0, (now.cgroup_cpu_seconds - prev.cgroup_cpu_seconds) / dt)
-    return ProcessRates(dc / dt, max(now.tree_cpu_seconds - prev.tree_cpu_seconds, dc) / dt, read, group)
+    read = _rate(now.tree_read_bytes, prev.tree_read_bytes, dt)
+    chars = _rate(now.tree_read_chars, prev.tree_read_chars, dt)
+    return ProcessRates(
+        dc / dt,
+        max(now.tree_cpu_seconds - prev.tree_cpu_seconds, dc) / dt,
+        read,
+        _rate(now.cgroup_cpu_seconds, prev.cgroup_cpu_seconds, dt),
+        None if chars is None or read is None else max(0.0, chars - read),
+        _rate(now.tree_write_bytes, prev.tree_write_bytes, dt),
+        _rate(now.tree_switches, prev.tree_switches, dt),
+    )
+
+
+def _rate(now: float | None, prev: float | None, dt: float) -> float | None:
+    """A counter's rate per second over ``dt`` (>0), 0 for a counter that went back (a tree member left)."""
+    return None if now is None or prev is None else max(0.0, (now - prev) / dt)
+
+
+def _total(values: Iterable[float | None]) -> float | None:
+    """The sum of the known values; None when none is known."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _whole_idle(segs: Sequence[st.Segment]) -> float:
+    """The share of the segments' time in utilization sample periods with no kernel at all (below
+    WORK_SAMPLE_RATIO): idle time in gaps of a whole sample period (about 1/6 s on an H100) or longer, as against
+    idle time between kernels within a period (launch gaps are microseconds)."""
+    total = sum(s.seconds for s in segs if s.util is not None)
+    whole = sum(s.seconds for s in segs if s.util is not None and s.util < st.WORK_SAMPLE_RATIO)
+    return whole / total if total > 0 else 0.0
 
 
 def _track(state: _GpuState, g: GpuReading, pids: frozenset[int]) -> float | None:

@@ -44,7 +44,12 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwarden.catalog import clock_event_reasons
-from gpuwarden.insight.states import IO_READ_BYTES_PER_SECOND, JOB_CPU_BUSY_CORES, WORK_SAMPLE_RATIO
+from gpuwarden.insight.states import (
+    IO_READ_BYTES_PER_SECOND,
+    IO_WRITE_BYTES_PER_SECOND,
+    JOB_CPU_BUSY_CORES,
+    WORK_SAMPLE_RATIO,
+)
 
 #: Every reason ``gpu_diagnosis{reason}`` may carry (bounded label set), in exposition order.
 
@@ -59,6 +64,14 @@ LAUNCH_UTIL_MIN = 0.1
 LAUNCH_SM_PER_UTIL = 0.25
 #: ... while the job's busiest process keeps at least this much of a core busy (the launching host thread).
 LAUNCH_CPU_CORES = 0.7
+#: Mid-size kernels: SM activity below this share of util.gpu means the kernels, while they run, cover on average
+#: less than half of the SMs (a grid of fewer blocks than SMs). A kernel whose grid has at least as many blocks as the
+#: GPU has SMs occupies all of them: GEMMs, training steps, elementwise work over large tensors and DataLoader-fed
+#: models read 0.7-1.0 on the H100 recordings. Below it, with the GPU idle at least STARVED_MIN of the time in gaps
+#: shorter than a utilization sample period, while one thread keeps a core busy and no helper process does the
+#: work, the thread launching the kernels is the limit (``launch_bound``); the summary says the other reading (input
+#: made in the training process between steps), which only a profiler's timeline separates.
+LAUNCH_MID_SM_PER_UTIL = 0.5
 #: Share of the window the job itself paused (GPU and job CPU idle right after GPU work) that makes the verdict.
 PAUSED_MIN = 0.25
 #: DRAM activity (GPM DRAM bandwidth utilization: achieved over peak HBM bandwidth) at or above this: memory bound.
@@ -100,6 +113,11 @@ MEMORY_FULL_RATIO = 0.9
 HOST_TX_PER_RX = 1.0
 #: ... and at least this much device-to-host traffic (bytes/s): below it, the direction of a trickle says nothing.
 HOST_TX_MIN_BYTES_PER_SECOND = 100e6
+#: A paused job whose processes' main threads wait (voluntary context switches) at least this often per idle second
+#: is not simply stopped: a sleep or one long wait is one switch, a loader fetching from remote storage or a client
+#: of a service blocks on each reply. Below the remote-read rate, gpuwarden cannot tell such waits from a pause and
+#: says both.
+WAITS_PER_IDLE_SECOND = 50.0
 #: Fewer accounted seconds than this in the window: no verdict yet.
 MIN_SECONDS = 2.0
 
@@ -193,6 +211,10 @@ class GpuWindow:
     dram: float | None = None
     fp32: float | None = None
     io_read_bytes_per_second: float | None = None
+    io_other_read_bytes_per_second: float | None = None
+    io_write_bytes_per_second: float | None = None
+    voluntary_switches_per_second: float | None = None
+    whole_idle_ratio: float | None = None
     io_blocked_processes: float | None = None
     host_cpu_busy_ratio: float | None = None
     memory_used_bytes: int | None = None
@@ -267,6 +289,25 @@ EVIDENCE: tuple[Mean | Derived, ...] = (
     Mean("job_cpu_cores", "job_cpu", "cores", f"job working at >= {JOB_CPU_BUSY_CORES:g} cores"),
     Mean("max_process_cpu_cores", "max_process_cpu", "cores", f"a launching thread at >= {LAUNCH_CPU_CORES:g} cores"),
     Mean("io_read_bytes_per_second", "job_read_rate", "bytes_per_second"),
+    Mean(
+        "io_other_read_bytes_per_second",
+        "job_other_read_rate",
+        "bytes_per_second",
+        f"remote input at >= {IO_READ_BYTES_PER_SECOND / 2**20:g} MiB/s (sockets, pipes, page cache)",
+    ),
+    Mean(
+        "io_write_bytes_per_second",
+        "job_write_rate",
+        "bytes_per_second",
+        f"writing a checkpoint at >= {IO_WRITE_BYTES_PER_SECOND / 2**20:g} MiB/s",
+    ),
+    Mean(
+        "voluntary_switches_per_second",
+        "job_waits_per_second",
+        "per_second",
+        f"many short waits at >= {WAITS_PER_IDLE_SECOND:g} per idle second",
+    ),
+    Mean("whole_idle_ratio", "idle_in_whole_samples", "ratio", "launch gaps: idle within sample periods"),
     Mean("io_blocked_processes", "job_processes_in_io_wait", "processes"),
     Mean("host_cpu_busy_ratio", "host_cpu_busy", "ratio"),
     Mean(
@@ -480,10 +521,26 @@ class Facts:
         return "n/a" if self.w.job_cpu_cores is None else f"{self.w.job_cpu_cores:.2f} cores"
 
     @functools.cached_property
-    def reading(self) -> bool:
-        """The job reads storage (>= IO_READ_BYTES_PER_SECOND) or has processes in I/O wait."""
+    def writing(self) -> bool:
+        """The job writes storage at >= IO_WRITE_BYTES_PER_SECOND, more than it reads (storage and sockets)."""
         w = self.w
-        return (w.io_read_bytes_per_second or 0.0) >= IO_READ_BYTES_PER_SECOND or (w.io_blocked_processes or 0) > 0
+        written = w.io_write_bytes_per_second or 0.0
+        read = (w.io_read_bytes_per_second or 0.0) + (w.io_other_read_bytes_per_second or 0.0)
+        return written >= IO_WRITE_BYTES_PER_SECOND and written > read
+
+    @functools.cached_property
+    def remote(self) -> bool:
+        """The job reads >= IO_READ_BYTES_PER_SECOND other than from storage (rchar beyond read_bytes: sockets)."""
+        return (self.w.io_other_read_bytes_per_second or 0.0) >= IO_READ_BYTES_PER_SECOND
+
+    @functools.cached_property
+    def reading(self) -> bool:
+        """The job reads storage or sockets (>= IO_READ_BYTES_PER_SECOND) or has processes in I/O wait while it does
+        not write a checkpoint (an fsync waits in state D too)."""
+        w = self.w
+        if (w.io_read_bytes_per_second or 0.0) >= IO_READ_BYTES_PER_SECOND or self.remote:
+            return True
+        return (w.io_blocked_processes or 0) > 0 and not self.writing
 
     @functools.cached_property
     def both_idle(self) -> bool:
@@ -504,9 +561,15 @@ class Facts:
         JOB_CPU_BUSY_CORES per idle second, and it reads nothing: the job does not work while its GPU idles. Per
         poll, util.gpu is a short sample and misplaces the edges of pauses; the window's means do not."""
         w = self.w
-        if self.reading or w.job_cpu_cores is None:
+        if self.reading or self.writing or w.job_cpu_cores is None:
             return False
         return w.job_cpu_cores - w.share("busy") < JOB_CPU_BUSY_CORES * self.idle
+
+    @functools.cached_property
+    def waits(self) -> bool:
+        """The job's main threads wait at >= WAITS_PER_IDLE_SECOND voluntary context switches per idle second."""
+        switches = self.w.voluntary_switches_per_second
+        return switches is not None and self.idle > 0 and switches >= WAITS_PER_IDLE_SECOND * self.idle
 
     @functools.cached_property
     def lag(self) -> tuple[GpuWindow, str] | None:
@@ -580,18 +643,42 @@ def _launch_bound_when(f: Facts) -> bool:
     w = f.w
     if w.util is None or w.sm is None or w.max_process_cpu_cores is None:
         return False
-    return (
-        w.util >= LAUNCH_UTIL_MIN and w.sm < LAUNCH_SM_PER_UTIL * w.util and w.max_process_cpu_cores >= LAUNCH_CPU_CORES
-    )
+    if w.util < LAUNCH_UTIL_MIN or w.max_process_cpu_cores < LAUNCH_CPU_CORES:
+        return False
+    return w.sm < LAUNCH_SM_PER_UTIL * w.util or _mid_kernels(f)
+
+
+def _mid_kernels(f: Facts) -> bool:
+    """Kernels cover under LAUNCH_MID_SM_PER_UTIL of the SMs while they run, the GPU idles >= STARVED_MIN of the time
+    mostly in gaps shorter than a utilization sample period, the job's CPU is its launching process's (no helper
+    processes) and it reads nothing."""
+    w = f.w
+    if w.util is None or w.sm is None or w.sm >= LAUNCH_MID_SM_PER_UTIL * w.util or f.reading or f.writing:
+        return False
+    idle = 1.0 - w.util
+    if idle < STARVED_MIN or (w.whole_idle_ratio is not None and w.whole_idle_ratio >= 0.5 * idle):
+        return False
+    job, proc = w.job_cpu_cores, w.max_process_cpu_cores or 0.0
+    return job is None or job < 1.5 * proc
 
 
 def _launch_bound_summary(f: Facts) -> str:
     w = f.w
-    return (
+    ratio = (w.sm or 0.0) / w.util if w.util else 0.0
+    text = (
         f"Kernels run {_pct(w.util)} of the time but fill few SMs ({_pct(w.sm)} active) while one process "
         f"keeps {w.max_process_cpu_cores or 0.0:.2f} cores busy: small kernels launched one at a time; the host "
         "thread launching them is the limit."
     )
+    if ratio >= LAUNCH_SM_PER_UTIL:
+        text = (
+            f"Kernels run {_pct(w.util)} of the time and cover about {ratio:.0%} of the SMs while they run; the GPU "
+            f"idles between them in gaps shorter than a sample period while one process keeps "
+            f"{w.max_process_cpu_cores or 0.0:.2f} cores busy: mid-size kernels launched one at a time, the launching "
+            "thread the limit. If the training process also prepares input between steps, a profiler's timeline "
+            "tells them apart (gaps of microseconds between kernels: launches; one gap per step: input)."
+        )
+    return text
 
 
 def _job_paused_when(f: Facts) -> bool:
@@ -600,10 +687,19 @@ def _job_paused_when(f: Facts) -> bool:
 
 def _job_paused_summary(f: Facts) -> str:
     w = f.w
-    return (
+    text = (
         f"GPU idle {_pct(w.share('paused'))} of the time right after GPU work while the job's CPU idles too: "
-        f"the job itself pauses (busy {_pct(w.share('busy'))}, job CPU {f.cpu})."
+        f"the job itself pauses (busy {_pct(w.share('busy'))}, job CPU {f.cpu})"
     )
+    if f.waits:
+        read = ((w.io_read_bytes_per_second or 0.0) + (w.io_other_read_bytes_per_second or 0.0)) / 1e6
+        return text + (
+            f", or it waits on something outside the node: its processes wait "
+            f"{w.voluntary_switches_per_second or 0.0:.0f} times a second (many short waits, as a loader fetching "
+            f"from remote storage or a client of a service makes; one pause is one wait) and read {read:.1f} MB/s. "
+            "gpuwarden cannot tell these apart: check the job's input source and its latency."
+        )
+    return text + "."
 
 
 def _host_compute_bound_when(f: Facts) -> bool:
@@ -612,6 +708,8 @@ def _host_compute_bound_when(f: Facts) -> bool:
         return False
     if w.pcie_tx < HOST_TX_PER_RX * w.pcie_rx:
         return False  # input flows in: a loader's (from storage too), not host work on the GPU's output
+    if f.writing:
+        return False  # the output goes to storage: checkpoint_bound
     return _input_starved_when(f) and not _job_paused_when(f)  # the job works on the CPU, and is not pausing
 
 
@@ -624,6 +722,19 @@ def _host_compute_bound_summary(f: Facts) -> str:
     )
 
 
+def _checkpoint_bound_when(f: Facts) -> bool:
+    return f.writing and f.idle >= STARVED_MIN
+
+
+def _checkpoint_bound_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"GPU idle {_pct(f.idle)} of the time while its job writes {(w.io_write_bytes_per_second or 0.0) / 1e6:.0f} "
+        f"MB/s to storage and reads {(w.io_read_bytes_per_second or 0.0) / 1e6:.0f} MB/s (device-to-host "
+        f"{(w.pcie_tx or 0.0) / 1e9:.2f} GB/s): the job stops the GPU to write checkpoints."
+    )
+
+
 def _input_starved_when(f: Facts) -> bool:
     working = f.w.job_cpu_cores is not None and not f.quiet  # the job works while its GPU idles (window means)
     return f.w.share("starved") >= STARVED_MIN or (working and f.idle >= STARVED_MIN)
@@ -632,6 +743,13 @@ def _input_starved_when(f: Facts) -> bool:
 def _input_starved_summary(f: Facts) -> str:
     w = f.w
     text = f"GPU idle {_pct(f.idle)} of the time while its job works (job CPU {f.cpu}): waiting for input"
+    if f.remote:
+        rate = (w.io_other_read_bytes_per_second or 0.0) / 1e6
+        local = (w.io_read_bytes_per_second or 0.0) / 1e6
+        return text + (
+            f" from remote storage or another process (the job reads {rate:.0f} MB/s through sockets or pipes, "
+            f"{local:.0f} MB/s from local storage): prefetch more, read in larger requests, cache the data locally."
+        )
     if f.reading:
         rate = (w.io_read_bytes_per_second or 0.0) / 1e6
         return text + f" from storage (the job reads {rate:.0f} MB/s with processes in I/O wait)."
@@ -718,7 +836,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "Nothing blocks the GPU. To go faster: mixed precision (bf16/fp8), larger batches, fused kernels, "
             "or more GPUs.",
         ),
-        rank=10,
+        rank=11,
         when=_compute_bound_when,
         summary=_compute_bound_summary,
     ),
@@ -730,7 +848,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "in bf16/fp8 instead of fp32, avoid needless copies (.contiguous(), .clone(), device-to-device copies).",
             "Raise arithmetic intensity: larger matrix tiles or batches; FlashAttention-style fused kernels.",
         ),
-        rank=9,
+        rank=10,
         when=_memory_bound_when,
         summary=_memory_bound_summary,
     ),
@@ -744,7 +862,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "Cache preprocessed data; check that the job was given enough CPU cores (cgroup cpu.max, Slurm "
             "--cpus-per-task, Kubernetes CPU limits).",
         ),
-        rank=8,
+        rank=9,
         when=_input_starved_when,
         summary=_input_starved_summary,
     ),
@@ -780,7 +898,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "a service): overlap them with training (asynchronous checkpointing such as torch.distributed.checkpoint "
             "async_save, evaluation on another GPU), or release the GPU while waiting.",
         ),
-        rank=7,
+        rank=8,
         when=_job_paused_when,
         summary=_job_paused_summary,
     ),
@@ -794,7 +912,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "use larger batches so each kernel fills the SMs.",
             "Remove host synchronisations in the loop (.item(), .cpu(), printing tensors).",
         ),
-        rank=6,
+        rank=7,
         when=_launch_bound_when,
         summary=_launch_bound_summary,
     ),
@@ -887,7 +1005,7 @@ REASON_TABLE: tuple[Reason, ...] = (
             "No single cause dominates: profile a few steps (torch.profiler, Nsight Systems) to see where the "
             "step time goes.",
         ),
-        rank=11,
+        rank=12,
         when=None,
         summary=_underutilized_summary,
     ),
@@ -920,6 +1038,18 @@ REASON_TABLE: tuple[Reason, ...] = (
         rank=5,
         when=_host_compute_bound_when,
         summary=_host_compute_bound_summary,
+    ),
+    Reason(
+        "checkpoint_bound",
+        "warning",
+        (
+            "Checkpoint without stopping the GPU: asynchronous checkpointing (torch.distributed.checkpoint.async_save, "
+            "a background thread writing a host copy), or checkpoint less often.",
+            "Write to faster storage (local NVMe, then copy off), shard the checkpoint across ranks.",
+        ),
+        rank=6,
+        when=_checkpoint_bound_when,
+        summary=_checkpoint_bound_summary,
     ),
     Reason(
         "free", "ok", ("No process holds this GPU: it is available.",), rank=0, when=_free_when, summary=_free_summary

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 STATES = ("busy", "starved", "paused", "held_idle", "free", "unknown", "lost")
 
 #: Causes of idle GPU time (``gpu_idle_seconds_total{cause}``): starved time split by what the job did meanwhile -
-#: CPU work (preprocessing), reads from storage, or unknown (its CPU not visible) - then the other idle states,
-#: ``lost`` last (the GPU could not be read: its time is lost to whoever holds it, or to the fleet when nobody does).
-#: Busy seconds plus idle seconds by cause add up to the accounted wall time.
-IDLE_CAUSES = ("input_cpu", "input_io", "input", "paused", "held_idle", "free", "unknown", "lost")
+#: CPU work (preprocessing, or host work on the GPU's output: the verdict tells which), reads (local storage, or
+#: remote: sockets), or unknown (its CPU not visible) - then time the job spent writing (a checkpoint), then the other
+#: idle states, ``lost`` last (the GPU could not be read: its time is lost to whoever holds it, or to the fleet when
+#: nobody does). Busy seconds plus idle seconds by cause add up to the accounted wall time.
+IDLE_CAUSES = ("input_cpu", "input_io", "input", "checkpoint", "paused", "held_idle", "free", "unknown", "lost")
 
 #: A job whose GPU processes use at least this many CPU cores (user+sys s per s) is working. Our calibration
 #: from the H100 traces: held_idle 0.00-0.01 cores, every working scenario 0.78-1.03 cores.
@@ -52,6 +53,10 @@ RECENT_WORK_SECONDS = 5.0
 #: CPU idle (a loader blocked on reads). A local NVMe reads GB/s; 8 MiB/s is far above the background reads of
 #: an idle Python process and far below any loader that feeds a GPU from files.
 IO_READ_BYTES_PER_SECOND = 8 * 2**20
+
+#: A job whose processes write at least this many bytes a second to storage (/proc/PID/io write_bytes, counted when
+#: the pages are dirtied), more than they read, while its GPU idles is writing a checkpoint: the same bound as reads.
+IO_WRITE_BYTES_PER_SECOND = 8 * 2**20
 
 #: With no process listed, a GPU with at least this much memory used is held by processes we cannot see
 #: (another PID namespace) rather than free. NVML memory info v2 excludes the driver's reserved memory
@@ -115,14 +120,21 @@ def holder_of(
     return "invisible"
 
 
-def idle_causes(states: dict[str, float], job_cpu_cores: float | None, io_waiting: bool) -> dict[str, float]:
+def idle_causes(
+    states: dict[str, float], job_cpu_cores: float | None, io_waiting: bool, writing: bool = False
+) -> dict[str, float]:
     """Return the idle seconds of one interval's ``states`` (from ``account``) by cause (IDLE_CAUSES).
 
-    Starved seconds go to ``input_io`` when the job waited on storage, ``input_cpu`` when its CPU is known (starved
-    then means it worked), else ``input``; paused, held_idle, free and unknown seconds keep their names. Busy
-    seconds are left out.
+    Starved and paused seconds go to ``checkpoint`` when the job wrote (``writing``: IO_WRITE_BYTES_PER_SECOND, more
+    than it read). Otherwise starved seconds go to ``input_io`` when the job waited on reads (storage or sockets),
+    ``input_cpu`` when its CPU is known (starved then means it worked), else ``input``; paused, held_idle, free and
+    unknown seconds keep their names. Busy seconds are left out.
     """
     starved = states.get("starved", 0.0)
+    if writing:
+        out = {k: states.get(k, 0.0) for k in ("held_idle", "free", "unknown", "lost")}
+        out["checkpoint"] = starved + states.get("paused", 0.0)
+        return out
     if io_waiting:
         cause = "input_io"
     elif job_cpu_cores is not None:
