@@ -292,3 +292,73 @@ def test_without_more_out_than_in_the_input_rule_stands(
 ) -> None:
     d = diagnose(_host_side(idle, cores, rx, tx, paused))
     assert d is not None and d.verdict == expected, d
+
+
+def _idle_job(**over: object) -> GpuWindow:
+    """A held GPU busy 20% of a minute whose job's one process uses 0.3 cores: what the I/O rules tell apart."""
+    base: dict[str, object] = dict(
+        index=0,
+        uuid="GPU-0",
+        seconds=60.0,
+        states={"busy": 12.0, "starved": 48.0},
+        held=True,
+        util=0.2,
+        sm=0.19,
+        pcie_rx=1e6,
+        pcie_tx=1e6,
+        job_cpu_cores=0.3,
+        max_process_cpu_cores=0.3,
+        io_read_bytes_per_second=0.0,
+        io_other_read_bytes_per_second=0.0,
+        io_write_bytes_per_second=0.0,
+        voluntary_switches_per_second=2.0,
+    )
+    base.update(over)
+    return GpuWindow(**base)  # type: ignore[arg-type]
+
+
+def test_a_job_writing_while_its_gpu_idles_is_checkpoint_bound_not_waiting_on_storage() -> None:
+    d = diagnose(_idle_job(io_write_bytes_per_second=200e6, io_blocked_processes=1.0, pcie_tx=4e8))
+    assert d is not None and d.verdict == "checkpoint_bound", d
+    assert "writes 200 MB/s" in d.summary and "asynchronous" in d.remedies[0]
+    # reading more than it writes: input from storage, as before
+    d = diagnose(_idle_job(io_write_bytes_per_second=20e6, io_read_bytes_per_second=400e6))
+    assert d is not None and d.verdict == "input_starved" and "from storage" in d.summary
+    # writes below the bound say nothing
+    d = diagnose(_idle_job(io_write_bytes_per_second=1e6, states={"busy": 12.0, "paused": 48.0}, job_cpu_cores=0.2))
+    assert d is not None and d.verdict == "job_paused"
+
+
+def test_reads_other_than_from_storage_are_remote_input() -> None:
+    d = diagnose(_idle_job(io_other_read_bytes_per_second=50e6, job_cpu_cores=0.2))
+    assert d is not None and d.verdict == "input_starved" and "remote storage" in d.summary, d
+
+
+def test_many_short_waits_are_input_and_a_quiet_pause_is_a_pause() -> None:
+    """The same CPU and bytes: a job that waits 2,000 times a second is fetching (socket reads are in no counter);
+    one that waits twice a second pauses."""
+    waiting = diagnose(_idle_job(voluntary_switches_per_second=2000.0, job_cpu_cores=0.1))
+    assert waiting is not None and waiting.verdict == "input_starved" and "many short waits" in waiting.summary
+    pausing = diagnose(_idle_job(job_cpu_cores=0.1, states={"busy": 12.0, "paused": 48.0}))
+    assert pausing is not None and pausing.verdict == "job_paused"
+    # a GPU whose kernels run under 1% of the time while the job waits on sockets is not "nobody uses it"
+    slow = _idle_job(util=0.002, sm=0.002, states={"busy": 0.1, "starved": 59.9}, voluntary_switches_per_second=70.0)
+    d = diagnose(GpuWindow(**{**slow.__dict__, "job_cpu_cores": 0.05, "max_process_cpu_cores": 0.05}))
+    assert d is not None and d.verdict == "input_starved", d
+
+
+def test_mid_size_kernels_with_short_gaps_and_one_busy_thread_are_launch_bound() -> None:
+    """Kernels covering 45% of the SMs while they run, the GPU idle half the time in gaps inside sample periods."""
+    w = _idle_job(util=0.5, sm=0.225, states={"busy": 30.0, "starved": 30.0}, whole_idle_ratio=0.0)
+    w = GpuWindow(**{**w.__dict__, "job_cpu_cores": 1.0, "max_process_cpu_cores": 1.0})
+    d = diagnose(w)
+    assert d is not None and d.verdict == "launch_bound" and "profiler" in d.summary, d
+    # the idle time in whole sample periods with no kernel: gaps longer than a launch, input between steps
+    d = diagnose(GpuWindow(**{**w.__dict__, "whole_idle_ratio": 0.4}))
+    assert d is not None and d.verdict == "input_starved"
+    # the job's CPU in helper processes: a DataLoader's workers
+    d = diagnose(GpuWindow(**{**w.__dict__, "job_cpu_cores": 6.0}))
+    assert d is not None and d.verdict == "input_starved"
+    # kernels that fill the GPU (a training step) with the same gaps: input, not launches
+    d = diagnose(GpuWindow(**{**w.__dict__, "sm": 0.45}))
+    assert d is not None and d.verdict == "input_starved"

@@ -100,3 +100,33 @@ def test_a_new_worker_is_seen_at_the_next_refresh(tree: tuple[int, set[int]]) ->
         inspector.new_poll()
         after = inspector.describe(root, None).tree_processes
     assert after == (before or 0) - 1
+
+
+def test_a_tree_reports_its_writes_reads_and_waits(tmp_path: Path) -> None:
+    """A shell whose child writes 4 MiB, reads a file through cat and sleeps in 20 short naps: the tree's counters
+    (/proc/PID/io write_bytes and rchar, /proc/PID/status voluntary_ctxt_switches) grow by at least that."""
+    src = tmp_path / "src"
+    src.write_bytes(b"x" * 2**20)
+    script = (
+        f"dd if=/dev/zero of={tmp_path / 'out'} bs=1M count=4 conv=fsync 2>/dev/null; "
+        f"for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do sleep 0.01; done; "
+        f"cat {src} > /dev/null; touch {tmp_path / 'done'}; sleep 60"
+    )
+    root = subprocess.Popen(["sh", "-c", script])
+    try:
+        inspector = ProcessInspector()
+        inspector.new_poll()
+        before = inspector.describe(root.pid, None)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "done").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # cat's counters reach its parent when it is reaped, or stay in the tree while it lives
+        inspector.new_poll()
+        after = inspector.describe(root.pid, None)
+        assert before.tree_voluntary_switches_total is not None and after.tree_voluntary_switches_total is not None
+        assert after.tree_voluntary_switches_total - before.tree_voluntary_switches_total >= 20
+        assert after.tree_read_chars_total is not None and after.tree_write_bytes_total is not None
+        assert (after.tree_read_chars_total or 0) >= 0 and after.tree_write_bytes_total >= 0
+    finally:
+        root.kill()
+        root.wait()

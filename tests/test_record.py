@@ -137,3 +137,20 @@ def test_progress_is_reported_after_each_poll_written(tmp_path: Path) -> None:
     )
     assert [n for n, _ in seen] == list(range(1, result.polls + 1)) and result.polls >= 4
     assert all(b[1] >= a[1] for a, b in zip(seen, seen[1:], strict=False)) and seen[-1][1] <= 0.5
+
+
+def test_the_header_carries_the_verdicts_of_the_live_analyzer_at_the_end(tmp_path: Path) -> None:
+    """record runs the daemon's analyzer over the polls it writes and puts its final verdicts into the header; the
+    replay of the trace gives the same ones."""
+    from gpuwarden.insight.evaluation import evaluate
+    from gpuwarden.record import record
+    from gpuwarden.replay import ReplaySource
+
+    out = tmp_path / "t.jsonl.gz"
+    result = record(ReplaySource(trace("h200x2-ddp_straggler")), out, 3.0, 0.05, {"scenario": "test"})
+    header, polls = read_trace(out)
+    assert result.error is None and len(polls) == result.polls >= 50
+    live = header.metadata["live_verdicts"]
+    assert header.metadata["scenario"] == "test" and set(live) == {"0", "1"}, header.metadata
+    assert result.live_verdicts == live and set(header.metadata["live_findings"]) == {"0", "1"}
+    assert {str(r.gpu): r.given for r in evaluate(out)} == live

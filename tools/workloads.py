@@ -9,8 +9,9 @@ worker counts, duty cycles), so a rule is checked on more than the one recording
 PyTorch and an NVIDIA GPU. Prints one JSON line at the end: scenario, knobs, seconds, steps, pid.
 
 Each workload also keeps its own clock: the wall time of each phase of its loop (``gpu``: a GPU step until it is
-synchronized; ``input``: waiting for the next batch prepared on the CPU; ``read``: reading input from storage or a
-remote server; ``host``: work on the GPU's output on the CPU; ``checkpoint``: writing a checkpoint; ``sleep``: the job
+synchronized; ``copy``: copies between host and GPU (copy engines, no kernel); ``input``: waiting for the next batch
+prepared on the CPU; ``read``: reading input from storage or a remote server; ``host``: work on the GPU's output on
+the CPU; ``checkpoint``: writing a checkpoint; ``sleep``: the job
 itself idle), per whole Unix second, written with ``--split-out FILE`` as JSON. ``tools/accounting_check.py``
 compares it with gpuwarden's idle seconds by cause over the same seconds of a recording.
 
@@ -38,8 +39,12 @@ SCENARIOS = {
     "host_optimizer": "forward and backward on the GPU, the optimizer step on the CPU (as CPU-offloaded optimizers do):"
     " gradients go device-to-host, parameters come back",
     "host_metrics": "a GPU step, then its outputs copied to the host and metrics computed there in the training loop",
-    "mid_kernels": "eager elementwise kernels of --size elements each (a grid covering part of the SMs), launched one"
-    " after another by one busy thread: launch bound with mid-size kernels",
+    "mid_kernels": "eager elementwise kernels of --size elements each, launched one after another by one busy thread"
+    " (on the H100 they run about 1% of the SMs' time: tiny kernels, launch bound)",
+    "mid_gemms": "eager batched bf16 products of --size 128x4096 by 4096x128 pairs (one 128x128 output tile each: a"
+    " grid of about --size blocks), launched one after another by one busy thread: kernels covering part of the SMs",
+    "mid_sorts": "eager sorts of --size rows of 4096 floats (one block per row), launched one after another by one"
+    " busy thread: kernels covering part of the SMs",
     "checkpoint_writer": "bf16 training steps for --busy seconds, then the model's --size MiB written to a checkpoint"
     " file (device-to-host copy, serialise, fsync) while the GPU waits",
     "remote_reader": "each batch read over TCP from serve-bytes (--port; --size KiB per request, --workers readers):"
@@ -103,8 +108,8 @@ def launch_bound(dev: object, end: float, size: int) -> int:
 def mid_kernels(dev: object, end: float, size: int) -> int:
     """``x * 1.0001 + 0.0001`` and ``torch.tanh`` on ``size`` fp32 elements, one kernel per call: PyTorch's
     vectorised elementwise kernel gives each block of 128 threads 512 elements, so 22,528 elements make 44 blocks
-    (a third of an H100's 132 SMs). Each kernel runs a few microseconds; the Python thread launching them is the
-    limit. Its clock: all ``gpu``."""
+    (a third of an H100's 132 SMs). Each kernel runs about a microsecond (SM activity 1-4% of util.gpu on the
+    H100): tiny kernels rather than mid-size ones; the Python thread launching them is the limit. Clock: ``gpu``."""
     import torch
 
     x = torch.rand(size, device=dev)
@@ -116,6 +121,26 @@ def mid_kernels(dev: object, end: float, size: int) -> int:
         _sync(torch)
         steps += 1
     return steps
+
+
+def mid_gemms(dev: object, end: float, size: int) -> int:
+    """``torch.bmm`` of ``size`` pairs of bf16 (128 x 4096) by (4096 x 128) matrices: one 128 x 128 output tile per
+    pair, a grid of about ``size`` blocks (cuBLAS picks the tiling), each running tens of microseconds. Clock:
+    ``gpu``."""
+    import torch
+
+    a = torch.randn(size, 128, 4096, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(size, 4096, 128, device=dev, dtype=torch.bfloat16)
+    return _gpu_loop(torch, end, lambda: [torch.bmm(a, b) for _ in range(200)])
+
+
+def mid_sorts(dev: object, end: float, size: int) -> int:
+    """``torch.sort`` of ``size`` rows of 4096 fp32 values along the rows: one block sorts one row in shared
+    memory, a grid of ``size`` blocks. Clock: ``gpu``."""
+    import torch
+
+    x = torch.rand(size, 4096, device=dev)
+    return _gpu_loop(torch, end, lambda: [torch.sort(x, dim=1) for _ in range(200)])
 
 
 class _Heavy:
@@ -271,7 +296,8 @@ def io_reader(dev: object, end: float, size: int, path: str = "/tmp/gpuwarden-io
 def host_optimizer(dev: object, end: float, size: int) -> int:
     """An MLP of four ``size`` x ``size`` layers: forward and backward on the GPU, gradients copied to pinned host
     memory, Adam stepped on the CPU (CPU-offloaded optimizer), parameters copied back. The host step is the limit.
-    Clock: ``gpu`` (forward, backward, gradients out), ``host`` (the Adam step), ``gpu`` (parameters back)."""
+    Clock: ``gpu`` (forward, backward), ``copy`` (gradients out), ``host`` (the Adam step), ``copy`` (parameters
+    back): copies run on the copy engines, not as kernels."""
     import torch
 
     model = torch.nn.Sequential(*[torch.nn.Linear(size, size) for _ in range(4)]).to(dev)
@@ -282,25 +308,27 @@ def host_optimizer(dev: object, end: float, size: int) -> int:
     while time.time() < end:
         CLOCK.to("gpu")
         model(x).square().mean().backward()
+        _sync(torch)
+        CLOCK.to("copy")
         for h, p in zip(host, model.parameters(), strict=True):
             h.grad = p.grad.to("cpu", non_blocking=True)
             p.grad = None
         _sync(torch)
         CLOCK.to("host")
         opt.step()
-        CLOCK.to("gpu")
+        CLOCK.to("copy")
         with torch.no_grad():
             for h, p in zip(host, model.parameters(), strict=True):
                 p.copy_(h, non_blocking=True)
+        _sync(torch)
         steps += 1
-    _sync(torch)
     return steps
 
 
 def host_metrics(dev: object, end: float, size: int) -> int:
     """A bf16 matrix step on the GPU, then its ``size`` x ``size`` output copied to the host and metrics (sort,
     histogram, ranks) computed there with NumPy before the next step: the host consumes the GPU's output.
-    Clock: ``gpu`` (the step and the copy out), ``host``."""
+    Clock: ``gpu`` (the step), ``copy`` (the output to the host), ``host``."""
     import numpy as np
     import torch
 
@@ -308,7 +336,10 @@ def host_metrics(dev: object, end: float, size: int) -> int:
     steps = 0
     while time.time() < end:
         CLOCK.to("gpu")
-        out = (a @ a).float().cpu().numpy()
+        out = (a @ a).float()
+        _sync(torch)
+        CLOCK.to("copy")
+        out = out.cpu().numpy()
         CLOCK.to("host")
         np.histogram(out, bins=256)
         np.argsort(out, axis=1)
@@ -479,6 +510,10 @@ def run(a: argparse.Namespace) -> int:
         return host_metrics(dev, end, a.size or 4096)
     if s == "mid_kernels":
         return mid_kernels(dev, end, a.size or 22528)
+    if s == "mid_gemms":
+        return mid_gemms(dev, end, a.size or 44)
+    if s == "mid_sorts":
+        return mid_sorts(dev, end, a.size or 44)
     if s == "checkpoint_writer":
         return checkpoint_writer(dev, end, a.busy, a.size or 1024)
     if s == "remote_reader":

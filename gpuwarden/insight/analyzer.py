@@ -82,8 +82,9 @@ class JobInputs:
     """What a GPU's processes did over one interval, from their ProcessRates: the jobs' CPU cores (``_job_cpu``),
     the busiest process's cores, bytes per second read from storage, processes in uninterruptible sleep, bytes per
     second read other than from storage (sockets: remote storage), written to storage, voluntary context switches
-    per second; whether the job waits on I/O (reads or writes >= IO_READ_BYTES_PER_SECOND, or any process in I/O
-    wait) and whether it writes (IO_WRITE_BYTES_PER_SECOND, more than it reads: a checkpoint). None: not known."""
+    per second; whether the job waits on I/O (reads or writes >= IO_READ_BYTES_PER_SECOND, any process in I/O
+    wait, or waits at WAITS_PER_SECOND) and whether it writes (IO_WRITE_BYTES_PER_SECOND, more than it reads: a
+    checkpoint). None: not known."""
 
     job_cpu: float | None = None
     max_proc_cpu: float | None = None
@@ -326,15 +327,19 @@ class InsightAnalyzer:
         blocked = float(sum(blocked_counts)) if blocked_counts else None
         reads = (io_read or 0.0) + (other or 0.0)
         writing = (written or 0.0) >= st.IO_WRITE_BYTES_PER_SECOND and (written or 0.0) > reads
+        switches = _total(k.switches_per_second for k in known)
         return JobInputs(
             job_cpu=self._job_cpu(procs, rates) if known else None,
             max_proc_cpu=max(k.cpu_cores for k in known) if known else None,
             io_read=io_read,
             blocked=blocked,
-            io_waiting=reads >= st.IO_READ_BYTES_PER_SECOND or (blocked or 0.0) > 0 or writing,
+            io_waiting=reads >= st.IO_READ_BYTES_PER_SECOND
+            or (blocked or 0.0) > 0
+            or writing
+            or (switches or 0.0) >= st.WAITS_PER_SECOND,
             other_read=other,
             io_write=written,
-            switches=_total(k.switches_per_second for k in known),
+            switches=switches,
             writing=writing,
         )
 

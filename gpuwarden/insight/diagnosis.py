@@ -48,6 +48,7 @@ from gpuwarden.insight.states import (
     IO_READ_BYTES_PER_SECOND,
     IO_WRITE_BYTES_PER_SECOND,
     JOB_CPU_BUSY_CORES,
+    WAITS_PER_SECOND,
     WORK_SAMPLE_RATIO,
 )
 
@@ -114,10 +115,9 @@ HOST_TX_PER_RX = 1.0
 #: ... and at least this much device-to-host traffic (bytes/s): below it, the direction of a trickle says nothing.
 HOST_TX_MIN_BYTES_PER_SECOND = 100e6
 #: A paused job whose processes' main threads wait (voluntary context switches) at least this often per idle second
-#: is not simply stopped: a sleep or one long wait is one switch, a loader fetching from remote storage or a client
-#: of a service blocks on each reply. Below the remote-read rate, gpuwarden cannot tell such waits from a pause and
-#: says both.
-WAITS_PER_IDLE_SECOND = 50.0
+#: is not simply stopped (gpuwarden.insight.states.WAITS_PER_SECOND): gpuwarden cannot tell remote input from a
+#: service waiting on requests, and says both.
+WAITS_PER_IDLE_SECOND = WAITS_PER_SECOND
 #: Fewer accounted seconds than this in the window: no verdict yet.
 MIN_SECONDS = 2.0
 
@@ -544,11 +544,13 @@ class Facts:
 
     @functools.cached_property
     def both_idle(self) -> bool:
-        """Kernels ran below WORK_SAMPLE_RATIO of the time and the job's CPU is below JOB_CPU_BUSY_CORES, no reads."""
+        """Kernels ran below WORK_SAMPLE_RATIO of the time and the job's CPU is below JOB_CPU_BUSY_CORES, no reads and
+        no frequent waits."""
         w = self.w
         if w.util is None or w.job_cpu_cores is None:
             return False
-        return w.util < WORK_SAMPLE_RATIO and w.job_cpu_cores < JOB_CPU_BUSY_CORES and not self.reading
+        quiet = w.job_cpu_cores < JOB_CPU_BUSY_CORES and not self.reading and not self.waits
+        return w.util < WORK_SAMPLE_RATIO and quiet
 
     @functools.cached_property
     def idle(self) -> float:
@@ -558,10 +560,11 @@ class Facts:
     @functools.cached_property
     def quiet(self) -> bool:
         """The job's CPU beyond what its GPU-busy time explains (a core per busy second at most) is below
-        JOB_CPU_BUSY_CORES per idle second, and it reads nothing: the job does not work while its GPU idles. Per
+        JOB_CPU_BUSY_CORES per idle second, it reads and writes nothing and does not wait often (``waits``): the job
+        does not work while its GPU idles. Per
         poll, util.gpu is a short sample and misplaces the edges of pauses; the window's means do not."""
         w = self.w
-        if self.reading or self.writing or w.job_cpu_cores is None:
+        if self.reading or self.writing or self.waits or w.job_cpu_cores is None:
             return False
         return w.job_cpu_cores - w.share("busy") < JOB_CPU_BUSY_CORES * self.idle
 
@@ -754,13 +757,19 @@ def _input_starved_summary(f: Facts) -> str:
         rate = (w.io_read_bytes_per_second or 0.0) / 1e6
         return text + f" from storage (the job reads {rate:.0f} MB/s with processes in I/O wait)."
     job, proc = w.job_cpu_cores, w.max_process_cpu_cores
-    if job is not None and proc is not None and job >= 1.5 * max(proc, 0.1):
+    if job is not None and proc is not None and job >= 1.5 * max(proc, 0.1) and not (f.waits and job < 1.0):
         return text + (
             f" prepared on the CPU by helper processes (the job uses {job:.1f} cores, its GPU process "
             f"{proc:.2f}): more workers or cheaper preprocessing."
         )
     if proc is not None and proc >= 0.8:
         return text + f" prepared in the training process itself ({proc:.2f} cores, single-threaded)."
+    if f.waits:
+        return text + (
+            f" fetched in many short waits ({w.voluntary_switches_per_second or 0.0:.0f} a second, job CPU {f.cpu}, "
+            "reads through sockets are in no per-process counter): input from remote storage (object store, network "
+            "file system) or a slow pipeline between processes; for a model server, requests that come too rarely."
+        )
     return text + "."
 
 
@@ -861,6 +870,8 @@ REASON_TABLE: tuple[Reason, ...] = (
             "Do decoding and augmentation on the GPU (NVIDIA DALI, torchvision.transforms.v2 on CUDA tensors).",
             "Cache preprocessed data; check that the job was given enough CPU cores (cgroup cpu.max, Slurm "
             "--cpus-per-task, Kubernetes CPU limits).",
+            "Input from remote storage: more loader workers and a deeper prefetch, larger requests, a local cache "
+            "of the dataset (node-local NVMe).",
         ),
         rank=9,
         when=_input_starved_when,

@@ -54,6 +54,13 @@ RECENT_WORK_SECONDS = 5.0
 #: an idle Python process and far below any loader that feeds a GPU from files.
 IO_READ_BYTES_PER_SECOND = 8 * 2**20
 
+#: A job whose processes' main threads wait (voluntary context switches: a blocking read, a sleep, a lock) at least
+#: this often a second while its CPU idles is waiting on I/O in many short waits - a loader fetching from remote
+#: storage through sockets (socket reads are in no /proc/PID/io counter), a client of a service - not pausing: a sleep
+#: or one long wait is one switch. Our choice between the H100 recordings: jobs that sleep or serve requests 0-20 a
+#: second, loaders waiting on a socket server 70-8,600 a second.
+WAITS_PER_SECOND = 50.0
+
 #: A job whose processes write at least this many bytes a second to storage (/proc/PID/io write_bytes, counted when
 #: the pages are dirtied), more than they read, while its GPU idles is writing a checkpoint: the same bound as reads.
 IO_WRITE_BYTES_PER_SECOND = 8 * 2**20

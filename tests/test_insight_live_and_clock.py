@@ -1,0 +1,76 @@
+"""Recordings held to what the daemon said live, and gpuwarden's idle time by cause held to the workloads' own clocks.
+
+Every recording whose header carries ``live_verdicts`` (written by ``gpuwarden record`` at its end, from the insight
+analyzer it ran over the polls as they were written) must replay to the same verdict; where ``gpuwarden serve`` ran
+beside it (``serve_verdicts``), the live daemon's verdict must be the replay's too. Recordings of tools/workloads.py
+with the workload's own clock beside them (``<name>.split.json``) must account their time by cause within 10 points
+of wall time of that clock (tools/accounting_check.py), but for the kinds listed in CLOCK_BLIND, whose own clock
+cannot see what NVML sees.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TRACES
+
+from gpuwarden.insight.evaluation import evaluate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _header(path: Path) -> dict:  # type: ignore[type-arg]
+    with gzip.open(path, "rt") as f:
+        return json.loads(f.readline())  # type: ignore[no-any-return]
+
+
+LIVE = [p for p in sorted(TRACES.glob("*.jsonl.gz")) if "live_verdicts" in _header(p)["metadata"]]
+SPLITS = sorted(TRACES.glob("*.split.json"))
+
+#: Recordings whose own clock cannot split its time as NVML does, and why (the gap is in docs/scores.md).
+CLOCK_BLIND = {
+    # the launching thread never stops: its clock is all "gpu", NVML sees the gaps between microsecond kernels
+    "h100-k-mid-kernels-size-22528": "launch gaps",
+    "h100-k-mid-sorts-size-44": "launch gaps",
+    "h100-k-mid-sorts-size-66": "launch gaps",
+    "h100-k-mid-gemms-size-11": "launch gaps",
+    # the device-to-host copy before the first write and the fsync after the last: no bytes written in those polls
+    "h100-k-checkpoint-writer-busy-3-size-1024": "copy and fsync around the writes",
+    "h100-k-checkpoint-writer-busy-2-size-2048": "copy and fsync around the writes",
+}
+
+
+def test_there_are_recordings_with_live_verdicts_and_clocks() -> None:
+    assert len(LIVE) >= 20 and len(SPLITS) >= 20
+
+
+@pytest.mark.parametrize("path", LIVE, ids=lambda p: p.name)
+def test_replay_gives_the_verdict_the_daemon_gave_live(path: Path) -> None:
+    meta = _header(path)["metadata"]
+    rows = {str(r.gpu): r.given for r in evaluate(path)}
+    for gpu, verdict in meta["live_verdicts"].items():
+        assert rows[gpu] == verdict, (gpu, rows[gpu], verdict)
+    for gpu, verdict in meta.get("serve_verdicts", {}).items():
+        assert rows[gpu] == verdict, ("serve", gpu, rows[gpu], verdict)
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=lambda p: p.name)
+def test_idle_time_by_cause_matches_the_workloads_own_clock(split: Path) -> None:
+    name = split.name.removesuffix(".split.json")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "accounting_check.py"), str(TRACES / f"{name}.jsonl.gz"), str(split)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    row = json.loads(out.stdout)
+    assert row["seconds"] >= 10, row
+    if name in CLOCK_BLIND:
+        pytest.skip(f"its own clock cannot see it: {CLOCK_BLIND[name]}")
+    assert row["max_diff_points"] <= 10, row
