@@ -20,17 +20,20 @@ also reported as findings next to any verdict.
 6. ``host_compute_bound`` the rule of ``input_starved`` holds (and not ``job_paused``'s), and the job sends the
                          host at least HOST_TX_PER_RX x what it receives (GPM PCIe TX >= HOST_TX_MIN_BYTES_PER_SECOND):
                          the host works on the GPU's output (an optimizer or metrics on the CPU), not on its input.
-7. ``launch_bound``      kernels run (util.gpu >= LAUNCH_UTIL_MIN) but fill few SMs (SM activity < LAUNCH_SM_PER_UTIL
-                         x util.gpu), while the job's busiest process keeps a core busy (>= LAUNCH_CPU_CORES): the
-                         host thread issuing kernels one at a time is the limit, at any utilization.
-8. ``job_paused``        idle (paused + starved) >= PAUSED_MIN of the window while the job's CPU beyond its GPU-busy
-                         share is below JOB_CPU_BUSY_CORES per idle second and it reads no storage (or paused time
-                         exceeds starved time): the job itself stops (sleep, evaluation, checkpoint, waits).
-9. ``input_starved``     starved time >= STARVED_MIN of the window (GPU idle while its job works on the CPU or
-                         reads storage); the summary says which (CPU preprocessing vs waiting on I/O).
-10. ``memory_bound``     utilized and DRAM activity >= MEMORY_BOUND_DRAM (most of HBM's peak bandwidth in use).
-11. ``compute_bound``    utilized (and SM activity >= LAUNCH_SM_PER_UTIL x util.gpu where GPM exists).
-12. ``underutilized``    none of the above: the time is split with no dominant cause.
+7. ``checkpoint_bound``  idle >= STARVED_MIN of the window while the job writes storage at >=
+                         IO_WRITE_BYTES_PER_SECOND (/proc/PID/io write_bytes), more than it reads.
+8. ``launch_bound``      kernels run (util.gpu >= LAUNCH_UTIL_MIN) but fill few SMs (SM activity < LAUNCH_SM_PER_UTIL
+                         x util.gpu; or < LAUNCH_MID_SM_PER_UTIL x util.gpu with the GPU idle in gaps shorter than a
+                         sample period and no helper process), while the job's busiest process keeps a core busy (>=
+                         LAUNCH_CPU_CORES): the host thread issuing kernels one at a time is the limit.
+9. ``job_paused``        idle (paused + starved) >= PAUSED_MIN of the window while the job's CPU beyond its GPU-busy
+                         share is below JOB_CPU_BUSY_CORES per idle second, it reads and writes nothing and waits
+                         seldom (WAITS_PER_IDLE_SECOND), or paused time exceeds starved time: the job itself stops.
+10. ``input_starved``    starved time >= STARVED_MIN of the window (GPU idle while its job works on the CPU, reads
+                         storage or sockets, or waits often); the summary says which.
+11. ``memory_bound``     utilized and DRAM activity >= MEMORY_BOUND_DRAM (most of HBM's peak bandwidth in use).
+12. ``compute_bound``    utilized (and SM activity >= LAUNCH_SM_PER_UTIL x util.gpu where GPM exists).
+13. ``underutilized``    none of the above: the time is split with no dominant cause.
 
 A GPU that cannot be read at all (lost, off the bus) gets ``gpu_lost`` (``lost``), critical.
 """
