@@ -28,7 +28,7 @@ also reported as findings next to any verdict.
                          LAUNCH_CPU_CORES): the host thread issuing kernels one at a time is the limit.
 9. ``job_paused``        idle (paused + starved) >= PAUSED_MIN of the window while the job's CPU beyond its GPU-busy
                          share is below JOB_CPU_BUSY_CORES per idle second, it reads and writes nothing and waits
-                         seldom (WAITS_PER_IDLE_SECOND), or paused time exceeds starved time: the job itself stops.
+                         seldom (WAITS_PER_SECOND), or paused time exceeds starved time: the job itself stops.
 10. ``input_starved``    starved time >= STARVED_MIN of the window (GPU idle while its job works on the CPU, reads
                          storage or sockets, or waits often); the summary says which.
 11. ``memory_bound``     utilized and DRAM activity >= MEMORY_BOUND_DRAM (most of HBM's peak bandwidth in use).
@@ -117,10 +117,6 @@ MEMORY_FULL_RATIO = 0.9
 HOST_TX_PER_RX = 1.0
 #: ... and at least this much device-to-host traffic (bytes/s): below it, the direction of a trickle says nothing.
 HOST_TX_MIN_BYTES_PER_SECOND = 100e6
-#: A paused job whose processes' main threads wait (voluntary context switches) at least this often per idle second
-#: is not simply stopped (gpuwarden.insight.states.WAITS_PER_SECOND): gpuwarden cannot tell remote input from a
-#: service waiting on requests, and says both.
-WAITS_PER_IDLE_SECOND = WAITS_PER_SECOND
 #: Fewer accounted seconds than this in the window: no verdict yet.
 MIN_SECONDS = 2.0
 
@@ -308,7 +304,7 @@ EVIDENCE: tuple[Mean | Derived, ...] = (
         "voluntary_switches_per_second",
         "job_waits_per_second",
         "per_second",
-        f"many short waits at >= {WAITS_PER_IDLE_SECOND:g} per idle second",
+        f"many short waits at >= {WAITS_PER_SECOND:g} per idle second",
     ),
     Mean("whole_idle_ratio", "idle_in_whole_samples", "ratio", "launch gaps: idle within sample periods"),
     Mean("io_blocked_processes", "job_processes_in_io_wait", "processes"),
@@ -573,9 +569,9 @@ class Facts:
 
     @functools.cached_property
     def waits(self) -> bool:
-        """The job's main threads wait at >= WAITS_PER_IDLE_SECOND voluntary context switches per idle second."""
+        """The job's main threads wait at >= WAITS_PER_SECOND voluntary context switches per idle second."""
         switches = self.w.voluntary_switches_per_second
-        return switches is not None and self.idle > 0 and switches >= WAITS_PER_IDLE_SECOND * self.idle
+        return switches is not None and self.idle > 0 and switches >= WAITS_PER_SECOND * self.idle
 
     @functools.cached_property
     def lag(self) -> tuple[GpuWindow, str] | None:
