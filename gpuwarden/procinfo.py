@@ -101,9 +101,10 @@ class ProcessInspector:
                     self._static[pid] = (
                         proc.name(), cmd, _username(proc), proc.create_time(), read_cgroup(pid), _environ(proc)
                     )  # fmt: skip
-            cpu = proc.cpu_times()
+            with proc.oneshot():  # its CPU times, state, status and io: /proc/PID/stat read once
+                cpu = proc.cpu_times()
+                tree = _tree(proc, cpu, self._members(proc))
             cpu_total: float | None = cpu.user + cpu.system
-            tree = _tree(proc, cpu, self._members(proc))
         except (psutil.Error, OSError):
             self._procs.pop(pid, None)
             self._static.pop(pid, None)
@@ -295,12 +296,11 @@ def _switches(proc: psutil.Process) -> int | None:
 
 def _tree(proc: psutil.Process, cpu: object, members: list[psutil.Process]) -> Tree:
     """What ``proc`` and its live descendants (``members``) did (Tree), the CPU including its reaped children's
-    (psutil's children_user/children_system). Raises psutil.Error for ``proc``."""
+    (psutil's children_user/children_system). Raises psutil.Error for ``proc``. Call it inside ``proc.oneshot()``."""
     seconds = sum(getattr(cpu, k, 0.0) for k in ("user", "system", "children_user", "children_system"))
-    with proc.oneshot():
-        blocked = int(proc.status() == psutil.STATUS_DISK_SLEEP)
-        read, chars, written = _io(proc)
-        switches = _switches(proc)
+    blocked = int(proc.status() == psutil.STATUS_DISK_SLEEP)
+    read, chars, written = _io(proc)
+    switches = _switches(proc)
     count = 1
     for child in members:
         try:

@@ -2,7 +2,8 @@
 
 While it records, the insight analyzer the daemon runs (same windows) reads every poll as it is written; at the end
 its verdict on each GPU goes into the trace's header (``metadata.live_verdicts``: GPU index -> verdict, with
-``live_findings``), so a replay of the trace can be held to what the daemon said live (tests/test_insight_eval.py).
+``live_findings``), so a replay of the trace can be held to what the daemon said live
+(tests/test_insight_live_and_clock.py).
 """
 
 from __future__ import annotations

@@ -36,9 +36,15 @@ from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result  # noqa: 
 from gpuwarden.trace import read_trace  # noqa: E402
 
 #: Workload phase -> accounting class; gpuwarden's state or cause -> accounting class.
-PHASES = {"gpu": "busy", "copy": "input", "input": "input", "read": "input", "host": "input"}
-PHASES["checkpoint"] = "checkpoint"
-PHASES["sleep"] = "paused"
+PHASES = {
+    "gpu": "busy",
+    "copy": "input",
+    "input": "input",
+    "read": "input",
+    "host": "input",
+    "checkpoint": "checkpoint",
+    "sleep": "paused",
+}
 CAUSES = {
     "input_cpu": "input",
     "input_io": "input",

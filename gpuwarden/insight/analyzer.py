@@ -326,7 +326,7 @@ class InsightAnalyzer:
         blocked_counts = [p.tree_blocked for p in procs if p.tree_blocked is not None]
         blocked = float(sum(blocked_counts)) if blocked_counts else None
         reads = (io_read or 0.0) + (other or 0.0)
-        writing = (written or 0.0) >= st.IO_WRITE_BYTES_PER_SECOND and (written or 0.0) > reads
+        writing = st.writes_more_than_reads(written, reads)
         switches = _total(k.switches_per_second for k in known)
         return JobInputs(
             job_cpu=self._job_cpu(procs, rates) if known else None,
@@ -364,6 +364,7 @@ class InsightAnalyzer:
             procs is not None, len(procs or ()), g.memory_used_bytes, g.memory_reserved_bytes is not None
         )
         segs = st.segments(start, g.timestamp, g.utilization_samples, g.utilization_gpu_ratio)
+        util_seconds = sum(x.seconds for x in segs if x.util is not None)
         secs, state.last_work = st.account(segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting)
         for k, v in secs.items():
             state.totals[k] += v
@@ -379,7 +380,7 @@ class InsightAnalyzer:
             end=g.timestamp,
             seconds=g.timestamp - start,
             states=secs,
-            util_seconds=sum(x.seconds for x in segs if x.util is not None),
+            util_seconds=util_seconds,
             holder=holder,
             pids=pids,
             means=pack_means(
@@ -396,7 +397,7 @@ class InsightAnalyzer:
                 io_other_read_bytes_per_second=inputs.other_read,
                 io_write_bytes_per_second=inputs.io_write,
                 voluntary_switches_per_second=inputs.switches,
-                whole_idle_ratio=_whole_idle(segs) if g.utilization_samples else None,
+                whole_idle_ratio=_whole_idle(segs, util_seconds) if g.utilization_samples else None,
                 io_blocked_processes=inputs.blocked,
                 host_cpu_busy_ratio=host_busy,
                 power_watts=finite(g.power_usage_watts),
@@ -462,11 +463,10 @@ def _total(values: Iterable[float | None]) -> float | None:
     return sum(known) if known else None
 
 
-def _whole_idle(segs: Sequence[st.Segment]) -> float:
-    """The share of the segments' time in utilization sample periods with no kernel at all (below
-    WORK_SAMPLE_RATIO): idle time in gaps of a whole sample period (about 1/6 s on an H100) or longer, as against
-    idle time between kernels within a period (launch gaps are microseconds)."""
-    total = sum(s.seconds for s in segs if s.util is not None)
+def _whole_idle(segs: Sequence[st.Segment], total: float) -> float:
+    """The share of the segments' time with a utilization reading (``total`` seconds) in sample periods with no
+    kernel at all (below WORK_SAMPLE_RATIO): idle time in gaps of a whole sample period (about 1/6 s on an H100) or
+    longer, as against idle time between kernels within a period (launch gaps are microseconds)."""
     whole = sum(s.seconds for s in segs if s.util is not None and s.util < st.WORK_SAMPLE_RATIO)
     return whole / total if total > 0 else 0.0
 

@@ -53,6 +53,7 @@ from gpuwarden.insight.states import (
     JOB_CPU_BUSY_CORES,
     WAITS_PER_SECOND,
     WORK_SAMPLE_RATIO,
+    writes_more_than_reads,
 )
 
 #: Every reason ``gpu_diagnosis{reason}`` may carry (bounded label set), in exposition order.
@@ -523,9 +524,8 @@ class Facts:
     def writing(self) -> bool:
         """The job writes storage at >= IO_WRITE_BYTES_PER_SECOND, more than it reads (storage and sockets)."""
         w = self.w
-        written = w.io_write_bytes_per_second or 0.0
         read = (w.io_read_bytes_per_second or 0.0) + (w.io_other_read_bytes_per_second or 0.0)
-        return written >= IO_WRITE_BYTES_PER_SECOND and written > read
+        return writes_more_than_reads(w.io_write_bytes_per_second, read)
 
     @functools.cached_property
     def remote(self) -> bool:

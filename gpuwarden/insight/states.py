@@ -65,6 +65,14 @@ WAITS_PER_SECOND = 50.0
 #: the pages are dirtied), more than they read, while its GPU idles is writing a checkpoint: the same bound as reads.
 IO_WRITE_BYTES_PER_SECOND = 8 * 2**20
 
+
+def writes_more_than_reads(written: float | None, read: float | None) -> bool:
+    """Whether a job writing ``written`` bytes/s and reading ``read`` bytes/s (storage and otherwise; None: unknown,
+    taken as 0) is writing a checkpoint: at least IO_WRITE_BYTES_PER_SECOND, more than it reads."""
+    w = written or 0.0
+    return w >= IO_WRITE_BYTES_PER_SECOND and w > (read or 0.0)
+
+
 #: With no process listed, a GPU with at least this much memory used is held by processes we cannot see
 #: (another PID namespace) rather than free. NVML memory info v2 excludes the driver's reserved memory
 #: (0 B used when idle on the H100); v1 includes it (~0.5 GB), hence the larger bound when it is unknown.
@@ -138,9 +146,9 @@ def idle_causes(
     unknown seconds keep their names. Busy seconds are left out.
     """
     starved = states.get("starved", 0.0)
+    out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "free", "unknown", "lost")}
     if writing:
-        out = {k: states.get(k, 0.0) for k in ("held_idle", "free", "unknown", "lost")}
-        out["checkpoint"] = starved + states.get("paused", 0.0)
+        out["checkpoint"] = starved + out.pop("paused")
         return out
     if io_waiting:
         cause = "input_io"
@@ -148,7 +156,6 @@ def idle_causes(
         cause = "input_cpu"  # starved with the job's CPU known: account() found it working
     else:
         cause = "input"
-    out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "free", "unknown", "lost")}
     out[cause] = starved
     return out
 
