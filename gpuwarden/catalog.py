@@ -640,9 +640,9 @@ FAMILIES: tuple[Family, ...] = (
     ),
     _c(
         "gpu_idle_seconds_total",
-        "Seconds the GPU idled, by cause: input_cpu, input_io, input (job CPU unknown), paused, held_idle, free, "
-        "unknown, lost (the GPU could not be read); with the busy seconds of gpu_state_seconds_total they add up to "
-        "wall time (docs/scores.md).",
+        "Seconds the GPU idled, by cause: input_cpu, input_io, input (job CPU unknown), launch (gaps between kernels "
+        "launched one at a time), checkpoint, paused, held_idle, free, unknown, lost (the GPU could not be read); "
+        "with the busy seconds of gpu_state_seconds_total they add up to wall time (docs/scores.md).",
         "insight",
         labels=("cause",),
     ),

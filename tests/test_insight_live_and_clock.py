@@ -34,11 +34,6 @@ SPLITS = sorted(TRACES.glob("*.split.json"))
 
 #: Recordings whose own clock cannot split its time as NVML does, and why (the gap is in docs/scores.md).
 CLOCK_BLIND = {
-    # the launching thread never stops: its clock is all "gpu", NVML sees the gaps between microsecond kernels
-    "h100-k-mid-kernels-size-22528": "launch gaps",
-    "h100-k-mid-sorts-size-44": "launch gaps",
-    "h100-k-mid-sorts-size-66": "launch gaps",
-    "h100-k-mid-gemms-size-11": "launch gaps",
     # the device-to-host copy before the first write and the fsync after the last: no bytes written in those polls
     "h100-k-checkpoint-writer-busy-3-size-1024": "copy and fsync around the writes",
     "h100-k-checkpoint-writer-busy-2-size-2048": "copy and fsync around the writes",

@@ -9,7 +9,9 @@ its own wall seconds per phase per whole Unix second. The trace is replayed thro
 and idle cause are compared with the workload's phases over the same interval (a phase's seconds within a whole
 second are taken as spread evenly over it). Phases map to what gpuwarden accounts:
 
-    gpu        -> busy           (a kernel runs: NVML util.gpu)
+    gpu        -> busy           (a kernel runs: NVML util.gpu; and the gaps between kernels that one host thread
+                                  launches one at a time, gpuwarden's ``launch`` cause: the workload's clock
+                                  counts the whole step, kernels and launches, as its GPU step)
     copy       -> input          (copies between host and GPU run on the copy engines: idle by util.gpu, while
                                   the job's CPU works; h2d_copy_bound or host_compute_bound name them)
     input      -> input          (input_cpu + input_io + input: waiting for the next batch)
@@ -49,6 +51,7 @@ CAUSES = {
     "input_cpu": "input",
     "input_io": "input",
     "input": "input",
+    "launch": "busy",
     "checkpoint": "checkpoint",
     "paused": "paused",
     "held_idle": "paused",

@@ -21,7 +21,8 @@ from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
 from gpuwarden.insight.analysis import build_result
 from gpuwarden.insight.attribution import JobRef, attribute, pod_of, slurm_job_number
-from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Health, pack_means
+from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Health, copies_data, pack_means
+from gpuwarden.insight.launches import launch_limited
 from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
 from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, mergeable, merged, terms
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult, ProcessReading
@@ -368,13 +369,25 @@ class InsightAnalyzer:
         secs, state.last_work = st.account(segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting)
         for k, v in secs.items():
             state.totals[k] += v
-        causes = st.idle_causes(secs, inputs.job_cpu, inputs.io_waiting, inputs.writing)
-        for k, v in causes.items():
-            state.idle[k] += v
-        _idle_energy(state, g, causes)
         # GPM metrics average over the time since the previous computation (every gpm_interval in serve, carried in
         # between): the first one after a job change covers time before it. Only the second on describes this job.
         gpm = g.gpm if state.gpm_changes >= 2 else {}
+        whole_idle = _whole_idle(segs, util_seconds) if g.utilization_samples else None
+        launching = util_seconds > 0 and launch_limited(
+            secs["busy"] / util_seconds,
+            finite(gpm.get("sm_activity")),
+            inputs.max_proc_cpu,
+            inputs.job_cpu,
+            whole_idle,
+            inputs.io_waiting,
+            copies_data(finite(gpm.get("pcie_rx_bytes_per_second")), finite(gpm.get("pcie_tx_bytes_per_second"))),
+        )
+        causes = st.idle_causes(
+            secs, inputs.job_cpu, inputs.io_waiting, inputs.writing, st.gaps_in_periods(segs) if launching else 0.0
+        )
+        for k, v in causes.items():
+            state.idle[k] += v
+        _idle_energy(state, g, causes)
         clocks = _clocks(g, s)
         iv = Interval(
             end=g.timestamp,
@@ -397,7 +410,7 @@ class InsightAnalyzer:
                 io_other_read_bytes_per_second=inputs.other_read,
                 io_write_bytes_per_second=inputs.io_write,
                 voluntary_switches_per_second=inputs.switches,
-                whole_idle_ratio=_whole_idle(segs, util_seconds) if g.utilization_samples else None,
+                whole_idle_ratio=whole_idle,
                 io_blocked_processes=inputs.blocked,
                 host_cpu_busy_ratio=host_busy,
                 power_watts=finite(g.power_usage_watts),

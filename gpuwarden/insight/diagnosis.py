@@ -47,6 +47,11 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwarden.catalog import clock_event_reasons
+from gpuwarden.insight.launches import (
+    LAUNCH_CPU_CORES,
+    LAUNCH_SM_PER_UTIL,
+    launch_limited,
+)
 from gpuwarden.insight.states import (
     IO_READ_BYTES_PER_SECOND,
     IO_WRITE_BYTES_PER_SECOND,
@@ -60,23 +65,8 @@ from gpuwarden.insight.states import (
 
 #: util.gpu at or above this is "utilized" (a kernel ran at least half the time).
 BUSY_UTIL = 0.5
-#: Launch bound: kernels run at least this share of the time (a stream of kernels, not an idle GPU) ...
-LAUNCH_UTIL_MIN = 0.1
-#: ... but SM activity is below this share of util.gpu. util.gpu counts time in which any kernel runs; DCGM's SM
-#: activity averages over all SMs the time one has a warp resident (NVML GPM SM util). A kernel of a few blocks
-#: runs on a few of the GPU's SMs (132 on an H100), so a stream of such kernels gives SM activity far below util.gpu,
-#: a GEMM or a training step fills every SM (SM activity close to util.gpu).
-LAUNCH_SM_PER_UTIL = 0.25
-#: ... while the job's busiest process keeps at least this much of a core busy (the launching host thread).
-LAUNCH_CPU_CORES = 0.7
-#: Mid-size kernels: SM activity below this share of util.gpu means the kernels, while they run, cover on average
-#: less than half of the SMs (a grid of fewer blocks than SMs). A kernel whose grid has at least as many blocks as the
-#: GPU has SMs occupies all of them: GEMMs, training steps, elementwise work over large tensors and DataLoader-fed
-#: models read 0.7-1.0 on the H100 recordings. Below it, with the GPU idle at least STARVED_MIN of the time in gaps
-#: shorter than a utilization sample period, while one thread keeps a core busy and no helper process does the
-#: work, the thread launching the kernels is the limit (``launch_bound``); the summary says the other reading (input
-#: made in the training process between steps), which only a profiler's timeline separates.
-LAUNCH_MID_SM_PER_UTIL = 0.5
+#: Launch bound: LAUNCH_UTIL_MIN, LAUNCH_SM_PER_UTIL, LAUNCH_CPU_CORES, LAUNCH_MID_SM_PER_UTIL and the rest of the test
+#: are in gpuwarden.insight.launches (the accounting's ``launch`` cause uses the same test per poll interval).
 #: Share of the window the job itself paused (GPU and job CPU idle right after GPU work) that makes the verdict.
 PAUSED_MIN = 0.25
 #: DRAM activity (GPM DRAM bandwidth utilization: achieved over peak HBM bandwidth) at or above this: memory bound.
@@ -641,27 +631,23 @@ def _waiting_on_peers_summary(f: Facts) -> str:
     )
 
 
+def copies_data(pcie_rx: float | None, pcie_tx: float | None) -> bool:
+    """Whether a GPU's PCIe traffic (GPM PCIe RX and TX, bytes/s; None: unknown, taken as none) is copies of data: at
+    least H2D_RX_BYTES_PER_SECOND into the GPU or HOST_TX_MIN_BYTES_PER_SECOND out of it."""
+    return (pcie_rx or 0.0) >= H2D_RX_BYTES_PER_SECOND or (pcie_tx or 0.0) >= HOST_TX_MIN_BYTES_PER_SECOND
+
+
 def _launch_bound_when(f: Facts) -> bool:
     w = f.w
-    if w.util is None or w.sm is None or w.max_process_cpu_cores is None:
-        return False
-    if w.util < LAUNCH_UTIL_MIN or w.max_process_cpu_cores < LAUNCH_CPU_CORES:
-        return False
-    return w.sm < LAUNCH_SM_PER_UTIL * w.util or _mid_kernels(f)
-
-
-def _mid_kernels(f: Facts) -> bool:
-    """Kernels cover under LAUNCH_MID_SM_PER_UTIL of the SMs while they run, the GPU idles >= STARVED_MIN of the time
-    mostly in gaps shorter than a utilization sample period, the job's CPU is its launching process's (no helper
-    processes) and it reads nothing."""
-    w = f.w
-    if w.util is None or w.sm is None or w.sm >= LAUNCH_MID_SM_PER_UTIL * w.util or f.reading or f.writing:
-        return False
-    idle = 1.0 - w.util
-    if idle < STARVED_MIN or (w.whole_idle_ratio is not None and w.whole_idle_ratio >= 0.5 * idle):
-        return False
-    job, proc = w.job_cpu_cores, w.max_process_cpu_cores or 0.0
-    return job is None or job < 1.5 * proc
+    return launch_limited(
+        w.util,
+        w.sm,
+        w.max_process_cpu_cores,
+        w.job_cpu_cores,
+        w.whole_idle_ratio,
+        f.reading or f.writing,
+        copies_data(w.pcie_rx, w.pcie_tx),
+    )
 
 
 def _launch_bound_summary(f: Facts) -> str:

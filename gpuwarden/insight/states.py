@@ -30,10 +30,22 @@ STATES = ("busy", "starved", "paused", "held_idle", "free", "unknown", "lost")
 
 #: Causes of idle GPU time (``gpu_idle_seconds_total{cause}``): starved time split by what the job did meanwhile -
 #: CPU work (preprocessing, or host work on the GPU's output: the verdict tells which), reads (local storage, or
-#: remote: sockets), or unknown (its CPU not visible) - then time the job spent writing (a checkpoint), then the other
+#: remote: sockets), or unknown (its CPU not visible) - then the gaps between kernels that one host thread launches one
+#: at a time (``launch``: gpuwarden.insight.launches), time the job spent writing (a checkpoint), then the other
 #: idle states, ``lost`` last (the GPU could not be read: its time is lost to whoever holds it, or to the fleet when
 #: nobody does). Busy seconds plus idle seconds by cause add up to the accounted wall time.
-IDLE_CAUSES = ("input_cpu", "input_io", "input", "checkpoint", "paused", "held_idle", "free", "unknown", "lost")
+IDLE_CAUSES = (
+    "input_cpu",
+    "input_io",
+    "input",
+    "launch",
+    "checkpoint",
+    "paused",
+    "held_idle",
+    "free",
+    "unknown",
+    "lost",
+)
 
 #: A job whose GPU processes use at least this many CPU cores (user+sys s per s) is working. Our calibration
 #: from the H100 traces: held_idle 0.00-0.01 cores, every working scenario 0.78-1.03 cores.
@@ -136,13 +148,19 @@ def holder_of(
 
 
 def idle_causes(
-    states: dict[str, float], job_cpu_cores: float | None, io_waiting: bool, writing: bool = False
+    states: dict[str, float],
+    job_cpu_cores: float | None,
+    io_waiting: bool,
+    writing: bool = False,
+    launch_gaps: float = 0.0,
 ) -> dict[str, float]:
     """Return the idle seconds of one interval's ``states`` (from ``account``) by cause (IDLE_CAUSES).
 
     Starved and paused seconds go to ``checkpoint`` when the job wrote (``writing``: IO_WRITE_BYTES_PER_SECOND, more
     than it read). Otherwise starved seconds go to ``input_io`` when the job waited on reads (storage or sockets),
-    ``input_cpu`` when its CPU is known (starved then means it worked), else ``input``; paused, held_idle, free and
+    ``input_cpu`` when its CPU is known (starved then means it worked), else ``input``; of what would be
+    ``input_cpu``, up to ``launch_gaps`` seconds (the idle time inside sample periods that ran a kernel, where the
+    interval's work is launch limited: gpuwarden.insight.launches) go to ``launch``. Paused, held_idle, free and
     unknown seconds keep their names. Busy seconds are left out.
     """
     starved = states.get("starved", 0.0)
@@ -156,8 +174,17 @@ def idle_causes(
         cause = "input_cpu"  # starved with the job's CPU known: account() found it working
     else:
         cause = "input"
+    if cause == "input_cpu" and launch_gaps > 0:
+        out["launch"] = min(starved, launch_gaps)
+        starved -= out["launch"]
     out[cause] = starved
     return out
+
+
+def gaps_in_periods(segs: Sequence[Segment]) -> float:
+    """The idle seconds of ``segs`` inside sample periods that ran a kernel (util >= WORK_SAMPLE_RATIO): gaps between
+    kernels shorter than a sample period, as against whole periods with no kernel at all."""
+    return sum((1.0 - s.util) * s.seconds for s in segs if s.util is not None and s.util >= WORK_SAMPLE_RATIO)
 
 
 def _cpu_working(segs: Sequence[Segment], job_cpu_cores: float) -> bool:
