@@ -659,6 +659,18 @@ FAMILIES: tuple[Family, ...] = (
         "insight",
         labels=("cause",),
     ),
+    _c(
+        "gpu_peer_wait_seconds_total",
+        "Seconds of the GPU's busy time (a kernel ran) spent in kernels waiting in a collective on another GPU of its "
+        "job, the straggler: busy by NVML's definition, lost to the straggler; a lower bound (docs/scores.md).",
+        "insight",
+    ),
+    _c(
+        "gpu_peer_wait_energy_joules_total",
+        "Energy the GPU drew above its own idle floor (as gpu_idle_energy_joules_total) while waiting in a collective "
+        "on another GPU of its job (the seconds of gpu_peer_wait_seconds_total); in joules.",
+        "insight",
+    ),
     _g(
         "gpu_starved_ratio",
         "Share of the last {window} s in which the GPU sat idle while the job holding it worked.",

@@ -70,6 +70,10 @@ def test_top_ranks_the_jobs_across_nodes_with_causes_verdicts_and_cost(prom: dic
     assert sum(slurm["lost_gpu_hours_by_cause"].values()) == pytest.approx(slurm["lost_gpu_hours"])
     assert slurm["cost"] == pytest.approx(slurm["lost_gpu_hours"] * 4) and slurm["currency"] == "USD"
     assert {"waiting_on_peers", "input_starved"} & set(slurm["verdict"]) and slurm["first_remedy"]
+    # effective and peak-equivalent (OFU) GPU-hours and the time spent waiting on peers, in top as in report
+    assert 0 < slurm["peak_equivalent_gpu_hours"] <= slurm["busy_gpu_hours"] * 1.05
+    assert 0 <= slurm["effective_gpu_hours"] <= slurm["held_gpu_hours"]
+    assert 0 < slurm["peer_wait_gpu_hours"] < slurm["busy_gpu_hours"]
     # the held-idle H100's job is node-local: keyed by its instance, lost to held_idle, priced at its node's price
     [idle] = [j for j in doc["jobs"] if j["instance"] == f"127.0.0.1:{prom['ports']['c']}"]
     assert idle["instance"] == f"127.0.0.1:{prom['ports']['c']}"
@@ -169,8 +173,12 @@ def test_report_summarizes_one_job(prom: dict) -> None:
     assert doc["busy_gpu_hours"] + doc["lost_gpu_hours"] <= doc["held_gpu_hours"] * 1.1
     assert doc["energy_joules"] is None or doc["energy_joules"] >= 0
     assert doc["first_remedy"]
+    # rank 0 spins in the all-reduce while rank 1 works on the CPU: busy by NVML, waiting on its peer, drawing power
+    assert 0 < doc["peer_wait_gpu_hours"] < doc["busy_gpu_hours"]
+    assert doc["peer_wait_energy_joules"] > 0
     text = gw("report", "--job", "4242", "--prometheus", prom["url"], "--range", "30s", "--step", "1s")
     assert text.returncode == 0 and "GPU-hours held" in text.stdout and "Do first" in text.stdout
+    assert "waiting on peers" in text.stdout and "drawn while waiting on peers" in text.stdout
 
 
 @pytest.mark.e2e

@@ -52,7 +52,7 @@ def test_optional_columns_come_only_where_they_fit() -> None:
     narrow = "\n".join(_render(jobs_table(JOBS, NAMES, "1d", 80), 80))
     wide = "\n".join(_render(jobs_table(JOBS, NAMES, "1d", 100_000), 100_000))
     assert "causes" not in narrow and "node" not in narrow
-    for column in ("cost", "verdict", "node", "causes"):
+    for column in ("cost", "verdict", "node", "causes", "peak-eq h"):
         assert column in wide
     assert "gpu-node-007.cluster.example" in wide and "input_cpu 37.5 h" in wide
 
@@ -62,6 +62,18 @@ def test_the_gpu_table_fits_too() -> None:
     lines = _render(gpus_table(gpus, NAMES, "1d", 80), 80)
     assert all(len(line) <= 80 for line in lines) and len(lines) == 3 + len(gpus)
     assert sum("gpu-node-008.cluster.example" in line for line in lines) == 3
+
+
+def test_details_give_the_effective_and_peak_equivalent_hours_where_known() -> None:
+    key, u = JOBS[0]
+    plain = "\n".join(_render(job_details(key, u, NAMES), 200))
+    assert "96.0 held, 55.5 busy" in plain and "OFU" not in plain and "peers" not in plain
+    known = Usage(**{**u.__dict__, "effective_hours": 40.0, "peak_equivalent_hours": 12.25, "peer_wait_hours": 8.0})
+    text = "\n".join(_render(job_details(key, known, NAMES), 200))
+    assert "55.5 busy, 8.00 of it waiting on peers, 40.0 with SM activity >= 50%" in text
+    assert "12.2 at dense tensor peak (OFU)" in text
+    row = [x for x in _render(jobs_table([(key, known)], NAMES, "1d", 100_000), 100_000) if POD in x]
+    assert "12.2" in row[0]
 
 
 def test_details_name_every_cause_the_cost_and_what_to_do_first() -> None:

@@ -15,11 +15,14 @@ range counts for each job only while that job held it.
   held the GPU; that is the fleet's spare capacity, reported per GPU), ``lost`` (the GPU could not be read) included.
 - **Exact at any step.** Counters are summed step by step as their growth since the previous step (``_increase``),
   which telescopes to their growth over the range; only the job shares and the diagnosis are sampled at each step.
-- **Effective time** (``report``): time with SM activity >= 0.5 (util.gpu where the GPU has no GPM): DCGM's guidance
-  is that SM activity below 0.5 likely means the GPU is used ineffectively.
-- **Peak-equivalent time** (``report``): the sum over the steps of the job's GPUs' FLOP utilization
+- **Effective time** (``top`` and ``report``): time with SM activity >= 0.5 (util.gpu where the GPU has no GPM):
+  DCGM's guidance is that SM activity below 0.5 likely means the GPU is used ineffectively.
+- **Peak-equivalent time** (``top`` and ``report``): the sum over the steps of the job's GPUs' FLOP utilization
   estimate (OFU, ``gpu_flop_utilization_ratio``) times the step: the GPU-hours the job's tensor work would take at
   the dense peak. None where no GPU of the job has GPM.
+- **Waiting on peers** (``gpu_peer_wait_seconds_total``): busy time (a kernel ran) in which a GPU waited in a
+  collective on another GPU of its job; part of busy, not of lost, since NVML counts it busy; ``report`` shows it with
+  its energy above the idle floor (``gpu_peer_wait_energy_joules_total``).
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ class Usage:
     energy_joules: float | None = None
     held_idle_energy_joules: float | None = None
     idle_energy_joules: dict[str, float] | None = None  # report: above the idle floor, by lost cause
+    peer_wait_hours: float | None = None  # busy GPU-hours spent waiting in a collective on a peer (jobs only)
+    peer_wait_energy_joules: float | None = None  # report: above the idle floor while waiting on peers
     reasons: dict[str, float] = field(default_factory=dict)
     instances: set[str] = field(default_factory=set)
     gpus: set[tuple[str, str]] = field(default_factory=set)  # (instance, gpu index)
@@ -199,6 +204,20 @@ class Accounting:
         for s in self.samples(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf), "job_id"):
             u = out[_job_key(s.labels)]
             u.held_idle_energy_joules = (u.held_idle_energy_joules or 0.0) + s.value
+        for s in self.samples(self._per_job(self._increase("gpu_peer_wait_seconds_total"), jf), "job_id"):
+            u = out[_job_key(s.labels)]
+            u.peer_wait_hours = (u.peer_wait_hours or 0.0) + s.value / 3600
+        # effective (SM activity >= EFFECTIVE_SM) and peak-equivalent (OFU) GPU-hours, step by step
+        activity = f"({self.metric('gpu_sm_activity_ratio')} or {self.metric('gpu_utilization_ratio')})"
+        h = self.step_s / 3600
+        for s in self.samples(self._per_job(f"{activity} >= bool {EFFECTIVE_SM}", jf), "job_id"):
+            if _job_key(s.labels) in out:
+                u = out[_job_key(s.labels)]
+                u.effective_hours = (u.effective_hours or 0.0) + s.value * h
+        for s in self.samples(self._per_job(self.metric("gpu_flop_utilization_ratio"), jf), "job_id"):
+            if _job_key(s.labels) in out:
+                u = out[_job_key(s.labels)]
+                u.peak_equivalent_hours = (u.peak_equivalent_hours or 0.0) + s.value * h
         # the reasons the daemons gave for a job's GPUs while it held them, step by step (one query per reason seen
         # in the range: the diagnosis and the job shares both have several series per GPU, which PromQL cannot
         # match many-to-many)
@@ -213,21 +232,14 @@ class Accounting:
         return dict(out)
 
     def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
-        """``jobs()`` of one id, with energy (all, and above the idle floor by lost cause), effective (SM activity >=
-        0.5) and peak-equivalent (OFU) GPU-hours added."""
+        """``jobs()`` of one id, with energy added: all of it, above the idle floor by lost cause, and above it while
+        waiting on peers."""
         out = self.jobs(job_id, instance)
         jf = _job_filter(job_id, instance)
-        activity = f"({self.metric('gpu_sm_activity_ratio')} or {self.metric('gpu_utilization_ratio')})"
-        h = self.step_s / 3600
-
-        for s in self.samples(self._per_job(f"{activity} >= bool {EFFECTIVE_SM}", jf), "job_id"):
+        for s in self.samples(self._per_job(self._increase("gpu_peer_wait_energy_joules_total"), jf), "job_id"):
             if _job_key(s.labels) in out:
                 u = out[_job_key(s.labels)]
-                u.effective_hours = (u.effective_hours or 0.0) + s.value * h
-        for s in self.samples(self._per_job(self.metric("gpu_flop_utilization_ratio"), jf), "job_id"):
-            if _job_key(s.labels) in out:
-                u = out[_job_key(s.labels)]
-                u.peak_equivalent_hours = (u.peak_equivalent_hours or 0.0) + s.value * h
+                u.peer_wait_energy_joules = (u.peer_wait_energy_joules or 0.0) + s.value
         for cause in LOST_CAUSES:  # one query per cause: the job shares have several series per GPU too
             joules = self._increase("gpu_idle_energy_joules_total", f"cause={_quote(cause)}")
             for s in self.samples(self._per_job(joules, jf), "job_id"):

@@ -68,6 +68,8 @@ def _usage_json(u: Usage) -> dict[str, Any]:
         "energy_joules": u.energy_joules,
         "held_idle_energy_joules": u.held_idle_energy_joules,
         "idle_energy_joules_by_cause": u.idle_energy_joules,
+        "peer_wait_gpu_hours": u.peer_wait_hours,
+        "peer_wait_energy_joules": u.peer_wait_energy_joules,
         "verdict": u.verdict(),
         "first_remedy": u.first_remedy(),
         "cost": u.cost,
@@ -210,10 +212,12 @@ def _fitted(title: str, required: list[Column], optional: list[Column], rows: li
     cells = {c[0]: [c[2](r) for r in rows] for c in required + optional}
 
     def natural(c: Column) -> int:
-        return max([len(c[0]), *(len(visible(x)) for x in cells[c[0]])]) + 2  # + the padding either side
+        # its widest cell, the padding either side, and the box's space between it and the next (SIMPLE_HEAD);
+        # the first column's left padding is the table's edge (pad_edge=False): the sum is the table's width
+        return max([len(c[0]), *(len(visible(x)) for x in cells[c[0]])]) + 3
 
     chosen = list(required)
-    used = sum(natural(c) for c in chosen)
+    used = sum(natural(c) for c in chosen) - 1
     for c in optional:
         if used + natural(c) <= width:
             chosen.append(c)
@@ -222,7 +226,7 @@ def _fitted(title: str, required: list[Column], optional: list[Column], rows: li
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
     for n, (name, right, _) in enumerate(order):
         t.add_column(name, justify="right" if right else "left", no_wrap=n == 0, overflow="fold",
-                     min_width=natural(order[0]) - 2 if n == 0 else None)  # fmt: skip
+                     min_width=natural(order[0]) - 3 if n == 0 else None)  # fmt: skip
     for i in range(len(rows)):
         t.add_row(*(plain(cells[c[0]][i]) for c in order))
     return t
@@ -240,7 +244,8 @@ def _main_cause(u: Usage) -> str:
 def jobs_table(ranked: list[tuple[JobKey, Usage]], names: dict[str, str], range_: str, width: int) -> Any:
     """``top``'s job table (a rich Table) of ``ranked`` (JobKey, Usage) pairs: the job id whole, its GPUs, GPU-hours
     held and lost, and the main cause on one line; then nodes, cost, verdict and the causes in order while the table
-    fits ``width`` characters. ``--details`` prints the rest below (``job_details``)."""
+    fits ``width`` characters, the peak-equivalent (OFU) GPU-hours among them. ``--details`` prints the rest below
+    (``job_details``)."""
     required: list[Column] = [
         ("job", False, lambda r: r[0].job_id),
         ("GPUs", True, lambda r: str(len(r[1].gpus))),
@@ -251,6 +256,7 @@ def jobs_table(ranked: list[tuple[JobKey, Usage]], names: dict[str, str], range_
     optional: list[Column] = [
         ("cost", True, lambda r: _cost(r[1])),
         ("verdict", False, lambda r: " + ".join(r[1].verdict()[:2]) or "-"),
+        ("peak-eq h", True, lambda r: _optional_hours(r[1].peak_equivalent_hours)),
         ("node", False, lambda r: _nodes(r[1], names)),
         ("causes", False, lambda r: _causes(r[1], 3)),
     ]
@@ -276,19 +282,36 @@ def gpus_table(ranked: list[tuple[tuple[str, str], Usage]], names: dict[str, str
     return _fitted(f"GPUs by GPU-hours lost, last {range_}", required, optional, ranked, width)
 
 
+def _optional_hours(hours: float | None) -> str:
+    return "-" if hours is None else _hours(hours)
+
+
+def _effective(u: Usage) -> str:
+    """Held, busy, effective (SM activity >= 50%), peak-equivalent (OFU) and waiting-on-peers GPU-hours, the known."""
+    parts = [f"{_hours(u.held_hours)} held", f"{_hours(u.busy_hours)} busy"]
+    if u.peer_wait_hours:
+        parts.append(f"{_hours(u.peer_wait_hours)} of it waiting on peers")
+    if u.effective_hours is not None:
+        parts.append(f"{_hours(u.effective_hours)} with SM activity >= 50%")
+    if u.peak_equivalent_hours is not None:
+        parts.append(f"{_hours(u.peak_equivalent_hours)} at dense tensor peak (OFU)")
+    return ", ".join(parts)
+
+
 def job_details(key: JobKey, u: Usage, names: dict[str, str]) -> Any:
-    """One job's details below ``top``'s table (a rich Text): its id and node, nodes, lost GPU-hours by cause, cost,
-    verdict and what to do first."""
+    """One job's details below ``top``'s table (a rich Text): its id and node, nodes, GPU-hours held, busy, waiting
+    on peers, effective and peak-equivalent, lost GPU-hours by cause, cost, verdict and what to do first."""
     from rich.text import Text
 
     lines = [
         ("", key.label()),
         ("  nodes: ", ", ".join(sorted(names.get(i) or i for i in u.instances)) or "-"),
+        ("  GPU-hours: ", _effective(u)),
         ("  lost to: ", _causes(u, len(LOST_CAUSES))),
         ("  verdict: ", " + ".join(u.verdict()) or "-"),
     ]
     if u.cost is not None:
-        lines.insert(3, ("  cost: ", _cost(u)))
+        lines.insert(4, ("  cost: ", _cost(u)))
     if u.first_remedy():
         lines.append(("  do first: ", u.first_remedy()))
     text = Text()
@@ -373,6 +396,9 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
         _row(t, "at dense tensor peak (OFU)", _hours(u.peak_equivalent_hours),
              f"{u.peak_equivalent_hours / held:.0%} of held: FLOP utilization estimate")  # fmt: skip
     _row(t, "busy (a kernel ran)", _hours(u.busy_hours), f"{u.busy_hours / held:.0%} of held")
+    if u.peer_wait_hours:
+        _row(t, "  waiting on peers", _hours(u.peer_wait_hours),
+             f"{u.peer_wait_hours / held:.0%} of held: in a collective, waiting on the straggler")  # fmt: skip
     _row(t, "lost (held, idle)", _hours(u.lost_total), f"{u.lost_total / held:.0%} of held")
     for cause in LOST_CAUSES:
         if u.lost_hours[cause] > 0:
@@ -385,6 +411,8 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
                 _row(t, f"  drawn while idle: {cause}", _energy(joules), "above the idle floor")
     elif u.held_idle_energy_joules:
         _row(t, "  drawn while held idle", _energy(u.held_idle_energy_joules), "above the idle floor")
+    if u.peer_wait_energy_joules:
+        _row(t, "  drawn while waiting on peers", _energy(u.peer_wait_energy_joules), "above the idle floor")
     if u.cost is not None:
         _row(t, "cost of lost GPU-hours", _cost(u), "")
     if stragglers:

@@ -82,6 +82,24 @@ def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> M
     )
 
 
+@builds("gpu_peer_wait_seconds_total")
+def peer_wait_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the busy seconds each GPU spent waiting in a collective on another GPU of its job
+    (GpuInsight.peer_wait_seconds_total)."""
+    return _per_gpu(snap, fam, lambda g: [([], g.peer_wait_seconds_total)])
+
+
+@builds("gpu_peer_wait_energy_joules_total")
+def peer_wait_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the joules each GPU drew above its idle floor while waiting on a peer
+    (GpuInsight.peer_wait_energy_joules_total). Absent for a GPU that reports no power."""
+    return _per_gpu(
+        snap,
+        fam,
+        lambda g: [] if g.peer_wait_energy_joules_total is None else [([], g.peer_wait_energy_joules_total)],
+    )
+
+
 @builds("gpu_idle_energy_joules_total")
 def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the joules each GPU drew above its idle floor while idle, by cause (every cause, 0 included;

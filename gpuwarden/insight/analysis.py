@@ -102,6 +102,8 @@ def _gpu(c: GpuCapture, windows: _Windows, shortfall: float | None, down: dict[s
         idle_seconds_total=c.idle,
         held_idle_energy_joules_total=c.held_idle_joules,
         idle_energy_joules_total=c.idle_joules,
+        peer_wait_seconds_total=c.peer_wait_seconds,
+        peer_wait_energy_joules_total=c.peer_wait_joules,
         window_state_seconds=dict(w.states),
         starved_ratio=starved_ratio(w.states),
         activity_ratio=activity,

@@ -21,7 +21,14 @@ from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
 from gpuwarden.insight.analysis import build_result
 from gpuwarden.insight.attribution import JobRef, attribute, pod_of, slurm_job_number
-from gpuwarden.insight.diagnosis import POWER_REASONS, SEVERE_REASONS, Health, copies_data, pack_means
+from gpuwarden.insight.diagnosis import (
+    POWER_REASONS,
+    SEVERE_REASONS,
+    Health,
+    copies_data,
+    pack_means,
+    peer_wait_share,
+)
 from gpuwarden.insight.launches import launch_limited
 from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
 from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, mergeable, merged, terms
@@ -98,6 +105,19 @@ class JobInputs:
     writing: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One GPU's poll interval as the test of waiting on peers reads it (gpuwarden.insight.diagnosis.Activity): its
+    index, util.gpu and SM activity over the interval (ratios; None: unknown), the seconds with a utilization reading,
+    and the power above the GPU's idle floor (W; None: no power reading)."""
+
+    index: int
+    util: float | None
+    sm: float | None
+    seconds: float
+    watts_above_floor: float | None
+
+
 @dataclass(slots=True)
 class _GpuState:
     index: int
@@ -115,6 +135,9 @@ class _GpuState:
     runs: deque[StateRun] = field(default_factory=deque)  # the node window's intervals, by main state
     idle_floor_watts: float | None = None  # the lowest power seen: the GPU's own idle baseline
     idle_joules: dict[str, float] = field(default_factory=lambda: dict.fromkeys(st.IDLE_CAUSES, 0.0))  # by cause
+    step: Step | None = None  # this poll's interval, for the test of waiting on peers (None: not accounted)
+    peer_wait_seconds: float = 0.0  # kernel seconds spent waiting in a collective on a peer of the job
+    peer_wait_joules: float = 0.0  # the energy above the idle floor of those seconds
     last_iv: Interval | None = None  # the newest interval in the windows (polls faster than a second merge into it)
     last_terms: list[tuple[int, int]] = field(default_factory=list)  # its terms (windows.terms)
 
@@ -260,6 +283,7 @@ class InsightAnalyzer:
         for g in poll.gpus:
             if not g.up:
                 self._account_lost(g)
+        self._account_peer_waits(primary)
         up_uuids = {g.uuid for g in up}
         gpus = [
             GpuCapture(
@@ -273,6 +297,8 @@ class InsightAnalyzer:
                 runs=tuple(state.runs),
                 held_idle_joules=None if state.idle_floor_watts is None else state.idle_joules["held_idle"],
                 idle_joules=None if state.idle_floor_watts is None else dict(state.idle_joules),
+                peer_wait_seconds=state.peer_wait_seconds,
+                peer_wait_joules=None if state.idle_floor_watts is None else state.peer_wait_joules,
             )
             for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index)
         ]
@@ -318,6 +344,26 @@ class InsightAnalyzer:
         state.idle["lost"] += secs["lost"]
         _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
 
+    def _account_peer_waits(self, primary: dict[str, JobRef]) -> None:
+        """Add to each GPU accounted this poll the kernel seconds it spent waiting in a collective on another GPU of
+        its job (``primary``: each GPU's job) in this poll interval, and their energy above its idle floor
+        (gpuwarden.insight.diagnosis.peer_wait_share on the interval's util.gpu and SM activity)."""
+        jobs: dict[JobRef, list[_GpuState]] = {}
+        for uuid, ref in primary.items():
+            state = self._gpus.get(uuid)
+            if state is not None and state.step is not None:
+                jobs.setdefault(ref, []).append(state)
+        for states in jobs.values():
+            steps = [x.step for x in states if x.step is not None]
+            if len(steps) < 2:
+                continue
+            for state, step in zip(states, steps, strict=True):
+                seconds = peer_wait_share(step, [p for p in steps if p is not step]) * step.seconds
+                if seconds > 0:
+                    state.peer_wait_seconds += seconds
+                    if step.watts_above_floor is not None:
+                        state.peer_wait_joules += seconds * step.watts_above_floor
+
     def _job_inputs(self, procs: Sequence[ProcessReading], rates: dict[int, ProcessRates]) -> JobInputs:
         """What the GPU's processes ``procs`` did over the interval (JobInputs), from their ``rates``."""
         known = [rates[p.pid] for p in procs if p.pid in rates]
@@ -355,6 +401,7 @@ class InsightAnalyzer:
         """Account poll ``g`` of one GPU: its states since its previous poll, idle causes, energy held idle, and
         one Interval pushed into the node, job and diagnosis windows."""
         state = self._state(g)
+        state.step = None
         procs = g.processes
         pids = frozenset(p.pid for p in procs or ())
         start = _track(state, g, pids)
@@ -373,9 +420,11 @@ class InsightAnalyzer:
         # between): the first one after a job change covers time before it. Only the second on describes this job.
         gpm = g.gpm if state.gpm_changes >= 2 else {}
         whole_idle = _whole_idle(segs, util_seconds) if g.utilization_samples else None
-        launching = util_seconds > 0 and launch_limited(
-            secs["busy"] / util_seconds,
-            finite(gpm.get("sm_activity")),
+        util = secs["busy"] / util_seconds if util_seconds > 0 else None
+        sm = finite(gpm.get("sm_activity"))
+        launching = launch_limited(
+            util,
+            sm,
             inputs.max_proc_cpu,
             inputs.job_cpu,
             whole_idle,
@@ -387,7 +436,8 @@ class InsightAnalyzer:
         )
         for k, v in causes.items():
             state.idle[k] += v
-        _idle_energy(state, g, causes)
+        above = _idle_energy(state, g, causes)
+        state.step = Step(g.index, util, sm, util_seconds, above)
         clocks = _clocks(g, s)
         iv = Interval(
             end=g.timestamp,
@@ -498,16 +548,18 @@ def _track(state: _GpuState, g: GpuReading, pids: frozenset[int]) -> float | Non
     return start
 
 
-def _idle_energy(state: _GpuState, g: GpuReading, causes: dict[str, float]) -> None:
+def _idle_energy(state: _GpuState, g: GpuReading, causes: dict[str, float]) -> float | None:
     """Add the energy above the GPU's own idle floor (the lowest power seen) spent while idle, by cause
     (``causes``: the interval's idle seconds by cause; the ``held_idle`` cause is the held-idle state's seconds): the
-    poll's power times the seconds."""
+    poll's power times the seconds. Returns the power above the floor (W), None without a power reading."""
     power = finite(g.power_usage_watts)
-    if power is not None:
-        floor = power if state.idle_floor_watts is None else min(state.idle_floor_watts, power)
-        state.idle_floor_watts = floor
-        for cause, seconds in causes.items():
-            state.idle_joules[cause] = state.idle_joules.get(cause, 0.0) + seconds * (power - floor)
+    if power is None:
+        return None
+    floor = power if state.idle_floor_watts is None else min(state.idle_floor_watts, power)
+    state.idle_floor_watts = floor
+    for cause, seconds in causes.items():
+        state.idle_joules[cause] = state.idle_joules.get(cause, 0.0) + seconds * (power - floor)
+    return power - floor
 
 
 class Clocks(NamedTuple):

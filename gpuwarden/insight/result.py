@@ -52,6 +52,17 @@ class GpuInsight(_Frozen):
         description="joules drawn above the GPU's idle floor while idle, by idle cause (gpuwarden.insight.states."
         "IDLE_CAUSES), since the analyzer started (None: the GPU reports no power)",
     )
+    peer_wait_seconds_total: float = Field(
+        default=0.0,
+        description="seconds of the GPU's busy time (a kernel ran) spent in kernels waiting in a collective on "
+        "another GPU of its job (gpuwarden.insight.diagnosis.peer_wait_share per poll interval), since the analyzer "
+        "started",
+    )
+    peer_wait_energy_joules_total: float | None = Field(
+        default=None,
+        description="joules drawn above the GPU's idle floor in those seconds, since the analyzer started (None: the "
+        "GPU reports no power)",
+    )
     window_state_seconds: dict[str, float]
     starved_ratio: float | None = None
     activity_ratio: float | None = None

@@ -286,3 +286,5 @@ class GpuCapture:
     runs: tuple[StateRun, ...] = ()
     held_idle_joules: float | None = None  # None: no power reading yet
     idle_joules: dict[str, float] | None = None  # by idle cause; None: no power reading yet
+    peer_wait_seconds: float = 0.0  # kernel seconds waiting in a collective on a peer of the job
+    peer_wait_joules: float | None = None  # their energy above the idle floor; None: no power reading yet
