@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Checks gpuwarden's FLOP utilization estimate (OFU) against the MFU that workloads compute from their own FLOPs.
 
-    python3 tools/ofu_check.py [--seconds S] [--gpu N] [--json OUT]
+    python3 tools/ofu_check.py [--seconds S] [--gpu N] [--json OUT] [--only NAME ...]
 
 Runs, one after the other on one GPU, matrix products in bf16 and TF32 at several sizes, a bf16 product that pauses
-half the time, and a bf16 transformer layer's training step. Each counts its own floating-point operations (model
-FLOPs: 2*m*n*k per product; a training step is three times its forward pass, flash-attention recompute not counted)
+half the time, a bf16 transformer layer's training step, and FP8 products (Hopper). Each counts its own
+floating-point operations (model FLOPs: 2*m*n*k per product; a training step is three times its forward pass, flash-attention recompute not counted)
 over its timed window, and its MFU is those FLOPs per second over the GPU's dense tensor peak for the precision at the
 GPU's maximum SM clock (SMs x dense FLOPs per SM per clock x max SM clock, the clock from NVML). Meanwhile
 gpuwarden's own NVML layer polls the GPU every second; the estimate per poll is
@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 #: Dense tensor-core FLOPs per SM per clock, by compute capability and precision (NVIDIA's A100 and H100 white
 #: papers: A100 bf16 312 TFLOP/s = 108 SMs x 2048 x 1.41 GHz; H100 SXM bf16 989.4 TFLOP/s = 132 x 4096 x 1.83 GHz;
 #: TF32 half of bf16 on both).
-DENSE_PER_SM_CLOCK = {(8, 0): {"bf16": 2048, "tf32": 1024}, (9, 0): {"bf16": 4096, "tf32": 2048}}
+#: FP8 (Hopper) twice bf16: H100 SXM 1,978.9 TFLOP/s dense = 132 x 8192 x 1.83 GHz.
+DENSE_PER_SM_CLOCK = {(8, 0): {"bf16": 2048, "tf32": 1024}, (9, 0): {"bf16": 4096, "tf32": 2048, "fp8": 8192}}
 
 
 def _products(size: int, dtype: str, duty: float = 1.0) -> Callable[[object, float], float]:
@@ -51,6 +52,26 @@ def _products(size: int, dtype: str, duty: float = 1.0) -> Callable[[object, flo
                 flops += 10 * per
             if duty < 1.0 and time.time() < end:
                 time.sleep(min(1.0 - duty, max(0.0, end - time.time())))
+        return flops
+
+    return run
+
+
+def _fp8_products(size: int) -> Callable[[object, float], float]:
+    """Back-to-back ``size``-square FP8 (e4m3) matrix products through torch._scaled_mm (per-tensor scales, bf16
+    out), as FP8 training and inference run their GEMMs on Hopper. Returns the FLOPs done until ``end``."""
+
+    def run(torch: object, end: float) -> float:
+        t: Any = torch
+        a = t.randn(size, size, device="cuda").to(t.float8_e4m3fn)
+        b = t.randn(size, size, device="cuda").to(t.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+        one = t.ones((), device="cuda")
+        flops, per = 0.0, 2.0 * size**3
+        while time.time() < end:
+            for _ in range(10):
+                t._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=t.bfloat16)
+            t.cuda.synchronize()
+            flops += 10 * per
         return flops
 
     return run
@@ -95,6 +116,8 @@ WORKLOADS: dict[str, tuple[str, Callable[[object, float], float]]] = {
     "tf32_matmul_8192": ("tf32", _products(8192, "tf32")),
     "tf32_matmul_2048": ("tf32", _products(2048, "tf32")),
     "bf16_transformer_step": ("bf16", _transformer(2048, 16, 2048, 8)),
+    "fp8_matmul_8192": ("fp8", _fp8_products(8192)),
+    "fp8_matmul_4096": ("fp8", _fp8_products(4096)),
 }
 
 
@@ -130,6 +153,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=14.0, help="timed seconds per workload (after 3 s of warm-up)")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the results here as a JSON list")
+    ap.add_argument("--only", nargs="+", choices=sorted(WORKLOADS), metavar="NAME", help="run only these workloads")
     a = ap.parse_args()
     import torch  # type: ignore[import-not-found]
 
@@ -147,6 +171,11 @@ def main() -> int:
     sampler.start()
     results = []
     for name, (precision, work) in WORKLOADS.items():
+        if a.only and name not in a.only:
+            continue
+        if precision not in rates:
+            print(f"ofu_check: {name}: no dense {precision} rate for this GPU, skipped", file=sys.stderr)
+            continue
         work(torch, time.time() + 3.0)  # warm-up: allocation, autotuning, clocks
         start = time.time()
         flops = work(torch, start + a.seconds)
