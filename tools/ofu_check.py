@@ -4,14 +4,14 @@
     python3 tools/ofu_check.py [--seconds S] [--gpu N] [--json OUT] [--only NAME ...]
 
 Runs, one after the other on one GPU, matrix products in bf16 and TF32 at several sizes, a bf16 product that pauses
-half the time, a bf16 transformer layer's training step, and FP8 products (Hopper). Each counts its own
-floating-point operations (model FLOPs: 2*m*n*k per product; a training step is three times its forward pass, flash-attention recompute not counted)
-over its timed window, and its MFU is those FLOPs per second over the GPU's dense tensor peak for the precision at the
-GPU's maximum SM clock (SMs x dense FLOPs per SM per clock x max SM clock, the clock from NVML). Meanwhile
-gpuwarden's own NVML layer polls the GPU every second; the estimate per poll is
+half the time, a bf16 transformer layer's training step, and FP8 products (Hopper). Each counts its own floating-
+point operations (model FLOPs: 2*m*n*k per product; a training step is three times its forward pass, flash-attention
+recompute not counted) over its timed window, and its MFU is those FLOPs per second over the GPU's dense tensor peak
+for the precision at the GPU's maximum SM clock (SMs x dense FLOPs per SM per clock x max SM clock, the clock from
+NVML). Meanwhile gpuwarden's own NVML layer polls the GPU every second; the estimate per poll is
 ``gpuwarden.insight.ofu.flop_utilization`` (GPM any-tensor activity x SM clock / max SM clock), averaged over the
-workload's window. Prints one JSON line per workload and a table. Needs PyTorch, an NVIDIA GPU of compute
-capability 8.0 or 9.0 (the dense-rate table below), and GPM (Hopper) for the estimate.
+workload's window. Prints one JSON line per workload and a table. Needs PyTorch, an NVIDIA GPU of compute capability
+8.0 or 9.0 (the dense-rate table below), and GPM (Hopper) for the estimate.
 """
 
 from __future__ import annotations
