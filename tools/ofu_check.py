@@ -122,7 +122,7 @@ WORKLOADS: dict[str, tuple[str, Callable[[object, float], float]]] = {
 
 
 class _Sampler(threading.Thread):
-    """Polls one GPU through gpuwarden's NVML layer every ``interval`` s: (time, tensor activity, SM clock Hz)."""
+    """Polls one GPU through gpuwarden's NVML layer every ``interval`` s: (time, OFU, tensor activity, SM clock Hz)."""
 
     def __init__(self, gpu: int, interval: float = 1.0) -> None:
         super().__init__(daemon=True)
@@ -131,19 +131,66 @@ class _Sampler(threading.Thread):
         self.source = NvmlSource(processes=False, xid_events=False, gpu_indices=[gpu], gpm_interval=0.0)
         self.static = self.source.open().gpus[0]
         self.interval, self.stopped = interval, threading.Event()
-        self.samples: list[tuple[float, float | None, float | None]] = []
+        self.samples: list[tuple[float, float | None, float | None, float | None]] = []
 
     def run(self) -> None:
         from gpuwarden.insight.ofu import flop_utilization
 
         while not self.stopped.wait(self.interval):
             g = self.source.poll().gpus[0]
-            self.samples.append((g.timestamp, flop_utilization(g, self.static), g.gpm.get("tensor_activity")))
+            self.samples.append(
+                (g.timestamp, flop_utilization(g, self.static), g.gpm.get("tensor_activity"), g.clock_hertz.get("sm"))
+            )
+
+    def with_mean_clock(self, clocks: _Clocks, start: float, end: float, top: float) -> float | None:
+        """The mean over the polls inside [start, end] of tensor activity x the SM clock averaged over the poll's own
+        interval (``clocks``' fast samples since the previous poll) / ``top``: OFU with the interval's mean clock."""
+        vals, prev = [], None
+        for t, _, tensor, _ in self.samples:
+            if prev is not None and start <= t <= end and tensor is not None:
+                inside = [c for ct, c, _ in clocks.samples if prev < ct <= t]
+                if inside:
+                    vals.append(tensor * (sum(inside) / len(inside)) / top)
+            prev = t
+        return sum(vals) / len(vals) if vals else None
 
     def mean(self, start: float, end: float) -> tuple[float | None, int]:
         """The mean estimate over the polls inside [start, end] and how many there were."""
-        vals = [o for t, o, _ in self.samples if start <= t <= end and o is not None]
+        vals = [o for t, o, _, _ in self.samples if start <= t <= end and o is not None]
         return (sum(vals) / len(vals) if vals else None), len(vals)
+
+
+class _Clocks(threading.Thread):
+    """Reads one GPU's SM clock and clock event reasons through gpuwarden's NVML layer every ``every`` s:
+    (time, SM clock Hz, reasons bitmask), to compare the clock at a poll with its mean between polls."""
+
+    def __init__(self, gpu: int, every: float) -> None:
+        super().__init__(daemon=True)
+        from gpuwarden.nvml import NvmlSource
+
+        self.source = NvmlSource(
+            processes=False, xid_events=False, gpu_indices=[gpu], gpm_interval=1e9, slow_interval=1e9
+        )
+        self.source.open()
+        self.every, self.stopped = every, threading.Event()
+        self.samples: list[tuple[float, float, int]] = []
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            g = self.source.poll().gpus[0]
+            clock = g.clock_hertz.get("sm")
+            if clock is not None:
+                self.samples.append((g.timestamp, clock, g.clock_event_reasons or 0))
+
+    def summary(self, start: float, end: float) -> dict[str, float | None]:
+        """Mean SM clock (MHz) and the share of samples with any reason but idle (bit 0) set, inside [start, end]."""
+        inside = [(c, r) for t, c, r in self.samples if start <= t <= end]
+        if not inside:
+            return {"mean_clock_mhz": None, "reasons_share": None}
+        return {
+            "mean_clock_mhz": round(sum(c for c, _ in inside) / len(inside) / 1e6, 1),
+            "reasons_share": round(sum(1 for _, r in inside if r & ~1) / len(inside), 3),
+        }
 
 
 def main() -> int:
@@ -153,6 +200,13 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=14.0, help="timed seconds per workload (after 3 s of warm-up)")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the results here as a JSON list")
+    ap.add_argument(
+        "--clock-every",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="also read the SM clock every S s (e.g. 0.05) and give OFU with each poll interval's mean clock",
+    )
     ap.add_argument("--only", nargs="+", choices=sorted(WORKLOADS), metavar="NAME", help="run only these workloads")
     a = ap.parse_args()
     import torch  # type: ignore[import-not-found]
@@ -169,6 +223,9 @@ def main() -> int:
         print("ofu_check: NVML gave no maximum SM clock", file=sys.stderr)
         return 1
     sampler.start()
+    clocks = _Clocks(a.gpu, a.clock_every) if a.clock_every > 0 else None
+    if clocks is not None:
+        clocks.start()
     results = []
     for name, (precision, work) in WORKLOADS.items():
         if a.only and name not in a.only:
@@ -188,17 +245,30 @@ def main() -> int:
                "tflops": round(flops / (end - start) / 1e12, 1), "peak_tflops": round(peak / 1e12, 1),
                "mfu": round(mfu, 4), "ofu": None if ofu is None else round(ofu, 4), "polls": polls,
                "gpu": props.name, "sms": props.multi_processor_count, "max_sm_clock_hz": max_clock}  # fmt: skip
+        if clocks is not None:
+            at_polls = [c for t, _, _, c in sampler.samples if start + 1.0 <= t <= end + 1.0 and c is not None]
+            mean_ofu = sampler.with_mean_clock(clocks, start + 1.0, end + 1.0, max_clock)
+            row |= clocks.summary(start, end) | {
+                "poll_clock_mhz": round(sum(at_polls) / len(at_polls) / 1e6, 1) if at_polls else None,
+                "ofu_mean_clock": None if mean_ofu is None else round(mean_ofu, 4),
+            }
         results.append(row)
         print(json.dumps(row), flush=True)
         time.sleep(2.0)  # idle between workloads
     sampler.stopped.set()
     sampler.join()
+    if clocks is not None:
+        clocks.stopped.set()
+        clocks.join()
+        clocks.source.close()
     sampler.source.close()
-    print(f"\n{'workload':32} {'MFU':>7} {'OFU':>7} {'diff':>7}")
+    print(f"\n{'workload':32} {'MFU':>7} {'OFU':>7} {'diff':>7} {'OFU mean clock':>15} {'diff':>7}")
     for r in results:
-        diff = "-" if r["ofu"] is None else f"{(r['ofu'] - r['mfu']) * 100:+.1f}"
-        ofu_s = "-" if r["ofu"] is None else f"{r['ofu']:.3f}"
-        print(f"{r['workload']:32} {r['mfu']:7.3f} {ofu_s:>7} {diff:>7}")
+        cells = []
+        for key in ("ofu", "ofu_mean_clock"):
+            v = r.get(key)
+            cells += ["-", "-"] if v is None else [f"{v:.3f}", f"{(v - r['mfu']) * 100:+.1f}"]
+        print(f"{r['workload']:32} {r['mfu']:7.3f} {cells[0]:>7} {cells[1]:>7} {cells[2]:>15} {cells[3]:>7}")
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
     return 0
