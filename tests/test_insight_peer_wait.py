@@ -79,3 +79,19 @@ def test_the_ddp_recording_counts_the_waiting_rank_s_spin_and_its_energy() -> No
 def test_a_straggler_that_moves_between_gpus_makes_each_wait_in_turn() -> None:
     gpus = _gpus("derived-h200x2-moving")
     assert all(g.peer_wait_seconds_total > 5 for g in gpus), [g.peer_wait_seconds_total for g in gpus]
+
+
+def test_a_peer_that_went_down_leaves_no_wait_behind() -> None:
+    """GPU 1 of the DDP recording falls off the bus half-way: from then on GPU 0 waits on nobody of this node (its
+    last interval before the fall stays counted), whatever GPU 1's last interval said."""
+    header, polls = read_trace(TRACES / "h200x2-ddp_straggler.jsonl.gz")
+    half = len(polls) // 2
+    analyzer = InsightAnalyzer()
+    totals = []
+    for i, poll in enumerate(polls):
+        if i >= half:
+            down = poll.gpus[1].model_copy(update={"up": False, "error": "gpu_is_lost"})
+            poll = poll.model_copy(update={"gpus": [poll.gpus[0], down]})
+        totals.append(insight_result(analyzer(poll, header.node)).gpus[0].peer_wait_seconds_total)
+    assert totals[half - 1] > 5  # it waited while its peer was up
+    assert totals[-1] == totals[half - 1]

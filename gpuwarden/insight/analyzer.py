@@ -335,6 +335,7 @@ class InsightAnalyzer:
         after it comes back accounts only its own interval. A GPU down from the daemon's start counts from its
         second poll."""
         state = self._state(g)
+        state.step = None  # a GPU down waits on nobody, and nobody waits on it
         start, state.last_ts = state.last_ts, g.timestamp
         state.last_iv = None  # the windows' newest interval no longer ends where the next one starts
         if start is None or not 0 < g.timestamp - start <= st.MAX_INTERVAL_SECONDS:
