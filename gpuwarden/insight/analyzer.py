@@ -349,16 +349,16 @@ class InsightAnalyzer:
         """Add to each GPU accounted this poll the kernel seconds it spent waiting in a collective on another GPU of
         its job (``primary``: each GPU's job) in this poll interval, and their energy above its idle floor
         (gpuwarden.insight.diagnosis.peer_wait_share on the interval's util.gpu and SM activity)."""
-        jobs: dict[JobRef, list[_GpuState]] = {}
+        jobs: dict[JobRef, list[tuple[_GpuState, Step]]] = {}
         for uuid, ref in primary.items():
             state = self._gpus.get(uuid)
             if state is not None and state.step is not None:
-                jobs.setdefault(ref, []).append(state)
-        for states in jobs.values():
-            steps = [x.step for x in states if x.step is not None]
+                jobs.setdefault(ref, []).append((state, state.step))
+        for members in jobs.values():
+            steps = [step for _, step in members]
             if len(steps) < 2:
                 continue
-            for state, step in zip(states, steps, strict=True):
+            for state, step in members:
                 seconds = peer_wait_share(step, [p for p in steps if p is not step]) * step.seconds
                 if seconds > 0:
                     state.peer_wait_seconds += seconds
