@@ -602,6 +602,14 @@ FAMILIES: tuple[Family, ...] = (
         labels=("pid", "process_name"),
     ),
     _g(
+        "gpu_process_start_time_seconds",
+        "Start time of one GPU process since the Unix epoch, in seconds (psutil create_time; the largest processes "
+        "of each GPU only, as gpu_process_memory_used_bytes): a job's age, which the memory page uses to tell an "
+        "allocator's warm-up from a leak.",
+        "processes",
+        labels=("pid", "process_name"),
+    ),
+    _g(
         "gpu_process_sm_utilization_ratio",
         "Share of the GPU's time one process ran kernels (nvmlDeviceGetProcessUtilization smUtil, mean since the "
         "last poll), scaled down where the processes of a GPU add up to more than its util.gpu, so that they never "

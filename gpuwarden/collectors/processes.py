@@ -1,6 +1,6 @@
 """Compute processes on each GPU: count, and GPU memory per process (bounded).
 
-Sources: nvmlDeviceGetComputeRunningProcesses (host PIDs) and /proc through psutil (process name).
+Sources: nvmlDeviceGetComputeRunningProcesses (host PIDs) and /proc through psutil (process name and start time).
 Per-process series are limited to the ``max_processes_per_gpu`` largest by GPU memory, so a GPU shared by
 many processes cannot blow up cardinality; the series of an ended process disappear with it.
 """
@@ -11,7 +11,7 @@ from prometheus_client.core import Metric
 
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, readings
-from gpuwarden.model import GpuReading
+from gpuwarden.model import GpuReading, ProcessReading
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -33,11 +33,30 @@ def process_memory(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Met
         if g.processes is None:
             continue
         labels = gpu_label_values(g)
-        known = [p for p in g.processes if p.gpu_memory_bytes is not None]
-        known.sort(key=lambda p: (-(p.gpu_memory_bytes or 0), p.pid))
-        for p in known[: opts.max_processes_per_gpu]:
+        for p in largest(g, opts):
             mem.add_metric([*labels, str(p.pid), p.name or ""], p.gpu_memory_bytes or 0)  # type: ignore[attr-defined]
     return mem if mem.samples else None
+
+
+def largest(g: GpuReading, opts: CollectOptions) -> list[ProcessReading]:
+    """The ``max_processes_per_gpu`` processes of ``g`` holding the most GPU memory (known memory only), largest
+    first, ties by pid: the processes every per-process series of a GPU is about."""
+    known = [p for p in g.processes or () if p.gpu_memory_bytes is not None]
+    known.sort(key=lambda p: (-(p.gpu_memory_bytes or 0), p.pid))
+    return known[: opts.max_processes_per_gpu]
+
+
+@builds("gpu_process_start_time_seconds")
+def process_start(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the start time (Unix seconds, ProcessReading.create_time from psutil) of the processes of
+    gpu_process_memory_used_bytes whose start /proc gave."""
+    start = new_family(fam)
+    for g in readings(snap):
+        labels = gpu_label_values(g)
+        for p in largest(g, opts):
+            if p.create_time is not None:
+                start.add_metric([*labels, str(p.pid), p.name or ""], p.create_time)  # type: ignore[attr-defined]
+    return start if start.samples else None
 
 
 @builds("gpu_pod_info")
