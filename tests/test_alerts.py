@@ -31,7 +31,7 @@ def test_promtool_check_rules(promtool: str) -> None:
 def test_promtool_test_rules(promtool: str) -> None:
     """Each test file run exactly as its header says: promtool test rules FILE, from alerts/tests."""
     for f in TESTS:
-        res = subprocess.run([promtool, "test", "rules", f.name], capture_output=True, text=True, timeout=120,
+        res = subprocess.run([promtool, "test", "rules", f.name], capture_output=True, text=True, timeout=600,
                              cwd=f.parent)  # fmt: skip
         assert res.returncode == 0, f.name + res.stdout + res.stderr
 
@@ -80,6 +80,28 @@ def test_relative_links_and_bad_label_lists_are_refused(tmp_path: Path, capsys, 
     assert message in capsys.readouterr().err and not (tmp_path / "r.yml").exists()
 
 
+def test_without_a_grafana_url_the_alerts_carry_no_dashboard_link_and_the_generator_says_so(
+    tmp_path: Path,
+    capsys,  # noqa: ANN001
+) -> None:
+    gen = _generate()
+    assert gen.main(["--out", str(tmp_path / "r.yml")]) == 0  # type: ignore[attr-defined]
+    assert "dashboard_url" not in (tmp_path / "r.yml").read_text()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "grafana_url is not set: the alerts carry no dashboard_url" in err
+    (tmp_path / "p.yml").write_text("grafana_url: https://grafana.example/\n")
+    assert gen.main(["--params", str(tmp_path / "p.yml"), "--out", str(tmp_path / "g.yml")]) == 0  # type: ignore[attr-defined]
+    assert capsys.readouterr().err == ""
+    rules = {r["alert"]: r for g in yaml.safe_load((tmp_path / "g.yml").read_text())["groups"] for r in g["rules"]
+             if "alert" in r}  # fmt: skip
+    job = rules["GpuJobImbalanced"]["annotations"]["dashboard_url"]
+    # a node-local job id opens that node's job, in its cluster
+    assert job.startswith("https://grafana.example/d/gpuwarden-job/gpuwarden-job?var-job_id={{ $labels.job_id")
+    assert "&var-instance={{ $labels.instance | urlquery }}&var-cluster={{ $labels.cluster | urlquery }}" in job
+    node = rules["GpuLost"]["annotations"]["dashboard_url"]
+    assert "var-instance={{ $labels.instance | urlquery }}&var-gpu={{ $labels.gpu | urlquery }}" in node
+
+
 def test_cluster_labels_are_kept_in_cross_target_aggregations(tmp_path: Path) -> None:
     gen = _generate()
     (tmp_path / "p.yml").write_text("cluster_labels: 'cluster, region'\ngrafana_url: https://grafana.example/\n")
@@ -88,7 +110,7 @@ def test_cluster_labels_are_kept_in_cross_target_aggregations(tmp_path: Path) ->
     by = {r.get("record") or r["alert"]: r["expr"] for r in rules}
     assert "count by (cluster, region, job_id)" in by["job_id:gpu_nodes:count"]
     assert "max by (cluster, region, nodename)" in by["nodename:gpu_devices:max"]
-    assert "on (cluster, region, nodename) group_left (instance)" in by["GpuMissing"]
+    assert "< on (cluster, region, nodename) group_left ()" in by["GpuMissing"]
     urls = [r["annotations"]["dashboard_url"] for r in rules if "alert" in r]
     assert all(u.startswith("https://grafana.example/d/gpuwarden-") for u in urls), urls
 
@@ -127,7 +149,7 @@ def test_alerts_follow_the_mixin_style() -> None:
         assert "{{" in ann["description"], name
         anchor = ann["runbook_url"].rsplit("#", 1)[1]
         assert anchor == name.lower() and anchor in anchors, name
-        assert ann["dashboard_url"].startswith("http://localhost:3000/d/gpuwarden-"), name
+        assert "dashboard_url" not in ann, name  # no Grafana is configured by default: no link that opens nothing
         assert ann["runbook_url"].startswith("https://"), name
 
 
@@ -198,3 +220,18 @@ def test_dcgm_compatibility_rules_are_generated_and_read_only_exported_series() 
     }
     assert tested <= set(mapped)
     assert len(tested & set(compat.MAPPED)) >= 5 and len(tested & set(compat.MAPPED_49)) >= 5  # type: ignore[attr-defined]
+
+
+def test_the_runbook_routing_table_lists_every_alert_as_the_rules_and_routes_have_it() -> None:
+    """docs/runbook.md's table: every alert once, with the severity, for and keep_firing_for of the rules and the
+    receiver the routes give its labels (severity, notify)."""
+    rows = re.findall(r"^\| (Gpu\w+) \| (\w+) \| (\w+) \| ([\w-]+) \| ([\w-]+) \| .+ \|$", RUNBOOK, re.M)
+    alerts = {r["alert"]: r for r in rules() if "alert" in r}
+    assert sorted(name for name, *_ in rows) == sorted(alerts)
+    receiver = {"critical": "pager", "warning": "tickets", "info": "chat"}
+    for name, severity, recv, for_, keep in rows:
+        rule = alerts[name]
+        assert severity == rule["labels"]["severity"], name
+        expected = "owners" if rule["labels"].get("notify") == "owner" else receiver[severity]
+        assert recv == expected, name
+        assert for_ == rule.get("for", "-") and keep == rule.get("keep_firing_for", "-"), name

@@ -29,6 +29,7 @@ _MASKED = (
     "gpuwarden_last_poll_success_timestamp_seconds",
     "gpuwarden_scrape_collector_duration_seconds",
     "gpu_xid_last_event_timestamp_seconds",
+    "gpu_process_start_time_seconds",  # re-stamped to the replay's own time, as every timestamp of a replay
     "gpuwarden_config_last_reload_success_timestamp_seconds",
     "process_[a-z_]+",  # the test process's own memory, CPU and descriptors
 )

@@ -6,7 +6,8 @@ remapped-row counts, process, cgroup and host CPU seconds, ...) continues across
 loop ``k`` adds ``k`` times the counter's growth over one pass (its growth from the first to the last poll, scaled
 to the pass's length, which includes one poll interval more), and the first poll of a loop is never below the last
 one played (a float sum can land a hair below it), so Prometheus sees no reset at a loop and rates over a replay stay
-those of the recording. Within a pass the recorded values are played as recorded.
+those of the recording. Within a pass the recorded values are played as recorded. A process's start time is
+re-stamped once, as the first poll's time is: it started as long before the replay as before the recording.
 """
 
 from __future__ import annotations
@@ -149,7 +150,9 @@ class ReplaySource:
         else:
             now = time.time()
             shift = now - rec.timestamp
-        gpus = [self._gpu(g, shift, k) for g in rec.gpus]
+        # a process started as long before the replay's first poll as it did before the recording's, and runs on
+        # across passes as its counters do (the insight analyzer keys a process by its start)
+        gpus = [self._gpu(g, shift, k, self._anchor) for g in rec.gpus]
         host = None
         if rec.host is not None:
             host = HostReading.model_construct(
@@ -181,7 +184,7 @@ class ReplaySource:
             out[c.field] = new if c.keyed else new[""]
         return out
 
-    def _gpu(self, g: GpuReading, shift: float, k: int) -> GpuReading:
+    def _gpu(self, g: GpuReading, shift: float, k: int, started: float) -> GpuReading:
         upd: dict[str, object] = {
             "timestamp": g.timestamp + shift,
             "utilization_samples": [(t + shift, v) for t, v in g.utilization_samples],
@@ -190,9 +193,13 @@ class ReplaySource:
         }
         if g.processes is not None:
             upd["processes"] = [
-                ProcessReading.model_construct(**{**p.__dict__, **self._continued(p, k, "process", g.index, p.pid)})
+                ProcessReading.model_construct(**{
+                    **p.__dict__,
+                    **self._continued(p, k, "process", g.index, p.pid),
+                    "create_time": None if p.create_time is None else p.create_time + started,
+                })
                 for p in g.processes
-            ]
+            ]  # fmt: skip
         return g.model_copy(update=upd)
 
     def errors(self) -> dict[tuple[str, str], int]:

@@ -3,8 +3,12 @@ recording (tests/data/README.md) with one change its header states in ``metadata
 
 - ``derived-h100-memory-95``: the H100 ``compute_bound`` trace with memory used raised to 95% of the total in every
   record: a healthy job whose framework holds most of the memory (the memory alert must not page);
-- ``derived-h100-memory-growing``: the same trace with memory used rising evenly from 60% to 99% over the
-  recording: a leak heading for out-of-memory (it must page before the memory is full);
+- ``derived-h100-memory-leak``: four passes of the same recording (times and counters run on as a replay loop plays
+  them) with memory used at 82% for 60 polls (a job past its warm-up), then rising 0.5% of the total a poll to 100%
+  (full at poll 96), then at 0.6% (the job died of it) for the last 10 of 130 polls: a fast leak after a plateau,
+  the memory page's minutes as seconds (it must page before the memory is full);
+- ``derived-h100-memory-warmup``: the same passes with memory used rising evenly from 30% to 93% over 25 polls, then
+  at 93% until the last 10 of 130 polls, at 0.6%: an allocator warming up, then a steady job (it must never page);
 - ``derived-8gpu-lost``: the 8-GPU trace (``derived-8gpu``) where GPU 3 reports XID 79 at the third poll and cannot be
   read from then on (``up`` false, NVML's GPU_IS_LOST): a GPU fallen off the bus. Its processes still run, so each
   down reading carries them as the daemon reads them from /proc for a lost GPU (GPU memory and SM share unknown).
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwarden.model import GpuReading, PollResult, XidEvent
+from gpuwarden.replay.source import ReplaySource
 from gpuwarden.trace import TraceWriter, read_trace
 
 HERE = Path(__file__).parent
@@ -66,19 +71,44 @@ def _lost(n: int, total: int, g: GpuReading) -> GpuReading:
     )
 
 
+def _passes(source: Path, out: Path, polls: int, modified: str, ratio: Callable[[int], float]) -> None:
+    """``polls`` polls of ``source`` played pass after pass (times and counters continued, as a replay loop plays
+    them) with memory used set to ``ratio(n)`` of the total at poll ``n``."""
+    src = ReplaySource(source, loop=True, timing="recorded")
+    src.open()
+    assert src.header is not None
+    src._anchor = 0.0  # the recorded times, continued pass after pass
+    meta = {**src.header.metadata, "derived_from": f"tests/data/traces/{source.name}", "modified": modified}
+    change = _memory(lambda n, total: ratio(n))
+    with TraceWriter(out, src.header.model_copy(update={"metadata": meta})) as w:
+        for n in range(polls):
+            p = src.poll()
+            w.write(PollResult.model_validate({**p.model_dump(), "gpus": [change(n, polls, g) for g in p.gpus]}))
+
+
 def main(out_dir: Path = TRACES) -> None:
-    """Write the three derived traces into ``out_dir``."""
+    """Write the derived traces into ``out_dir``."""
     _derive(
         COMPUTE,
         out_dir / "derived-h100-memory-95.jsonl.gz",
         "memory_used_bytes set to 95% of memory_total_bytes (free lowered to match) in every record",
         _memory(lambda n, total: 0.95),
     )
-    _derive(
+    _passes(
         COMPUTE,
-        out_dir / "derived-h100-memory-growing.jsonl.gz",
-        "memory_used_bytes rising evenly from 60% to 99% of memory_total_bytes over the recording (free to match)",
-        _memory(lambda n, total: 0.60 + 0.39 * n / max(1, total - 1)),
+        out_dir / "derived-h100-memory-leak.jsonl.gz",
+        130,
+        "130 polls played as a replay loop plays them; memory_used_bytes at 82% of memory_total_bytes for 60 polls, "
+        "then 0.5% more each poll up to 100%, at 0.6% for the last 10 (free to match)",
+        lambda n: 0.006 if n >= 120 else min(1.0, 0.82 + 0.005 * max(0, n - 60)),
+    )
+    _passes(
+        COMPUTE,
+        out_dir / "derived-h100-memory-warmup.jsonl.gz",
+        130,
+        "130 polls played as a replay loop plays them; memory_used_bytes rising evenly from 30% to 93% of "
+        "memory_total_bytes over 25 polls, then at 93%, at 0.6% for the last 10 (free to match)",
+        lambda n: 0.006 if n >= 120 else 0.30 + 0.63 * min(n, 25) / 25,
     )
     _derive(
         EIGHT,
