@@ -5,6 +5,8 @@ its job and user. Alerts are posted to Alertmanager's API; deliveries land on a 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -20,6 +22,7 @@ import yaml
 from helpers import REPO, free_port, stop, wait_http
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+AMTOOL = shutil.which("amtool")
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(ALERTMANAGER is None, reason="alertmanager not installed (.ci/run installs Debian's)"),
@@ -128,3 +131,32 @@ def test_another_hot_gpu_on_the_node_does_not_page_again_within_the_group_interv
                 "gpu": "5", "uuid": "GPU-3-5", "job_id": "5000", "user": "carol"}])  # fmt: skip
     time.sleep(6)  # three group waits: a group of its own would have paged by now
     assert len(_deliveries("pager")) == before
+
+
+@pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (.ci/run installs Debian's alertmanager)")
+def test_the_runbooks_maintenance_silence_mutes_the_node_and_only_it(am: str) -> None:
+    """The amtool commands of docs/runbook.md ("Silencing a node for maintenance"), run as written against a real
+    Alertmanager: the node's new page is muted, another node's is not; the silence expires when told to."""
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    section = runbook.split("### Silencing a node for maintenance", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    add, query, expire = [line.split("#")[0].strip() for line in section.replace("\\\n", " ").splitlines() if line]
+    url = f"--alertmanager.url={am}"
+
+    def amtool(cmd: str) -> str:
+        args = [url if a.startswith("--alertmanager.url=") else a for a in shlex.split(cmd)[1:]]  # "amtool ..."
+        res = subprocess.run([AMTOOL, *args], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout
+
+    silence_id = amtool(add).strip()  # silence add prints the new silence's id: what expire takes
+    node = re.search(r'instance="([^"]+)"', add).group(1)  # type: ignore[union-attr]
+    assert silence_id in amtool(query)
+    before = len(_deliveries("pager"))
+    page = {"alertname": "GpuLost", "severity": "critical", "cluster": "a", "gpu": "0", "job_id": "7", "user": "x"}
+    _post(am, [{**page, "instance": node, "uuid": "GPU-m"}, {**page, "instance": "n9:10400", "uuid": "GPU-n"}])
+    time.sleep(6)
+    paged = [m["groupLabels"]["instance"] for m in _deliveries("pager")[before:]]
+    assert paged == ["n9:10400"], paged
+    amtool(expire.replace("SILENCE_ID", silence_id))
+    # expired: no longer active (the muted page goes out at the group's next interval, 5 minutes)
+    assert silence_id not in amtool(query)
