@@ -17,11 +17,20 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 
 
+#: Ports handed out in this test run: the kernel may hand a closed port out again at once, and two daemons told
+#: the same port leave one scrape target answering for two (every join on their labels then fails).
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on now and that no earlier call in this run returned."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def wait_http(url: str, timeout: float = 30, proc: subprocess.Popen | None = None) -> None:

@@ -138,10 +138,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
              f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
         prom = f"http://127.0.0.1:{prom_port}"
-        for url in [f"http://127.0.0.1:{p}/healthz" for p in ports.values()] + [
-            f"{prom}/-/ready",
-            f"http://127.0.0.1:{am_port}/-/ready",
-        ]:
+        for name, port in ports.items():  # a daemon that could not listen exits: said at once, not as a missing alert
+            wait_http(f"http://127.0.0.1:{port}/healthz", proc=daemons[name])
+        for url in [f"{prom}/-/ready", f"http://127.0.0.1:{am_port}/-/ready"]:
             wait_http(url)
         time.sleep(20)  # a few scrapes and rule evaluations, so rates and for: have their samples
         # the node "eight" restarts under another instance with fewer GPUs (the 2-GPU trace), same node name
