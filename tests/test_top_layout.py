@@ -1,5 +1,6 @@
 """``gpuwarden top``'s tables fit the terminal: every job on one line at 80 columns with its id whole (ready to paste
-into ``report --job``), the optional columns added only where they fit; without a terminal, every column."""
+into ``report --job``), the optional columns added only where they fit and the others named below the table; without
+a terminal, every column as tab-separated values."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import io
 import pytest
 from rich.console import Console
 
-from gpuwarden.cluster.usage import JobKey, Usage
-from gpuwarden.cluster.views import gpus_table, job_details, jobs_table
+from gpuwarden.cluster.usage import Cluster, GpuKey, JobKey, Usage
+from gpuwarden.cluster.views import Names, gpus_table, job_details, jobs_table
 
 POD = "3f2b6c1e-8a4d-4e8f-9b7a-0c5d2e1f6a9b"  # a pod UID: 36 characters
 SLUID = "sEKNKTV3WPV500"
-NAMES = {"10.0.0.7:9400": "gpu-node-007.cluster.example", "10.0.0.8:9400": "gpu-node-008.cluster.example"}
+NODES = {"10.0.0.7:9400": "gpu-node-007.cluster.example", "10.0.0.8:9400": "gpu-node-008.cluster.example"}
+NO_CLUSTER: Cluster = ()
+NAMES: Names = {(NO_CLUSTER, i): n for i, n in NODES.items()}
 
 
 def _usage(lost: dict[str, float], held: float, nodes: list[str], gpus: int) -> Usage:
@@ -26,7 +29,7 @@ def _usage(lost: dict[str, float], held: float, nodes: list[str], gpus: int) -> 
 
 
 JOBS = [
-    (JobKey(POD), _usage({"input_cpu": 37.5, "paused": 2.0, "lost": 1.0}, 96.0, list(NAMES), 8)),
+    (JobKey(POD), _usage({"input_cpu": 37.5, "paused": 2.0, "lost": 1.0}, 96.0, list(NODES), 8)),
     (JobKey(SLUID), _usage({"held_idle": 3.25}, 4.0, ["10.0.0.7:9400"], 1)),
     (JobKey("4242"), _usage({"input_io": 0.5}, 1.0, ["10.0.0.8:9400"], 2)),
 ]
@@ -45,23 +48,63 @@ def test_every_job_is_one_line_with_its_whole_id_within_the_width(width: int) ->
     for key, _ in JOBS:
         [row] = [line for line in lines if key.job_id in line]  # whole, on exactly one line
         assert "(" in row and "%)" in row  # its lost share is on that line too
-    assert len(lines) == 3 + len(JOBS)  # title, header, rule, one line per job
+    # title, header, rule, one line per job, then what is not shown
+    caption = " ".join(" ".join(lines[3 + len(JOBS) :]).split())
+    assert caption.startswith(f"not shown at {width} columns: ") and "--details or --json" in caption
 
 
 def test_optional_columns_come_only_where_they_fit() -> None:
-    narrow = "\n".join(_render(jobs_table(JOBS, NAMES, "1d", 80), 80))
+    narrow_lines = _render(jobs_table(JOBS, NAMES, "1d", 80), 80)
+    narrow = "\n".join(narrow_lines)
     wide = "\n".join(_render(jobs_table(JOBS, NAMES, "1d", 100_000), 100_000))
-    assert "causes" not in narrow and "node" not in narrow
+    header = narrow_lines[1].split()
+    assert "causes" not in header and "node" not in header
+    caption = " ".join(" ".join(narrow_lines[3 + len(JOBS) :]).split())
+    assert "node" in caption and "causes" in caption and "gpu-node-007" not in narrow
     for column in ("cost", "verdict", "node", "causes", "peak-eq h"):
         assert column in wide
     assert "gpu-node-007.cluster.example" in wide and "input_cpu 37.5 h" in wide
 
 
 def test_the_gpu_table_fits_too() -> None:
-    gpus = [((inst, str(i)), _usage({"held_idle": 0.5 * i}, 1.0, [inst], 1)) for inst in NAMES for i in range(3)]
+    gpus: list[tuple[GpuKey, Usage]] = [
+        ((NO_CLUSTER, inst, str(i)), _usage({"held_idle": 0.5 * i}, 1.0, [inst], 1)) for inst in NODES for i in range(3)
+    ]
     lines = _render(gpus_table(gpus, NAMES, "1d", 80), 80)
-    assert all(len(line) <= 80 for line in lines) and len(lines) == 3 + len(gpus)
+    assert all(len(line) <= 80 for line in lines) and len(lines) >= 3 + len(gpus)
     assert sum("gpu-node-008.cluster.example" in line for line in lines) == 3
+
+
+def test_node_local_jobs_of_one_id_are_told_apart_at_80_columns_and_no_cause_is_cut_in_a_word() -> None:
+    """Two containers with the same id on two nodes, a job id shared by two clusters: each row says which."""
+    jobs = [
+        (JobKey("a1b2c3d4e5f6", "10.0.0.7:9400"), _usage({"input_cpu": 2.0}, 4.0, ["10.0.0.7:9400"], 1)),
+        (JobKey("a1b2c3d4e5f6", "10.0.0.8:9400"), _usage({"checkpoint": 1.0}, 4.0, ["10.0.0.8:9400"], 1)),
+        (JobKey(SLUID, None, ("alpha",)), _usage({"held_idle": 1.0}, 4.0, ["10.0.0.7:9400"], 1)),
+        (JobKey(SLUID, None, ("beta",)), _usage({"held_idle": 0.5}, 4.0, ["10.0.0.7:9400"], 1)),
+    ]
+    lines = _render(jobs_table(jobs, NAMES, "1d", 80), 80)
+    assert all(len(line) <= 80 for line in lines), lines
+    assert sum("a1b2c3d4e5f6 @ gpu-node-007 " in x for x in lines) == 1  # the node's host name, no domain
+    assert sum("a1b2c3d4e5f6 @ gpu-node-008 " in x for x in lines) == 1
+    assert sum(f"{SLUID} [alpha]" in x for x in lines) == 1 and sum(f"{SLUID} [beta]" in x for x in lines) == 1
+    words = " ".join(lines).split()
+    assert "input_cpu" in words and "checkpoint" in words and "held_idle" in words  # whole, never folded
+
+
+def test_without_a_terminal_top_prints_every_column_as_tab_separated_values(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuwarden.cluster.views import _console, _print
+
+    console = _console()  # pytest's stdout is no terminal
+    assert not console.is_terminal
+    _print(console, jobs_table(JOBS, NAMES, "1d", console.width))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# Jobs by GPU-hours lost, last 1d"
+    header = out[1].split("\t")
+    assert header[:2] == ["job", "GPUs"] and {"node", "causes", "verdict", "cost"} <= set(header)
+    rows = [line.split("\t") for line in out[2:] if line]
+    assert len(rows) == len(JOBS) and all(len(r) == len(header) for r in rows)
+    assert rows[0][0] == POD and rows[0][header.index("node")].startswith("gpu-node-007")
 
 
 def test_details_give_the_effective_and_peak_equivalent_hours_where_known() -> None:
@@ -90,7 +133,7 @@ class _Prometheus:
     def query(self, promql: str, time: float | None = None) -> list:
         from gpuwarden.cluster.promapi import Sample
 
-        if 'slurm_job_id="4242"' in promql and promql.startswith("group by (job_id)"):
+        if 'slurm_job_id="4242"' in promql and promql.startswith("group by (cluster, job_id)"):
             return [Sample({"job_id": SLUID}, 1.0), Sample({"job_id": "sEKNKTV3WPV501"}, 1.0)]
         return []
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from gpuwarden.catalog import THROTTLE_REASONS
 
 if TYPE_CHECKING:
-    from gpuwarden.cluster.usage import Accounting
+    from gpuwarden.cluster.usage import Accounting, Cluster, GpuKey
 
 #: A suspect's mean SM clock below this share of its node's other GPUs' is evidence (at the power they draw).
 CLOCK_BELOW_PEERS = 0.97
@@ -35,14 +35,15 @@ MEMORY_HOTTER_CELSIUS = 5.0
 
 @dataclass
 class Suspect:
-    """A GPU (instance, gpu index, uuid) that was the sustained straggler of ``jobs`` distinct jobs in the range,
-    with the node-local ``evidence`` (one sentence each; empty: none on the node)."""
+    """A GPU (instance, gpu index, uuid, in its cluster) that was the sustained straggler of ``jobs`` distinct jobs
+    in the range, with the node-local ``evidence`` (one sentence each; empty: none on the node)."""
 
     instance: str
     gpu: str
     uuid: str
     jobs: int
     evidence: list[str] = field(default_factory=list)
+    cluster: Cluster = ()
 
 
 def suspects(acc: Accounting, straggler_for: str = "5m", min_jobs: int = 3) -> list[Suspect]:
@@ -51,29 +52,33 @@ def suspects(acc: Accounting, straggler_for: str = "5m", min_jobs: int = 3) -> l
     PrometheusError when Prometheus cannot answer."""
     flag = acc.metric("gpu_diagnosis", 'reason="straggler"')
     info = acc.metric("gpu_process_job_info")
-    held = f"max by (instance, gpu, uuid, job_id) ({info})"
-    held_before = f"max by (instance, gpu, uuid, job_id) ({info} offset {straggler_for})"
-    sustained = (f"((min_over_time({flag}[{straggler_for}]) == 1) * on (instance, gpu, uuid) group_right ()"
+    c = acc.cluster_by
+    held = f"max by ({c}instance, gpu, uuid, job_id) ({info})"
+    held_before = f"max by ({c}instance, gpu, uuid, job_id) ({info} offset {straggler_for})"
+    sustained = (f"((min_over_time({flag}[{straggler_for}]) == 1) * on ({c}instance, gpu, uuid) group_right ()"
                  f" ({held} and {held_before}))")  # fmt: skip
-    q = f"count by (instance, gpu, uuid) (count_over_time({sustained}[{acc.range}:{acc.step}])) >= {int(min_jobs)}"
-    found = [Suspect(s.labels["instance"], s.labels["gpu"], s.labels.get("uuid", ""), int(s.value))
-             for s in acc.samples(q, "instance", "gpu")]  # fmt: skip
+    q = (f"count by ({c}instance, gpu, uuid) (count_over_time({sustained}[{acc.range}:{acc.step}]))"
+         f" >= {int(min_jobs)}")  # fmt: skip
+    found = [Suspect(s.labels["instance"], s.labels["gpu"], s.labels.get("uuid", ""), int(s.value),
+                     cluster=acc.cluster_of(s.labels)) for s in acc.samples(q, "instance", "gpu")]  # fmt: skip
     if found:
         _add_evidence(acc, found)
-    return sorted(found, key=lambda s: (-s.jobs, s.instance, s.gpu))
+    return sorted(found, key=lambda s: (-s.jobs, s.cluster, s.instance, s.gpu))
 
 
-def _per_gpu(acc: Accounting, promql: str, by: str = "") -> dict[tuple[str, str], dict[str, float]]:
-    """(instance, gpu) -> {label value of ``by`` (or ""): value} of a query summed by instance, gpu[, by]."""
-    out: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-    labels = "instance, gpu" + (f", {by}" if by else "")
+def _per_gpu(acc: Accounting, promql: str, by: str = "") -> dict[GpuKey, dict[str, float]]:
+    """(cluster, instance, gpu) -> {label value of ``by`` (or ""): value} of a query summed by the cluster labels,
+    instance, gpu[, by]."""
+    out: dict[GpuKey, dict[str, float]] = defaultdict(dict)
+    labels = f"{acc.cluster_by}instance, gpu" + (f", {by}" if by else "")
     for s in acc.samples(f"sum by ({labels}) ({promql})", "instance", "gpu"):
-        out[(s.labels["instance"], s.labels["gpu"])][s.labels.get(by, "") if by else ""] = s.value
+        out[acc.gpu_key(s.labels)][s.labels.get(by, "") if by else ""] = s.value
     return out
 
 
-def _peers(values: dict[tuple[str, str], dict[str, float]], g: tuple[str, str], key: str = "") -> list[float]:
-    return [v[key] for (inst, gpu), v in values.items() if inst == g[0] and gpu != g[1] and key in v]
+def _peers(values: dict[GpuKey, dict[str, float]], g: GpuKey, key: str = "") -> list[float]:
+    """The values of the other GPUs of ``g``'s node (same cluster and instance)."""
+    return [v[key] for (cl, inst, gpu), v in values.items() if (cl, inst) == g[:2] and gpu != g[2] and key in v]
 
 
 def _add_evidence(acc: Accounting, found: list[Suspect]) -> None:
@@ -89,7 +94,7 @@ def _add_evidence(acc: Accounting, found: list[Suspect]) -> None:
     pending = _per_gpu(acc, f"max_over_time({acc.metric('gpu_row_remap_pending')}[{r}])")
     hbm = _per_gpu(acc, f"max_over_time({acc.metric('gpu_memory_temperature_celsius')}[{r}])")
     for s in found:
-        g, ev = (s.instance, s.gpu), s.evidence
+        g, ev = (s.cluster, s.instance, s.gpu), s.evidence
         peers = _peers(clock, g)
         if g in clock and peers and clock[g][""] < CLOCK_BELOW_PEERS * mean(peers):
             watts = _peers(power, g)

@@ -14,12 +14,20 @@ range counts for each job only while that job held it.
   lost exactly. **Lost time** is idle time a job held: every cause of ``gpu_idle_seconds_total`` but ``free`` (nobody
   held the GPU; that is the fleet's spare capacity, reported per GPU), ``lost`` (the GPU could not be read) included.
 - **Exact at any step.** Counters are summed step by step as their growth since the previous step (``_increase``),
-  which telescopes to their growth over the range; only the job shares and the diagnosis are sampled at each step.
-- **Effective time** (``top`` and ``report``): time with SM activity >= 0.5 (util.gpu where the GPU has no GPM):
-  DCGM's guidance is that SM activity below 0.5 likely means the GPU is used ineffectively.
-- **Peak-equivalent time** (``top`` and ``report``): the sum over the steps of the job's GPUs' FLOP utilization
-  estimate (OFU, ``gpu_flop_utilization_ratio``) times the step: the GPU-hours the job's tensor work would take at
-  the dense peak. None where no GPU of the job has GPM.
+  which telescopes to their growth over the range, exactly: the steps end at the range's end and every step
+  before it, back to its start (PromQL aligns a subquery's steps to multiples of the step since 1970 and includes
+  both ends of its range: the inner selectors are shifted to the range's end with a negative offset, the subquery
+  back with a positive one, and its range is a millisecond short of the range). A job's share of a GPU in each step
+  is the share of the step's scrapes in which it held the GPU, so a job that started or ended within a step gets
+  that part of it; the diagnosis is sampled at each step.
+- **Clusters.** Every key carries the values of ``cluster_labels`` (default ``cluster``), as the alert rules do: a
+  job id (a Slurm job, a SLUID) seen in two clusters is two jobs, and a node is its instance in its cluster.
+- **Effective time** (``top`` and ``report``): time with SM activity >= 0.5 (util.gpu where the GPU has no GPM),
+  the share of each step it was so (sampled every minute, or every step where steps are shorter): DCGM's guidance
+  is that SM activity below 0.5 likely means the GPU is used ineffectively.
+- **Peak-equivalent time** (``top`` and ``report``): the sum over the steps of the job's GPUs' mean FLOP utilization
+  estimate over the step (OFU, ``gpu_flop_utilization_ratio``) times the step: the GPU-hours the job's tensor work
+  would take at the dense peak. None where no GPU of the job has GPM.
 - **Waiting on peers** (``gpu_peer_wait_seconds_total``): busy time (a kernel ran) in which a GPU waited in a
   collective on another GPU of its job; part of busy, not of lost, since NVML counts it busy; ``report`` shows it with
   its energy above the idle floor (``gpu_peer_wait_energy_joules_total``).
@@ -28,6 +36,7 @@ range counts for each job only while that job held it.
 from __future__ import annotations
 
 import re
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -64,16 +73,26 @@ def seconds(duration: str) -> float:
     return total
 
 
+#: A cluster: the values of the accounting's cluster labels, in their order ("" where a series lacks one).
+Cluster = tuple[str, ...]
+#: A GPU: its cluster, instance and index.
+GpuKey = tuple[Cluster, str, str]
+
+
 @dataclass(frozen=True, order=True)
 class JobKey:
-    """A job: its id, and its node's instance when the id is node-local (None: the id is cluster-wide)."""
+    """A job: its id, its node's instance when the id is node-local (None: the id is cluster-wide), and its cluster
+    (the values of the cluster labels: the same id in two clusters is two jobs)."""
 
     job_id: str
     instance: str | None = None
+    cluster: Cluster = ()
 
     def label(self) -> str:
-        """``ID`` for a cluster-wide id, ``ID @ INSTANCE`` for a node-local one."""
-        return self.job_id if self.instance is None else f"{self.job_id} @ {self.instance}"
+        """``ID`` for a cluster-wide id, ``ID @ INSTANCE`` for a node-local one, then `` in CLUSTER`` where the
+        series name one."""
+        where = "" if self.instance is None else f" @ {self.instance}"
+        return f"{self.job_id}{where}" + (f" in {'/'.join(self.cluster)}" if any(self.cluster) else "")
 
 
 @dataclass
@@ -94,7 +113,8 @@ class Usage:
     peer_wait_energy_joules: float | None = None  # report: above the idle floor while waiting on peers
     reasons: dict[str, float] = field(default_factory=dict)
     instances: set[str] = field(default_factory=set)
-    gpus: set[tuple[str, str]] = field(default_factory=set)  # (instance, gpu index)
+    gpus: set[tuple[str, str]] = field(default_factory=set)  # (instance, gpu index), in the cluster
+    cluster: Cluster = ()
     kind: str = ""
     cost: float | None = None
     currency: str = ""
@@ -119,67 +139,128 @@ class Usage:
 
 #: The labels a per-GPU, per-job sample must carry.
 _GPU_JOB = ("instance", "gpu", "job_id")
+#: Finer than this, effective time is sampled at each step; coarser, every minute within the step.
+EFFECTIVE_RESOLUTION_SECONDS = 60
 
 
 class Accounting:
-    """The queries behind ``top`` and ``report``, over ``range_`` (a Prometheus duration) evaluated at ``at`` (Unix
-    seconds; None: now) in steps of ``step`` (at least the scrape interval; 1m by default). ``selector``: extra label
-    matchers for every gpuwarden series, e.g. ``cluster="train-a"``."""
+    """The queries behind ``top`` and ``report``: the range ``range_`` (a Prometheus duration) that ends at ``at``
+    (Unix seconds; None: now), in steps of ``step`` (1m by default; the range a whole number of them). ``selector``:
+    extra label matchers for every gpuwarden series, e.g. ``cluster="train-a"``; ``cluster_labels``: the labels
+    that name a cluster (jobs and nodes are keyed within it). Raises ValueError for a bad range or step."""
 
     def __init__(self, prom: Prometheus, range_: str, step: str = "1m", selector: str = "",
-                 at: float | None = None) -> None:  # fmt: skip
-        seconds(range_)
-        self.step_s = seconds(step)
-        self.prom, self.range, self.step, self.at = prom, range_, step, at
+                 at: float | None = None, cluster_labels: tuple[str, ...] = ("cluster",)) -> None:  # fmt: skip
+        range_s, self.step_s = seconds(range_), seconds(step)
+        if self.step_s > range_s:
+            raise ValueError(f"--step {step} is longer than --range {range_}")
+        self._range_ms, self._step_ms = round(range_s * 1000), round(self.step_s * 1000)
+        if self._range_ms % self._step_ms:
+            raise ValueError(f"--range {range_} is not a whole number of --step {step} steps")
+        for label in cluster_labels:
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label):
+                raise ValueError(f"not a label name: {label!r}")
+        self.prom, self.range, self.step = prom, range_, step
+        self.at = time.time() if at is None else at
         self.sel = selector.strip().strip(",")
-        self._reasons: dict[tuple[str, str], dict[str, float]] | None = None
+        self.cluster_labels = tuple(cluster_labels)
+        self._c = self.cluster_by = "".join(f"{label}, " for label in self.cluster_labels)  # a by-clause's start
+        # how far the range's end lies past a multiple of the step: PromQL's subquery steps fall on those multiples
+        self._shift_ms = round(self.at * 1000) % self._step_ms
+        self._reasons: dict[GpuKey, dict[str, float]] | None = None
+
+    def cluster_of(self, labels: dict[str, str]) -> Cluster:
+        """The cluster of a result series: the values of the cluster labels ("" where missing)."""
+        return tuple(labels.get(label, "") for label in self.cluster_labels)
+
+    def gpu_key(self, labels: dict[str, str]) -> GpuKey:
+        """The GPU of a result series carrying instance and gpu."""
+        return self.cluster_of(labels), labels["instance"], labels["gpu"]
 
     def metric(self, metric: str, extra: str = "") -> str:
         """The selector of ``metric`` with the accounting's label matchers and ``extra`` ones."""
         inner = ", ".join(x for x in (self.sel, extra) if x)
         return f"{metric}{{{inner}}}"
 
+    def _at_step(self, metric: str, extra: str = "", before: float = 0.0) -> str:
+        """``metric``'s selector inside ``_steps``: read at the step's end (``before`` seconds earlier), not at the
+        multiple of the step PromQL evaluates it at."""
+        ms = self._shift_ms - round(before * 1000)
+        sel = self.metric(metric, extra)
+        return sel if ms == 0 else f"{sel} offset {-ms}ms"
+
+    def _steps(self, expr: str) -> str:
+        """``expr`` at the end of each step of the range, as a range vector: from the step that ends at the range's
+        end back to the one that starts at its start (``expr`` selects with ``_at_step``)."""
+        shift = f" offset {self._shift_ms}ms" if self._shift_ms else ""
+        return f"({expr})[{self._range_ms - 1}ms:{self._step_ms}ms]{shift}"
+
+    def _window(self) -> str:
+        """A step's range selector, ending at the step's end (inside ``_steps``): ``[STEP] offset -SHIFT``."""
+        return f"[{self._step_ms}ms]" + (f" offset {-self._shift_ms}ms" if self._shift_ms else "")
+
     def _share(self, job_filter: str = "") -> str:
-        """Per (GPU, job): 1/N where N jobs hold the GPU at that moment."""
-        info = self.metric("gpu_process_job_info", job_filter)
-        every = self.metric("gpu_process_job_info")
+        """Per (GPU, job) and step: the share of the step's scrapes in which the job held the GPU, over the sum of
+        those shares of every job that held it in the step (N jobs at once: 1/N each; one after the other: each its
+        part; one alone for part of the step: all the step's held time, which is its)."""
+        c = self._c
+
+        def presence(extra: str) -> str:
+            info = self.metric("gpu_process_job_info", extra)
+            return (f"max by ({c}instance, gpu, uuid, job_id, job_scope, job_kind) (count_over_time({info}"
+                    f"{self._window()}))")  # fmt: skip
+
         return (
-            f"(max by (instance, gpu, uuid, job_id, job_scope, job_kind) ({info})"
-            f" / on (instance, gpu, uuid) group_left () count by (instance, gpu, uuid)"
-            f" (max by (instance, gpu, uuid, job_id) ({every})))"
+            f"({presence(job_filter)} / on ({c}instance, gpu, uuid) group_left () sum by ({c}instance, gpu, uuid)"
+            f" ({presence('')}))"
         )
 
     def _per_job(self, value: str, job_filter: str = "", by: str = "instance, job_id, job_scope, job_kind") -> str:
-        """Sum over the range of ``value`` (a per-GPU instant expression for one step) times each job's share."""
-        return (
-            f"sum by ({by}) (sum_over_time(({self._share(job_filter)} * on (instance, gpu, uuid) group_left ()"
-            f" ({value}))[{self.range}:{self.step}]))"
-        )
+        """Sum over the range's steps of ``value`` (a per-GPU expression for one step, selecting with ``_at_step``)
+        times each job's share of the GPU in that step."""
+        c = self._c
+        shared = f"{self._share(job_filter)} * on ({c}instance, gpu, uuid) group_left () ({value})"
+        return f"sum by ({c}{by}) (sum_over_time({self._steps(shared)}))"
 
     def _one(self) -> str:
-        """1 for every GPU (gpu_up is there for a lost GPU too)."""
-        return f"(0 * {self.metric('gpu_up')} + 1)"
+        """1 for every GPU (gpu_up is there for a lost GPU too), at a step's end."""
+        return f"(0 * {self._at_step('gpu_up')} + 1)"
 
     def _increase(self, metric: str, extra: str = "") -> str:
-        """The counter's growth over the step that ends at each evaluation: its value then minus its value one step
-        earlier (each the newest sample at or before that time). Summed over the steps of the range these telescope
-        to the counter's growth from just before the range to its end, exactly, whatever the step: a step shorter
-        than the scrape interval sees no growth in most steps and all of it in the one after a scrape; nothing is
-        extrapolated (``rate`` and ``increase`` over a window are, and read nothing in a window with fewer than two
-        scrapes). A counter that restarted (a daemon restart: below its earlier value) or appeared within the step
-        counts its value since it started (``+ 0`` drops the metric name as the difference does, so a series is one
-        series over the range whichever side a step took)."""
-        m = self.metric(metric, extra)
-        return f"((({m} - {m} offset {self.step}) >= 0) or ({m} + 0))"
+        """The counter's growth over the step that ends at each step's end: its value then minus its value one
+        step earlier (each the newest sample at or before that time). Summed over the steps of the range these
+        telescope to the counter's growth over the range exactly, whatever the step: a step shorter than the scrape
+        interval sees no growth in most steps and all of it in the one after a scrape; nothing is extrapolated
+        (``rate`` and ``increase`` over a window are, and read nothing in a window with fewer than two scrapes). A
+        counter that restarted (a daemon restart: below its earlier value) or appeared within the step counts its
+        value since it started (``+ 0`` drops the metric name as the difference does, so a series is one series over
+        the range whichever side a step took)."""
+        now, before = self._at_step(metric, extra), self._at_step(metric, extra, before=self.step_s)
+        return f"((({now} - {before}) >= 0) or ({now} + 0))"
 
     def _gpu_increase(self, metric: str, extra: str = "") -> str:
         """``_increase`` summed over the series of each GPU (e.g. every state but one): one series per GPU."""
-        return f"sum by (instance, gpu, uuid) ({self._increase(metric, extra)})"
+        return f"sum by ({self._c}instance, gpu, uuid) ({self._increase(metric, extra)})"
 
     def samples(self, promql: str, *need: str) -> list:
         """The query's samples that carry every label in ``need``: PromQL drops an empty label from a ``by`` result
         (a series with no job id), and a server that is not what it claims may send anything."""
         return [s for s in self.prom.query(promql, self.at) if all(s.labels.get(k) for k in need)]
+
+    def _job_key(self, labels: dict[str, str]) -> JobKey:
+        """The job of a result series: its id, its instance when the id is node-local, its cluster."""
+        scope = labels.get("job_scope", "node")
+        return JobKey(labels["job_id"], None if scope == "cluster" else labels.get("instance"), self.cluster_of(labels))
+
+    def _effective(self) -> str:
+        """Per GPU and step: the share of the step with SM activity >= EFFECTIVE_SM (util.gpu without GPM), sampled
+        every EFFECTIVE_RESOLUTION_SECONDS, or at each step where the steps are that short or shorter."""
+        activity = f"({self._at_step('gpu_sm_activity_ratio')} or {self._at_step('gpu_utilization_ratio')})"
+        if self.step_s <= EFFECTIVE_RESOLUTION_SECONDS:
+            return f"{activity} >= bool {EFFECTIVE_SM}"
+        return (
+            f"avg_over_time(({activity} >= bool {EFFECTIVE_SM})[{self._step_ms - 1}ms:{EFFECTIVE_RESOLUTION_SECONDS}s])"
+        )
 
     def jobs(self, job_id: str | None = None, instance: str | None = None) -> dict[JobKey, Usage]:
         """Usage of every job that held a GPU in the range (or of one job id, on one instance)."""
@@ -190,43 +271,45 @@ class Accounting:
         # from the same counters), per GPU and job: the job's held hours, nodes and GPUs
         held = self._gpu_increase("gpu_state_seconds_total", 'state!="free"')
         for s in self.samples(self._per_job(held, jf, by="instance, gpu, job_id, job_scope, job_kind"), *_GPU_JOB):
-            u = out[_job_key(s.labels)]
+            u = out[self._job_key(s.labels)]
             u.held_hours += s.value / 3600
             u.instances.add(s.labels["instance"])
             u.gpus.add((s.labels["instance"], s.labels["gpu"]))
+            u.cluster = self.cluster_of(s.labels)
             u.kind = s.labels.get("job_kind", u.kind)
-        for s in self.samples(self._per_job(self._increase("gpu_state_seconds_total", 'state="busy"'), jf), "job_id"):
-            out[_job_key(s.labels)].busy_hours += s.value / 3600
+        busy = self._increase("gpu_state_seconds_total", 'state="busy"')
+        for s in self.samples(self._per_job(busy, jf), "job_id"):
+            out[self._job_key(s.labels)].busy_hours += s.value / 3600
         for cause in LOST_CAUSES:
             idle = self._increase("gpu_idle_seconds_total", f'cause="{cause}"')
             for s in self.samples(self._per_job(idle, jf), "job_id"):
-                out[_job_key(s.labels)].lost_hours[cause] += s.value / 3600
+                out[self._job_key(s.labels)].lost_hours[cause] += s.value / 3600
         for s in self.samples(self._per_job(self._increase("gpu_held_idle_energy_joules_total"), jf), "job_id"):
-            u = out[_job_key(s.labels)]
+            u = out[self._job_key(s.labels)]
             u.held_idle_energy_joules = (u.held_idle_energy_joules or 0.0) + s.value
         for s in self.samples(self._per_job(self._increase("gpu_peer_wait_seconds_total"), jf), "job_id"):
-            u = out[_job_key(s.labels)]
+            u = out[self._job_key(s.labels)]
             u.peer_wait_hours = (u.peer_wait_hours or 0.0) + s.value / 3600
         # effective (SM activity >= EFFECTIVE_SM) and peak-equivalent (OFU) GPU-hours, step by step
-        activity = f"({self.metric('gpu_sm_activity_ratio')} or {self.metric('gpu_utilization_ratio')})"
         h = self.step_s / 3600
-        for s in self.samples(self._per_job(f"{activity} >= bool {EFFECTIVE_SM}", jf), "job_id"):
-            if _job_key(s.labels) in out:
-                u = out[_job_key(s.labels)]
+        for s in self.samples(self._per_job(self._effective(), jf), "job_id"):
+            if self._job_key(s.labels) in out:
+                u = out[self._job_key(s.labels)]
                 u.effective_hours = (u.effective_hours or 0.0) + s.value * h
-        for s in self.samples(self._per_job(self.metric("gpu_flop_utilization_ratio"), jf), "job_id"):
-            if _job_key(s.labels) in out:
-                u = out[_job_key(s.labels)]
+        ofu = f"avg_over_time({self.metric('gpu_flop_utilization_ratio')}{self._window()})"
+        for s in self.samples(self._per_job(ofu, jf), "job_id"):
+            if self._job_key(s.labels) in out:
+                u = out[self._job_key(s.labels)]
                 u.peak_equivalent_hours = (u.peak_equivalent_hours or 0.0) + s.value * h
         # the reasons the daemons gave for a job's GPUs while it held them, step by step (one query per reason seen
         # in the range: the diagnosis and the job shares both have several series per GPU, which PromQL cannot
         # match many-to-many)
         seen = {r for reasons in self._gpu_reasons().values() for r in reasons}
         for reason in sorted(seen):
-            flagged = f"{self.metric('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
+            flagged = f"{self._at_step('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
             for s in self.samples(self._per_job(flagged, jf), "job_id"):
                 if s.value > 0:
-                    u = out[_job_key(s.labels)]
+                    u = out[self._job_key(s.labels)]
                     u.reasons[reason] = u.reasons.get(reason, 0.0) + s.value
         self._price(out)
         return dict(out)
@@ -237,27 +320,27 @@ class Accounting:
         out = self.jobs(job_id, instance)
         jf = _job_filter(job_id, instance)
         for s in self.samples(self._per_job(self._increase("gpu_peer_wait_energy_joules_total"), jf), "job_id"):
-            if _job_key(s.labels) in out:
-                u = out[_job_key(s.labels)]
+            if self._job_key(s.labels) in out:
+                u = out[self._job_key(s.labels)]
                 u.peer_wait_energy_joules = (u.peer_wait_energy_joules or 0.0) + s.value
         for cause in LOST_CAUSES:  # one query per cause: the job shares have several series per GPU too
             joules = self._increase("gpu_idle_energy_joules_total", f"cause={_quote(cause)}")
             for s in self.samples(self._per_job(joules, jf), "job_id"):
-                if _job_key(s.labels) in out:
-                    u = out[_job_key(s.labels)]
+                if self._job_key(s.labels) in out:
+                    u = out[self._job_key(s.labels)]
                     u.idle_energy_joules = u.idle_energy_joules or dict.fromkeys(LOST_CAUSES, 0.0)
                     u.idle_energy_joules[cause] += s.value
         for s in self.samples(self._per_job(self._increase("gpu_energy_joules_total"), jf), "job_id"):
-            if _job_key(s.labels) in out:
-                u = out[_job_key(s.labels)]
+            if self._job_key(s.labels) in out:
+                u = out[self._job_key(s.labels)]
                 u.energy_joules = (u.energy_joules or 0.0) + s.value
         return out
 
-    def stragglers(self, job_id: str, instance: str | None = None) -> list[tuple[str, str, float]]:
+    def stragglers(self, key: JobKey) -> list[tuple[str, str, float]]:
         """GPUs of the job the daemons flagged ``straggler`` in at least STRAGGLER_MIN_SHARE of the steps the job held
         them: (instance, gpu, share), most flagged first."""
-        jf = _job_filter(job_id, instance)
-        straggler = self.metric("gpu_diagnosis", 'reason="straggler"')
+        jf = _key_filter(key, self.cluster_labels)
+        straggler = self._at_step("gpu_diagnosis", 'reason="straggler"')
         flagged = self.samples(self._per_job(f"{straggler} == bool 1", jf, by="instance, gpu"), "instance", "gpu")
         held = {
             (s.labels["instance"], s.labels["gpu"]): s.value
@@ -271,90 +354,100 @@ class Accounting:
                 out.append((g[0], g[1], share))
         return sorted(out, key=lambda x: -x[2])
 
-    def slurm_jobs(self, number: str) -> list[str]:
-        """The job ids (SLUIDs) of the Slurm jobs whose series carry ``slurm_job_id`` = ``number`` in the range: a
-        job keyed by its SLUID (Slurm 26.05+ cgroups) found by the numeric id users know. Sorted; [] when no daemon
-        could read the number (it comes from a process's environment)."""
+    def slurm_jobs(self, number: str) -> list[tuple[str, Cluster]]:
+        """The job ids (SLUIDs), with their clusters, of the Slurm jobs whose series carry ``slurm_job_id`` =
+        ``number`` in the range: a job keyed by its SLUID (Slurm 26.05+ cgroups) found by the numeric id users know.
+        Sorted; [] when no daemon could read the number (it comes from a process's environment)."""
         info = self.metric("gpu_process_job_info", f'job_kind="slurm", slurm_job_id={_quote(number)}')
-        q = f"group by (job_id) (max_over_time({info}[{self.range}]))"
-        return sorted({s.labels["job_id"] for s in self.samples(q, "job_id")} - {number})
+        q = f"group by ({self._c}job_id) (max_over_time({info}[{self.range}]))"
+        found = {(s.labels["job_id"], self.cluster_of(s.labels)) for s in self.samples(q, "job_id")}
+        return sorted(x for x in found if x[0] != number)
 
-    def lost_gpus(self, job_id: str, instance: str | None = None) -> list[tuple[str, str]]:
+    def lost_gpus(self, key: JobKey) -> list[tuple[str, str]]:
         """The GPUs of the job that went down (``gpu_up`` 0) in the range within LOST_WITHIN_SECONDS of the job's
         last sample on them: (instance, gpu), sorted."""
-        info = self.metric("gpu_process_job_info", _job_filter(job_id, instance))
-        recent = f"max by (instance, gpu, uuid) (max_over_time({info}[{LOST_WITHIN_SECONDS}s]))"
+        c = self._c
+        info = self.metric("gpu_process_job_info", _key_filter(key, self.cluster_labels))
+        recent = f"max by ({c}instance, gpu, uuid) (max_over_time({info}[{LOST_WITHIN_SECONDS}s]))"
         down = f"({self.metric('gpu_up')} == bool 0)"
-        q = (f"max by (instance, gpu) (max_over_time(({down} * on (instance, gpu, uuid) group_left () {recent})"
+        q = (f"max by (instance, gpu) (max_over_time(({down} * on ({c}instance, gpu, uuid) group_left () {recent})"
              f"[{self.range}:{self.step}])) == 1")  # fmt: skip
         return sorted((s.labels["instance"], s.labels["gpu"]) for s in self.samples(q, "instance", "gpu"))
 
-    def _gpu_reasons(self) -> dict[tuple[str, str], dict[str, float]]:
+    def _gpu_reasons(self) -> dict[GpuKey, dict[str, float]]:
         """Per GPU, the steps of the range each reason of gpu_diagnosis was 1 (asked once: jobs() and gpus() share
         it)."""
         if self._reasons is not None:
             return self._reasons
-        q = (f"sum by (instance, gpu, reason) (count_over_time(({self.metric('gpu_diagnosis')} == 1)"
-             f"[{self.range}:{self.step}]))")  # fmt: skip
-        out: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+        flagged = f"{self._at_step('gpu_diagnosis')} == 1"
+        q = f"sum by ({self._c}instance, gpu, reason) (count_over_time({self._steps(flagged)}))"
+        out: dict[GpuKey, dict[str, float]] = defaultdict(dict)
         for s in self.samples(q, "instance", "gpu", "reason"):
-            out[(s.labels["instance"], s.labels["gpu"])][s.labels["reason"]] = s.value
+            out[self.gpu_key(s.labels)][s.labels["reason"]] = s.value
         self._reasons = dict(out)
         return self._reasons
 
-    def gpus(self) -> dict[tuple[str, str], Usage]:
-        """Usage of every GPU over the range: lost hours by cause, free hours, the reasons given."""
-        out: dict[tuple[str, str], Usage] = defaultdict(Usage)
+    def gpus(self) -> dict[GpuKey, Usage]:
+        """Usage of every GPU over the range: held (every state but free), busy, lost hours by cause, free hours,
+        the reasons given."""
+        out: dict[GpuKey, Usage] = defaultdict(Usage)
+        c = self._c
         idle = self._increase("gpu_idle_seconds_total")
-        q = f"sum by (instance, gpu, cause) (sum_over_time({idle}[{self.range}:{self.step}]))"
+        q = f"sum by ({c}instance, gpu, cause) (sum_over_time({self._steps(idle)}))"
         for s in self.samples(q, "instance", "gpu", "cause"):
-            u = out[(s.labels["instance"], s.labels["gpu"])]
+            u = out[self.gpu_key(s.labels)]
             if s.labels["cause"] == "free":
                 u.free_hours += s.value / 3600
             elif s.labels["cause"] in u.lost_hours:
                 u.lost_hours[s.labels["cause"]] += s.value / 3600
-        busy = self._increase("gpu_state_seconds_total", 'state="busy"')
-        q = f"sum by (instance, gpu) (sum_over_time({busy}[{self.range}:{self.step}]))"
-        for s in self.samples(q, "instance", "gpu"):
-            out[(s.labels["instance"], s.labels["gpu"])].busy_hours += s.value / 3600
+        for state, attr in (('state="busy"', "busy_hours"), ('state!="free"', "held_hours")):
+            grew = self._increase("gpu_state_seconds_total", state)
+            q = f"sum by ({c}instance, gpu) (sum_over_time({self._steps(grew)}))"
+            for s in self.samples(q, "instance", "gpu"):
+                u = out[self.gpu_key(s.labels)]
+                setattr(u, attr, getattr(u, attr) + s.value / 3600)
         for g, reasons in self._gpu_reasons().items():
             if g in out:
                 out[g].reasons = reasons
-        for (inst, gpu), u in out.items():
+        for (cluster, inst, gpu), u in out.items():
+            u.cluster = cluster
             u.instances.add(inst)
             u.gpus.add((inst, gpu))
         self._price(out)
         return dict(out)
 
-    def node_names(self) -> dict[str, str]:
-        """instance -> node name (gpu_devices{nodename}) of every instance seen in the range (a node gone since
-        keeps its name)."""
-        q = f"max by (instance, nodename) (max_over_time({self.metric('gpu_devices')}[{self.range}]))"
-        return {s.labels["instance"]: s.labels.get("nodename", "") for s in self.samples(q, "instance")}
+    def node_names(self) -> dict[tuple[Cluster, str], str]:
+        """(cluster, instance) -> node name (gpu_devices{nodename}) of every instance seen in the range (a node gone
+        since keeps its name)."""
+        q = f"max by ({self._c}instance, nodename) (max_over_time({self.metric('gpu_devices')}[{self.range}]))"
+        return {(self.cluster_of(s.labels), s.labels["instance"]): s.labels.get("nodename", "")
+                for s in self.samples(q, "instance")}  # fmt: skip
 
     def _price(self, usages: dict) -> None:
         """Set each usage's cost: its lost GPU-hours on each node times that node's gpuwarden_gpu_hour_price (split
         evenly over the nodes of a multi-node job; no price on any of its nodes: None). The price is the highest
         each node exported in the range, so a node gone since is priced."""
-        q = f"max by (instance, currency) (max_over_time({self.metric('gpuwarden_gpu_hour_price')}[{self.range}]))"
-        prices = {s.labels["instance"]: (s.value, s.labels.get("currency", "")) for s in self.samples(q, "instance")}
+        q = (f"max by ({self._c}instance, currency) (max_over_time({self.metric('gpuwarden_gpu_hour_price')}"
+             f"[{self.range}]))")  # fmt: skip
+        prices = {(self.cluster_of(s.labels), s.labels["instance"]): (s.value, s.labels.get("currency", ""))
+                  for s in self.samples(q, "instance")}  # fmt: skip
         for u in usages.values():
-            known = [prices[i] for i in u.instances if i in prices]
+            known = [prices[(u.cluster, i)] for i in u.instances if (u.cluster, i) in prices]
             if known:
                 u.cost = u.lost_total * sum(p for p, _ in known) / len(known)
                 u.currency = "/".join(sorted({c for _, c in known}))
-
-
-def _job_key(labels: dict[str, str]) -> JobKey:
-    """The job of a result series: its id, and its instance when the id is node-local."""
-    scope = labels.get("job_scope", "node")
-    return JobKey(labels["job_id"], None if scope == "cluster" else labels.get("instance"))
 
 
 def _job_filter(job_id: str | None, instance: str | None) -> str:
     """Label matchers selecting one job id and/or one instance ('' for neither)."""
     parts = [f'{k}="{_escape(v)}"' for k, v in (("job_id", job_id), ("instance", instance)) if v is not None]
     return ", ".join(parts)
+
+
+def _key_filter(key: JobKey, cluster_labels: tuple[str, ...]) -> str:
+    """Label matchers selecting the series of one job: its id, its instance if node-local, its cluster."""
+    cluster = [f'{label}="{_escape(v)}"' for label, v in zip(cluster_labels, key.cluster, strict=False)]
+    return ", ".join([_job_filter(key.job_id, key.instance), *cluster])
 
 
 def _quote(value: str) -> str:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, JobKey, Usage
+from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, Cluster, GpuKey, JobKey, Usage
 from gpuwarden.terminal import plain, visible
 from gpuwarden.urls import redacted
 
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from gpuwarden.cluster.promapi import Prometheus
 
 T = TypeVar("T")
+#: (cluster, instance) -> node name (Accounting.node_names).
+Names = dict[tuple[Cluster, str], str]
 
 
 def _row(table: Any, *cells: object) -> None:
@@ -56,8 +58,9 @@ def _json(doc: Any) -> str:
     return json.dumps(finite(doc), indent=2, allow_nan=False)
 
 
-def _usage_json(u: Usage) -> dict[str, Any]:
+def _usage_json(u: Usage, cluster_labels: tuple[str, ...]) -> dict[str, Any]:
     return {
+        "cluster": dict(zip(cluster_labels, u.cluster, strict=False)) or None,
         "held_gpu_hours": u.held_hours,
         "busy_gpu_hours": u.busy_hours,
         "lost_gpu_hours": u.lost_total,
@@ -79,9 +82,28 @@ def _usage_json(u: Usage) -> dict[str, Any]:
     }
 
 
-def _nodes(u: Usage, names: dict[str, str]) -> str:
-    shown = sorted(names.get(i) or i for i in u.instances)
+def _node(names: Names, cluster: Cluster, instance: str) -> str:
+    """The node's name, or its instance where no name is known."""
+    return names.get((cluster, instance)) or instance
+
+
+def _nodes(u: Usage, names: Names) -> str:
+    shown = sorted(_node(names, u.cluster, i) for i in u.instances)
     return ", ".join(shown[:3]) + (f" +{len(shown) - 3}" if len(shown) > 3 else "")
+
+
+def _short(node: str) -> str:
+    """A node's host name without its domain (``gpu-007.dc1.example`` -> ``gpu-007``); an address as it is."""
+    head = node.split(".", 1)[0]
+    return node if head.isdigit() or not head else head
+
+
+def _job_label(key: JobKey, names: Names) -> str:
+    """The job as ``top`` shows it: its id whole (ready to paste into ``report --job``), with the node it belongs to
+    (its host name) when the id is node-local (the same id names unrelated jobs on other nodes) and its cluster when
+    the series name one."""
+    where = "" if key.instance is None else f" @ {_short(_node(names, key.cluster, key.instance))}"
+    return f"{key.job_id}{where}" + (f" [{'/'.join(key.cluster)}]" if any(key.cluster) else "")
 
 
 def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
@@ -90,7 +112,9 @@ def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
     tls = ClientTls(args.ca_file, args.cert_file, args.key_file, args.bearer_token_file)
     prom = Prometheus(args.prometheus, timeout=args.timeout, headers=dict(args.header), tls=tls)
     # every query at one moment: the jobs and GPU tables (and a report's parts) cover the same range
-    return prom, Accounting(prom, args.range, args.step, args.selector, at=time.time())
+    at = time.time() if getattr(args, "at", None) is None else args.at
+    labels = tuple(getattr(args, "cluster_labels", ("cluster",)))
+    return prom, Accounting(prom, args.range, args.step, args.selector, at=at, cluster_labels=labels)
 
 
 def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T]) -> T | None:
@@ -110,23 +134,27 @@ def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T]
 
 
 def top(args: argparse.Namespace) -> int:
-    """``gpuwarden top``: print the jobs and GPUs that lost the most GPU-hours; exit 1 with one line on errors."""
-    got = _ask(args, "top", lambda acc: (acc.jobs(), acc.gpus(), acc.node_names()))
+    """``gpuwarden top``: print the jobs and GPUs that lost the most GPU-hours (every one of them with ``--json``, the
+    first ``--limit`` in the tables); exit 1 with one line on errors."""
+    got = _ask(args, "top", lambda acc: (acc.jobs(), acc.gpus(), acc.node_names(), acc))
     if got is None:
         return 1
-    jobs, gpus, names = got
-    ranked_jobs = sorted(jobs.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))[: args.limit]
-    ranked_gpus = sorted(gpus.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))[: args.limit]
+    jobs, gpus, names, acc = got
+    ranked_jobs = sorted(jobs.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))
+    ranked_gpus = sorted(gpus.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))
     if args.json:
         doc = {
             "prometheus": redacted(args.prometheus),
             "range": args.range,
+            "step": args.step,
+            "evaluated_at": acc.at,
             "jobs": [
-                {"job_id": k.job_id, "instance": k.instance, "job_kind": u.kind, **_usage_json(u)}
+                {"job_id": k.job_id, "instance": k.instance, "job_kind": u.kind, **_usage_json(u, acc.cluster_labels)}
                 for k, u in ranked_jobs
             ],  # fmt: skip
             "gpus": [
-                {"instance": i, "gpu": g, "node": names.get(i, ""), **_usage_json(u)} for (i, g), u in ranked_gpus
+                {"instance": i, "gpu": g, "node": names.get((c, i), ""), **_usage_json(u, acc.cluster_labels)}
+                for (c, i, g), u in ranked_gpus
             ],  # fmt: skip
         }
         print(_json(doc))
@@ -135,11 +163,11 @@ def top(args: argparse.Namespace) -> int:
     if not jobs and not gpus:
         _print(console, plain(f"No gpuwarden data in {redacted(args.prometheus)} over the last {args.range}."))
         return 1
-    _print(console, jobs_table(ranked_jobs, names, args.range, console.width))
+    _print(console, jobs_table(ranked_jobs[: args.limit], names, args.range, console.width))
     if args.details:
-        for k, u in ranked_jobs:
+        for k, u in ranked_jobs[: args.limit]:
             _print(console, job_details(k, u, names))
-    _print(console, gpus_table(ranked_gpus, names, args.range, console.width))
+    _print(console, gpus_table(ranked_gpus[: args.limit], names, args.range, console.width))
     return 0
 
 
@@ -155,8 +183,8 @@ def suspects_view(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"prometheus": redacted(args.prometheus), "range": args.range, "min_jobs": args.suspect_jobs,
                "straggler_for": args.straggler_for,
-               "suspects": [{"instance": s.instance, "node": names.get(s.instance, ""), "gpu": s.gpu, "uuid": s.uuid,
-                             "jobs": s.jobs, "evidence": s.evidence} for s in found]}  # fmt: skip
+               "suspects": [{"instance": s.instance, "node": names.get((s.cluster, s.instance), ""), "gpu": s.gpu,
+                             "uuid": s.uuid, "jobs": s.jobs, "evidence": s.evidence} for s in found]}  # fmt: skip
         print(_json(doc))
         return 0
     console = _console()
@@ -164,7 +192,7 @@ def suspects_view(args: argparse.Namespace) -> int:
         _print(console, plain(f"No GPU was the straggler of {args.suspect_jobs} or more jobs over the last "
                               f"{args.range}."))  # fmt: skip
         return 0
-    rows = [(s, names.get(s.instance) or s.instance) for s in found]
+    rows = [(s, _node(names, s.cluster, s.instance)) for s in found]
     required: list[Column] = [
         ("node", False, lambda r: r[1]),
         ("GPU", True, lambda r: r[0].gpu),
@@ -178,8 +206,8 @@ def suspects_view(args: argparse.Namespace) -> int:
 
 
 def _console() -> Any:
-    """A rich Console: the terminal's width on a terminal; otherwise no width limit and no colours (a pipe or a file
-    gets every column, each row on one line)."""
+    """A rich Console: the terminal's width on a terminal; otherwise (a pipe or a file) one whose tables
+    ``_print`` writes as tab-separated values (``_fitted`` marks them), every column, one line a row."""
     from rich.console import Console
 
     console = Console()
@@ -189,13 +217,26 @@ def _console() -> Any:
 
 
 def _print(console: Any, renderable: Any) -> None:
-    """Print ``renderable`` on ``console``; without a terminal, lines without the padding to the console's width."""
+    """Print ``renderable`` on ``console``; without a terminal, a table of ``_fitted`` as tab-separated values (a
+    ``# title`` line, a header, a row a line: what ``cut``, ``awk`` and spreadsheets read) and anything else as lines
+    without the padding to the console's width."""
     if console.is_terminal:
         console.print(renderable)
+        return
+    columns = getattr(renderable, "gpuwarden_tsv", None)
+    if columns is not None:
+        title, header, rows = columns
+        lines = [f"# {title}", "\t".join(header), *("\t".join(_tsv_cell(c) for c in row) for row in rows)]
+        sys.stdout.write("".join(line + "\n" for line in lines) + "\n")
         return
     with console.capture() as captured:
         console.print(renderable)
     sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+
+def _tsv_cell(text: str) -> str:
+    """A cell of a tab-separated line: shown as ``visible`` shows it, a tab written as its escape."""
+    return visible(text).replace("\t", "\\t")
 
 
 #: A column of ``top``'s tables: (title, right-aligned, cell of one row).
@@ -204,8 +245,9 @@ Column = tuple[str, bool, Callable[[Any], str]]
 
 def _fitted(title: str, required: list[Column], optional: list[Column], rows: list[Any], width: int) -> Any:
     """A table of ``rows``: every ``required`` column, then the ``optional`` ones in order while the table stays
-    within ``width`` characters (the first column is never folded: a job id is shown whole, ready to paste). Rows are
-    one line each when the required columns fit."""
+    within ``width`` characters (the first column is never folded: a job id is shown whole, ready to paste; no cell
+    is cut inside a word). A caption names the columns left out, and where to see them. The table carries every
+    column's cells for a pipe (``_print`` writes them as tab-separated values)."""
     from rich import box
     from rich.table import Table
 
@@ -223,12 +265,20 @@ def _fitted(title: str, required: list[Column], optional: list[Column], rows: li
             chosen.append(c)
             used += natural(c)
     order = [c for c in required + optional if c in chosen]
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=False)
-    for n, (name, right, _) in enumerate(order):
-        t.add_column(name, justify="right" if right else "left", no_wrap=n == 0, overflow="fold",
-                     min_width=natural(order[0]) - 3 if n == 0 else None)  # fmt: skip
+    hidden = [c[0] for c in optional if c not in chosen]
+    caption = (f"not shown at {width} columns: {', '.join(hidden)} (a wider terminal, --details or --json)"
+               if hidden else None)  # fmt: skip
+    t = Table(title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False, expand=False)  # fmt: skip
+    for n, c in enumerate(order):
+        # every cell on one line at its own width; only the first column (the job id) folds when even the required
+        # columns do not fit
+        t.add_column(c[0], justify="right" if c[1] else "left", no_wrap=n > 0, overflow="fold",
+                     min_width=natural(c) - 3)  # fmt: skip
     for i in range(len(rows)):
         t.add_row(*(plain(cells[c[0]][i]) for c in order))
+    every = required + optional
+    t.gpuwarden_tsv = (title, [c[0] for c in every], [[cells[c[0]][i] for c in every] for i in range(len(rows))])  # type: ignore[attr-defined]
     return t
 
 
@@ -241,13 +291,13 @@ def _main_cause(u: Usage) -> str:
     return _causes(u, 1).split(" ", 1)[0]
 
 
-def jobs_table(ranked: list[tuple[JobKey, Usage]], names: dict[str, str], range_: str, width: int) -> Any:
+def jobs_table(ranked: list[tuple[JobKey, Usage]], names: Names, range_: str, width: int) -> Any:
     """``top``'s job table (a rich Table) of ``ranked`` (JobKey, Usage) pairs: the job id whole, its GPUs, GPU-hours
     held and lost, and the main cause on one line; then nodes, cost, verdict and the causes in order while the table
     fits ``width`` characters, the peak-equivalent (OFU) GPU-hours among them. ``--details`` prints the rest below
     (``job_details``)."""
     required: list[Column] = [
-        ("job", False, lambda r: r[0].job_id),
+        ("job", False, lambda r: _job_label(r[0], names)),
         ("GPUs", True, lambda r: str(len(r[1].gpus))),
         ("held h", True, lambda r: _hours(r[1].held_hours)),
         ("lost h", True, lambda r: _lost(r[1])),
@@ -263,12 +313,12 @@ def jobs_table(ranked: list[tuple[JobKey, Usage]], names: dict[str, str], range_
     return _fitted(f"Jobs by GPU-hours lost, last {range_}", required, optional, ranked, width)
 
 
-def gpus_table(ranked: list[tuple[tuple[str, str], Usage]], names: dict[str, str], range_: str, width: int) -> Any:
-    """``top``'s GPU table (a rich Table) of ``ranked`` ((instance, gpu), Usage) pairs: node, GPU, GPU-hours busy and
-    lost, the main cause; then free hours, cost, verdict and the causes while it fits ``width``."""
+def gpus_table(ranked: list[tuple[GpuKey, Usage]], names: Names, range_: str, width: int) -> Any:
+    """``top``'s GPU table (a rich Table) of ``ranked`` ((cluster, instance, gpu), Usage) pairs: node, GPU, GPU-hours
+    busy and lost, the main cause; then free hours, cost, verdict and the causes while it fits ``width``."""
     required: list[Column] = [
-        ("node", False, lambda r: names.get(r[0][0]) or r[0][0]),
-        ("GPU", True, lambda r: r[0][1]),
+        ("node", False, lambda r: _node(names, r[0][0], r[0][1]) + (f" [{'/'.join(r[0][0])}]" if any(r[0][0]) else "")),
+        ("GPU", True, lambda r: r[0][2]),
         ("busy h", True, lambda r: _hours(r[1].busy_hours)),
         ("lost h", True, lambda r: _hours(r[1].lost_total)),
         ("lost to", False, lambda r: _main_cause(r[1])),
@@ -298,14 +348,14 @@ def _effective(u: Usage) -> str:
     return ", ".join(parts)
 
 
-def job_details(key: JobKey, u: Usage, names: dict[str, str]) -> Any:
+def job_details(key: JobKey, u: Usage, names: Names) -> Any:
     """One job's details below ``top``'s table (a rich Text): its id and node, nodes, GPU-hours held, busy, waiting
     on peers, effective and peak-equivalent, lost GPU-hours by cause, cost, verdict and what to do first."""
     from rich.text import Text
 
     lines = [
-        ("", key.label()),
-        ("  nodes: ", ", ".join(sorted(names.get(i) or i for i in u.instances)) or "-"),
+        ("", _job_label(key, names)),
+        ("  nodes: ", ", ".join(sorted(_node(names, u.cluster, i) for i in u.instances)) or "-"),
         ("  GPU-hours: ", _effective(u)),
         ("  lost to: ", _causes(u, len(LOST_CAUSES))),
         ("  verdict: ", " + ".join(u.verdict()) or "-"),
@@ -341,24 +391,33 @@ def report(args: argparse.Namespace) -> int:
                 # Slurm 26.05+: the series carry the SLUID; the numeric id is a label where a daemon could read it
                 sluids = acc.slurm_jobs(args.job)
                 if len(sluids) > 1:  # the number was reused in the range (another cluster, a wrapped counter)
-                    print(f"gpuwarden report: Slurm job {args.job} is {len(sluids)} jobs in the range "
-                          f"({', '.join(visible(x) for x in sluids)}): give the SLUID", file=sys.stderr)  # fmt: skip
+                    named = ", ".join(visible(JobKey(x, None, c).label()) for x, c in sluids)
+                    print(f"gpuwarden report: Slurm job {args.job} is {len(sluids)} jobs in the range ({named}): "
+                          "give the SLUID", file=sys.stderr)  # fmt: skip
                     return 2
                 if sluids:
-                    job = sluids[0]
+                    job = sluids[0][0]
                     found = acc.job_details(job, args.instance)
+            clusters = {k.cluster for k in found}
+            if len(clusters) > 1:
+                where = ", ".join(sorted(visible("/".join(c)) for c in clusters))
+                label = acc.cluster_labels[0] if acc.cluster_labels else "cluster"
+                print(f"gpuwarden report: job id {visible(args.job)!r} was seen in {len(clusters)} clusters ({where}): "
+                      f"add --selector '{label}=\"...\"'", file=sys.stderr)  # fmt: skip
+                return 2
             if len(found) > 1:
-                where = ", ".join(sorted(k.instance or "" for k in found))
-                print(f"gpuwarden report: job id {args.job!r} is node-local and was seen on {len(found)} nodes "
-                      f"({where}): add --instance", file=sys.stderr)  # fmt: skip
+                where = ", ".join(sorted(visible(k.instance or "") for k in found))
+                print(f"gpuwarden report: job id {visible(args.job)!r} is node-local and was seen on {len(found)} "
+                      f"nodes ({where}): add --instance", file=sys.stderr)  # fmt: skip
                 return 2
             if not found:
                 where = redacted(args.prometheus)
-                print(f"gpuwarden report: no job {args.job!r} in {where} over the last {args.range}", file=sys.stderr)
+                print(f"gpuwarden report: no job {visible(args.job)!r} in {where} over the last {args.range}",
+                      file=sys.stderr)  # fmt: skip
                 return 1
             [(key, u)] = found.items()
-            stragglers = acc.stragglers(job, key.instance or args.instance)
-            lost = acc.lost_gpus(job, key.instance or args.instance)
+            stragglers = acc.stragglers(key)
+            lost = acc.lost_gpus(key)
             names = acc.node_names()
         finally:
             prom.close()
@@ -369,9 +428,10 @@ def report(args: argparse.Namespace) -> int:
         doc = {"job_id": key.job_id, "instance": key.instance, "job_kind": u.kind, "asked_for": args.job,
                "range": args.range,
                "step": args.step, "evaluated_at": acc.at, "prometheus": redacted(args.prometheus),
-               **_usage_json(u),
+               **_usage_json(u, acc.cluster_labels),
                "stragglers": [{"instance": i, "gpu": g, "share": s} for i, g, s in stragglers],
-               "gpus_lost": [{"instance": i, "gpu": g, "node": names.get(i, "")} for i, g in lost]}  # fmt: skip
+               "gpus_lost": [{"instance": i, "gpu": g, "node": names.get((key.cluster, i), "")}
+                             for i, g in lost]}  # fmt: skip
         print(_json(doc))
         return 0
     _print_report(key, u, stragglers, lost, names, args.range)
@@ -379,10 +439,10 @@ def report(args: argparse.Namespace) -> int:
 
 
 def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]], lost: list[tuple[str, str]],
-                  names: dict[str, str], range_: str) -> None:  # fmt: skip
+                  names: Names, range_: str) -> None:  # fmt: skip
     from rich.table import Table
 
-    title = plain(f"Job {key.label()} ({u.kind or 'job'}), last {range_}")
+    title = plain(f"Job {_job_label(key, names)} ({u.kind or 'job'}), last {range_}")
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column(justify="left")
     t.add_column(justify="right")
@@ -417,9 +477,9 @@ def _print_report(key: JobKey, u: Usage, stragglers: list[tuple[str, str, float]
         _row(t, "cost of lost GPU-hours", _cost(u), "")
     if stragglers:
         i, g, s = stragglers[0]
-        _row(t, "straggler", f"{names.get(i) or i} GPU {g}", f"flagged {s:.0%} of the time")
+        _row(t, "straggler", f"{_node(names, key.cluster, i)} GPU {g}", f"flagged {s:.0%} of the time")
     if lost:
-        _row(t, "GPUs lost (down)", ", ".join(f"{names.get(i) or i} GPU {g}" for i, g in lost),
+        _row(t, "GPUs lost (down)", ", ".join(f"{_node(names, key.cluster, i)} GPU {g}" for i, g in lost),
              "went down while the job held them")  # fmt: skip
     _row(t, "verdict", " + ".join(u.verdict()) or "-", "")
     console = _console()

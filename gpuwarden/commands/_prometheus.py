@@ -17,7 +17,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    "http://prometheus:9090")  # fmt: skip
     p.add_argument("--range", default="1d", type=duration, help="how far back, as PromQL writes it (default 1d)")
     p.add_argument("--step", default="1m", type=duration,
-                   help="resolution of the accounting, at least the scrape interval (default 1m)")  # fmt: skip
+                   help="resolution of the accounting (default 1m); the GPU-hours are the same at any step, the range "
+                   "a whole number of them")  # fmt: skip
+    p.add_argument("--at", type=instant, metavar="TIME",
+                   help="end of the range: Unix seconds or RFC 3339 (2026-11-24T18:00:00Z); default now")  # fmt: skip
+    p.add_argument("--cluster.labels", dest="cluster_labels", type=label_names, default=("cluster",),
+                   metavar="LABELS", help="labels that name a cluster, comma-separated (default cluster): a job id "
+                   "or a node is one within its cluster, as the alert rules' cluster_labels")  # fmt: skip
     p.add_argument("--selector", default="", metavar="MATCHERS",
                    help='label matchers for every series, e.g. \'cluster="train-a"\'')  # fmt: skip
     p.add_argument("--timeout", type=positive_seconds, default=60.0,
@@ -43,6 +49,36 @@ def header(text: str) -> tuple[str, str]:
     if not sep or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name) or not value.isprintable():
         raise argparse.ArgumentTypeError(f"expects 'NAME: VALUE' (an HTTP header), got {visible(text)!r}")
     return name, value
+
+
+def instant(text: str) -> float:
+    """Return ``text`` (Unix seconds, or an RFC 3339 time with its zone) as Unix seconds; raises
+    argparse.ArgumentTypeError for anything else."""
+    from datetime import datetime
+
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not Unix seconds or an RFC 3339 time: {visible(text)!r}") from None
+        if when.tzinfo is None:
+            zone = "an RFC 3339 time needs its zone (Z, +02:00)"
+            raise argparse.ArgumentTypeError(f"{zone}: {visible(text)!r}") from None
+        return when.timestamp()
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"not Unix seconds or an RFC 3339 time: {visible(text)!r}")
+    return value
+
+
+def label_names(text: str) -> tuple[str, ...]:
+    """Return ``text``, label names separated by commas, as a tuple; raises argparse.ArgumentTypeError for a name
+    Prometheus would refuse."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not all(re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", x) for x in names):
+        raise argparse.ArgumentTypeError(f"expects label names separated by commas, got {visible(text)!r}")
+    return names
 
 
 def duration(text: str) -> str:
