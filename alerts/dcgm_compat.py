@@ -3,15 +3,19 @@ from gpuwarden's, so a dashboard, autoscaler or FinOps query written for dcgm-ex
 them) works unchanged against gpuwarden. Two groups: the 4.8 names in 4.8's units (MAPPED), and the names dcgm-exporter
 4.9 exports since DCGM 4.7 deprecated the old ones, in base units (MAPPED_49). Drop the group a site does not need.
 
-Each series keeps gpuwarden's labels and adds dcgm-exporter's ``UUID``, ``modelName`` and its host label (from
-``gpu_info``'s ``name`` and ``gpu_devices``' ``nodename``): ``Hostname`` up to 4.8.2, ``hostname`` from 4.8.3 on, so
-the 4.8 group carries both and the 4.9 group ``hostname``. What cannot be mapped is listed in NOT_MAPPED and
+Each series keeps gpuwarden's GPU labels (instance, job, gpu, uuid, and the labels its selector names) and adds
+dcgm-exporter's: ``UUID``, ``modelName``, ``pci_bus_id``, ``device`` (``nvidia<minor>``), ``DCGM_FI_DRIVER_VERSION``,
+``namespace``/``pod``/``container`` where the kubelet assigned the GPU, and its host label (``gpu_devices``'
+``nodename``): ``Hostname`` up to 4.8.2, ``hostname`` from 4.8.3 on, so the 4.8 group carries both and the 4.9 group
+``hostname``. The labels are joined once per evaluation into one series per GPU (LABELS_RULE), so each mapped series
+costs one join. What cannot be mapped is listed in NOT_MAPPED and
 NOT_MAPPED_49, and in docs/prometheus.md. Run: python3 alerts/dcgm_compat.py; tests/test_alerts.py checks the
 committed file is its output and tests it with promtool (alerts/tests/dcgm-compat.test.yml).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -100,26 +104,46 @@ NOT_MAPPED_49: dict[str, str] = {
 }
 
 
-def _labels(hosts: tuple[str, ...]) -> str:
-    """The join adding dcgm-exporter's own labels: modelName (gpu_info's name) and each of ``hosts`` (the node's
-    name, gpu_devices' nodename)."""
+#: The recording rule, one per group, holding each GPU's dcgm-exporter labels (value 1; one series per Kubernetes
+#: container the GPU is assigned to, as dcgm-exporter repeats a shared GPU's series per pod).
+LABELS_RULE = "instance_gpu:dcgm_exporter_labels:info"
+
+
+def _labels_rule(hosts: tuple[str, ...]) -> str:
+    """The expression of LABELS_RULE: per GPU, dcgm-exporter's labels from gpuwarden's info series - ``UUID``,
+    ``modelName`` (gpu_info's name), ``pci_bus_id``, ``device`` (``nvidia`` + the minor number, its /dev node),
+    ``DCGM_FI_DRIVER_VERSION`` (gpu_driver_info), each of ``hosts`` (gpu_devices' nodename) - and ``namespace``,
+    ``pod`` and ``container`` where the kubelet assigned the GPU (gpu_pod_info)."""
+    gpu = "group by (instance, job, gpu, uuid, name, pci_bus_id, minor_number) (gpu_info)"
+    for new, old, fmt in (("UUID", "uuid", "$1"), ("modelName", "name", "$1"), ("device", "minor_number", "nvidia$1")):
+        gpu = f'label_replace({gpu}, "{new}", "{fmt}", "{old}", "(.+)")'
     node = "group by (instance, job, nodename) (gpu_devices)"
     for host in hosts:
         node = f'label_replace({node}, "{host}", "$1", "nodename", "(.+)")'
+    driver = (
+        'label_replace(group by (instance, job, driver_version) (gpu_driver_info), "DCGM_FI_DRIVER_VERSION", "$1", '
+        '"driver_version", "(.+)")'
+    )
+    added = ", ".join(["UUID", "modelName", "pci_bus_id", "device", "DCGM_FI_DRIVER_VERSION", *hosts])
+    joined = f"{gpu} * on (instance, job) group_left ({', '.join(hosts)}) {node}"
+    joined += f" * on (instance, job) group_left (DCGM_FI_DRIVER_VERSION) {driver}"
+    base = f"group by (instance, job, gpu, uuid, {added}) ({joined})"
+    pods = "group by (instance, job, gpu, uuid, namespace, pod, container) (gpu_pod_info)"
     return (
-        " * on (instance, job, gpu, uuid) group_left (modelName) label_replace(group by (instance, job, gpu, uuid, "
-        'name) (gpu_info), "modelName", "$1", "name", "(.+)")'
-        f" * on (instance, job) group_left ({', '.join(hosts)}) {node}"
+        f"({pods} * on (instance, job, gpu, uuid) group_left ({added}) {base}) or on (instance, job, gpu, uuid) {base}"
     )
 
 
 def _group(name: str, mapped: dict[str, tuple[str, str]], hosts: tuple[str, ...]) -> dict[str, object]:
-    """One recording group: a rule per mapped name, its series with UUID (gpuwarden's uuid) and the labels of
-    _labels(hosts)."""
-    out = []
+    """One recording group: LABELS_RULE first (evaluated once, read by every rule after it in the same evaluation),
+    then a rule per mapped name: the GPU's labels of LABELS_RULE with the gpuwarden series' value and the labels its
+    matchers name (``clock``, ``type``, ``counter``)."""
+    labels_rule = LABELS_RULE if name.endswith("compat") else LABELS_RULE.replace(":info", "_49:info")
+    out: list[dict[str, str]] = [{"record": labels_rule, "expr": _labels_rule(hosts)}]
     for record, (expr, _) in mapped.items():
-        series = f'label_replace({expr}, "UUID", "$1", "uuid", "(.+)")'
-        out.append({"record": record, "expr": f"({series}){_labels(hosts)}"})
+        named = ", ".join(re.findall(r"(\w+)=", expr))
+        out.append({"record": record, "expr": f"{labels_rule} * on (instance, job, gpu, uuid) group_left ({named}) "
+                                              f"({expr})"})  # fmt: skip
     return {"name": name, "interval": "30s", "rules": out}
 
 

@@ -72,9 +72,17 @@ class Layout:
         self.panels.append(p)
 
 
+#: Every gpuwarden series a panel selects by scrape job is selected by cluster too (the ``cluster`` variable: a
+#: Prometheus that scrapes several clusters, or Thanos/Mimir over several, with ``cluster`` as a target or external
+#: label; where no series carries one, its "All" matches everything).
+BY_JOB = 'job=~"$job"'
+BY_CLUSTER = 'job=~"$job", cluster=~"$cluster"'
+
+
 def query(expr: str, ref: str, legend: str = "", table: bool = False) -> prometheus.Dataquery:
-    """One PromQL query of a panel: a range query with its legend, or an instant query formatted as a table."""
-    q = prometheus.Dataquery().expr(expr)
+    """One PromQL query of a panel: a range query with its legend, or an instant query formatted as a table; every
+    selector by scrape job selects by cluster too."""
+    q = prometheus.Dataquery().expr(expr.replace(BY_JOB, BY_CLUSTER))
     q = q.instant().format(mp.PromQueryFormat.TABLE) if table else q.legend_format(legend)
     return q.ref_id(ref).datasource(DS)
 
@@ -184,6 +192,19 @@ def var(name: str, query: str, multi: bool = True) -> gd.QueryVariable:
     v = gd.QueryVariable(name).label(name).datasource(DS).query(query).refresh(md.VariableRefresh.ON_TIME_RANGE_CHANGED)
     v.sort(md.VariableSort.ALPHABETICAL_ASC).multi(multi).include_all(multi)
     return v.all_value(".*") if multi else v
+
+
+def cluster_and_job() -> list[gd.QueryVariable]:
+    """The ``cluster`` variable (label values of ``cluster``, "All" matching series without one) and the scrape
+    ``job`` variable within it."""
+    return [var("cluster", "label_values(gpu_devices, cluster)"),
+            var("job", 'label_values(gpu_up{cluster=~"$cluster"}, job)')]  # fmt: skip
+
+
+def slurm_job_var() -> gd.TextBoxVariable:
+    """The job view's "Slurm job" box: a Slurm job's number (``slurm_job_id``, read where a daemon could) narrows
+    the job ids to that job's, its SLUID on Slurm 26.05+; ``.*`` (the default) leaves every id."""
+    return gd.TextBoxVariable("slurm_job_id").label("Slurm job").default_value(".*")
 
 
 def dashboard(uid: str, title: str, description: str, variables: list[Any], layout: Layout) -> gd.Dashboard:
@@ -345,8 +366,8 @@ def fleet() -> gd.Dashboard:
     )  # fmt: skip
     return dashboard(
         "gpuwarden-fleet", "GPU fleet (gpuwarden)", "Every node's GPUs: health, states, lost time, worst jobs.",
-        [var_ds(), var("job", "label_values(gpu_up, job)"),
-         var("instance", 'label_values(gpu_up{job=~"$job"}, instance)')],
+        [var_ds(), *cluster_and_job(),
+         var("instance", f"label_values(gpu_up{{{BY_CLUSTER}}}, instance)")],
         lay,
     )  # fmt: skip
 
@@ -512,9 +533,9 @@ def node() -> gd.Dashboard:
     )  # fmt: skip
     return dashboard(
         "gpuwarden-node", "GPU node (gpuwarden)", "One node's GPUs: verdicts, readings against limits, processes.",
-        [var_ds(), var("job", "label_values(gpu_up, job)"),
-         var("instance", 'label_values(gpu_up{job=~"$job"}, instance)', multi=False),
-         var("gpu", 'label_values(gpu_up{job=~"$job", instance="$instance"}, gpu)')],
+        [var_ds(), *cluster_and_job(),
+         var("instance", f"label_values(gpu_up{{{BY_CLUSTER}}}, instance)", multi=False),
+         var("gpu", f'label_values(gpu_up{{{BY_CLUSTER}, instance="$instance"}}, gpu)')],
         lay,
     )  # fmt: skip
 
@@ -593,9 +614,11 @@ def job() -> gd.Dashboard:
     )  # fmt: skip
     return dashboard(
         "gpuwarden-job", "GPU job (gpuwarden)", "One job's GPUs on every node: activity, starvation, imbalance.",
-        [var_ds(), var("job", "label_values(gpu_up, job)"),
-         var("job_id", 'label_values(gpu_process_job_info{job=~"$job"}, job_id)', multi=False),
-         var("instance", 'label_values(gpu_process_job_info{job=~"$job", job_id="$job_id"}, instance)', multi=False)],
+        [var_ds(), *cluster_and_job(), slurm_job_var(),
+         var("job_id", f'label_values(gpu_process_job_info{{{BY_CLUSTER}, slurm_job_id=~"$slurm_job_id"}}, job_id)',
+             multi=False),
+         var("instance", f'label_values(gpu_process_job_info{{{BY_CLUSTER}, job_id="$job_id"}}, instance)',
+             multi=False)],
         lay,
     )  # fmt: skip
 

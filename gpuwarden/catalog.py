@@ -133,8 +133,10 @@ REMAPPED_ROWS = ("corrected", "uncorrected", "pending", "failure")
 class Cumulative:
     """A reading that only grows (a counter) in record ``record`` (``gpu``: GpuReading, ``process``:
     ProcessReading, ``host``: HostReading): a number, or a dict of numbers when ``keys`` (None: every key; a
-    tuple: only those, the others being flags). ``integer``: a count, kept an int. A replay continues each across
-    its loops (gpuwarden.replay), and tests/test_catalog.py checks every ``*_total`` field of those models is here.
+    tuple: only those, the others being flags). ``integer``: a count, kept an int. ``accrues``: it grows at every
+    read (energy), so a replay's growth per pass is its rate between its first and last reads (not polls). A replay
+    continues each across its loops (gpuwarden.replay), and tests/test_catalog.py checks every ``*_total`` field of
+    those models is here.
     """
 
     record: str
@@ -142,10 +144,13 @@ class Cumulative:
     integer: bool = False
     keyed: bool = False
     keys: tuple[str, ...] | None = None
+    accrues: bool = False
 
 
 CUMULATIVE: tuple[Cumulative, ...] = (
-    Cumulative("gpu", "energy_joules_total"),
+    # accrues: grows all the time (a powered GPU draws energy), read at the slow cadence, so a trace's last read
+    # lies up to slow_interval_seconds before its last poll: a replay takes its rate between reads
+    Cumulative("gpu", "energy_joules_total", accrues=True),
     Cumulative("gpu", "pcie_replay_total", integer=True),
     Cumulative("gpu", "clock_event_seconds_total", keyed=True),
     Cumulative("gpu", "ecc_errors_total", integer=True, keyed=True),
@@ -315,9 +320,10 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_info",
         "info",
-        "Identity of each GPU (value 1): name, PCI bus id, serial, VBIOS, architecture, compute capability.",
+        "Identity of each GPU (value 1): name, PCI bus id, serial, VBIOS, architecture, compute capability, minor "
+        "number (of its /dev/nvidiaN node).",
         "device",
-        labels=("name", "pci_bus_id", "serial", "vbios_version", "architecture", "compute_capability"),
+        labels=("name", "pci_bus_id", "serial", "vbios_version", "architecture", "compute_capability", "minor_number"),
     ),
     Family(
         "gpu_driver_info",

@@ -159,6 +159,12 @@ class Config(BaseSettings):
         description="the kubelet's pod-resources socket (/var/lib/kubelet/pod-resources/kubelet.sock): names the "
         "pods, namespaces and containers holding each GPU; none: not asked",
     )
+    dra_resource_slices: bool = Field(
+        default=False,
+        description="with kubelet_socket, map DRA devices (NVIDIA's DRA driver, gpu.nvidia.com) to GPUs by the UUID "
+        "this node's ResourceSlices give them, read from the Kubernetes API with the pod's service account (needs "
+        "list on resourceslices: deploy/kubernetes/dra-rbac.yaml); off: by the driver's gpu-N names, N the NVML index",
+    )
     node_name: str | None = Field(
         default=None,
         min_length=1,

@@ -27,7 +27,10 @@ def test_amtool_check_config() -> None:
         (["alertname=GpuLost", "severity=critical"], "pager"),
         (["alertname=GpuMemoryFillingUp", "severity=critical"], "pager"),
         (["alertname=GpuMemoryAlmostFull", "severity=warning"], "tickets"),
-        (["alertname=GpuMemoryHeldIdle", "severity=warning", "notify=owner"], "owners"),
+        (["alertname=GpuMemoryHeldIdle", "severity=warning", "notify=owner", "user=alice"], "owners"),
+        # no owner to notify (a process gone from /proc: job "?/?"): a ticket, never a group keyed "?"
+        (["alertname=GpuMemoryHeldIdle", "severity=warning", "notify=owner", "user=?", "job_id=?/?"], "tickets"),
+        (["alertname=GpuMemoryHeldIdle", "severity=warning", "notify=owner"], "tickets"),
         (["alertname=GpuStarved", "severity=info"], "chat"),
         (["alertname=SomethingElse"], "tickets"),
     ],

@@ -245,3 +245,25 @@ def test_the_cluster_traces_are_what_their_script_writes_and_say_they_are_modifi
         assert "Slurm job 4242" in committed[0].metadata["modified"]
         assert fresh[0].model_dump(exclude={"created"}) == committed[0].model_dump(exclude={"created"})
         assert [p.model_dump() for p in fresh[1]] == [p.model_dump() for p in committed[1]]
+
+
+@pytest.mark.e2e
+def test_the_job_dashboard_finds_a_slurm_job_by_its_number(prom: dict) -> None:
+    """The job view's "Slurm job" box narrows its job ids to the job whose series carry that ``slurm_job_id``: 4242
+    finds its SLUID (only node a's daemon could read the number); the box's default lists every id."""
+    import httpx
+
+    board = json.loads((REPO / "dashboards" / "gpuwarden-job.json").read_text())
+    [job_id] = [v for v in board["templating"]["list"] if v["name"] == "job_id"]
+    query = job_id["query"]["query"] if isinstance(job_id["query"], dict) else job_id["query"]
+    selector = query.removeprefix("label_values(").rsplit(",", 1)[0]
+
+    def ids(slurm_job: str) -> set[str]:
+        expr = selector.replace("$cluster", ".*").replace("$job", ".*").replace("$slurm_job_id", slurm_job)
+        # label_values over the dashboard's time range: the series of the last 5 minutes
+        q = f"group by (job_id) (last_over_time({expr}[5m]))"
+        body = httpx.get(f"{prom['url']}/api/v1/query", params={"query": q}).json()
+        return {r["metric"]["job_id"] for r in body["data"]["result"]}
+
+    assert ids("4242") == {SLUID}
+    assert {SLUID, "901", "902"} <= ids(".*")

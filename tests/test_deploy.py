@@ -380,3 +380,20 @@ def test_dockerignore_keeps_the_build_context_to_what_the_image_copies() -> None
         if word == "COPY" and "--from" not in arg:
             *srcs, _ = arg.split()
             assert not set(srcs) & ignored, srcs  # nothing the image needs is left out of the context
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_optional_manifests_validate_and_bind_the_daemonsets_account(kv, version: str) -> None:  # noqa: ANN001
+    """deploy/kubernetes/optional/: each document valid for each Kubernetes version; the DRA RBAC grants list on
+    resourceslices to the DaemonSet's service account in its namespace."""
+    docs = [d for p in sorted((K8S / "optional").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    for doc in docs:
+        kv.validate(doc, version, strict=True)
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    ds = one("DaemonSet")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = ds["spec"]["template"]["spec"]["serviceAccountName"]
+    namespace = kustomization()["namespace"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]

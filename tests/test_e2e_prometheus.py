@@ -54,6 +54,8 @@ class Webhook(BaseHTTPRequestHandler):
         pass
 
 
+#: Every node's cluster (a target label, as a fleet with several clusters sets it).
+CLUSTER = "e2e"
 #: scenario -> trace replayed (each daemon's node name is its scenario).
 NODES = {
     "ddp": "h200x2-ddp_straggler",
@@ -83,7 +85,8 @@ def _daemon(trace: str, port: int, node: str) -> subprocess.Popen:
 
 
 def _targets(path: Path, ports: dict[str, int]) -> None:
-    groups = [{"targets": [f"127.0.0.1:{port}"], "labels": {"scenario": name}} for name, port in ports.items()]
+    groups = [{"targets": [f"127.0.0.1:{port}"], "labels": {"scenario": name, "cluster": CLUSTER}}
+              for name, port in ports.items()]  # fmt: skip
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(groups))
     tmp.replace(path)  # atomic: Prometheus never reads half a file
@@ -183,7 +186,8 @@ def promql_regex(value: str) -> str:
 def substitute(expr: str, values: dict[str, str]) -> str:
     """Grafana's variable substitution for the variables of dashboards/*.json."""
     expr = expr.replace("$__rate_interval", "10s").replace("$__range", "1m")
-    return re.sub(r"\$(job_id|job|instance|gpu)\b", lambda m: values[m.group(1)], expr)
+    values = {"cluster": ".*", "slurm_job_id": ".*", **values}  # "All" clusters; no Slurm job number typed
+    return re.sub(r"\$(job_id|job|instance|gpu|cluster|slurm_job_id)\b", lambda m: values[m.group(1)], expr)
 
 
 def _label_values(prom: str, label: str, selector: str) -> list[str]:
@@ -248,9 +252,12 @@ def test_every_dashboard_panel_shows_data_for_every_variable_value(stack: dict) 
 
 def test_every_dashboard_variable_has_values(stack: dict) -> None:
     [ddp_job] = _label_values(stack["prom"], "job_id", f'gpu_process_job_info{{instance="{stack["ddp"]}"}}')
-    plain = {"job": "gpuwarden", "instance": stack["ddp"], "job_id": ddp_job}
+    plain = {"job": "gpuwarden", "instance": stack["ddp"], "job_id": ddp_job, "cluster": CLUSTER}
+    typed = {"slurm_job_id": ".*"}  # a text box: its default, inserted as typed (a single value is not escaped)
 
     def fill(m: re.Match) -> str:  # =~ takes the regex-escaped value, = the value itself (as Grafana inserts them)
+        if m.group(2) in typed:
+            return f'{m.group(1)}"{typed[m.group(2)]}"'
         value = plain[m.group(2)]
         return f'{m.group(1)}"{promql_regex(value) if m.group(1) == "=~" else value}"'
 
@@ -261,7 +268,7 @@ def test_every_dashboard_variable_has_values(stack: dict) -> None:
             q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
             m = re.fullmatch(r"label_values\((.+), (\w+)\)", q)
             assert m, q
-            selector = re.sub(r'(=~|=)"\$(job_id|job|instance)"', fill, m.group(1))
+            selector = re.sub(r'(=~|=)"\$(job_id|job|instance|cluster|slurm_job_id)"', fill, m.group(1))
             r = httpx.get(f"{stack['prom']}/api/v1/label/{m.group(2)}/values", params={"match[]": selector}, timeout=10)
             assert r.json()["data"], (path.stem, v["name"], selector)
 

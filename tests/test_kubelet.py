@@ -275,3 +275,133 @@ def test_gpus_allocated_through_dynamic_resource_allocation_name_their_pods(tmp_
     }
     assert [(p.pod, p.resource) for p in b.pods] == [("small", "gpu.nvidia.com/infer/small-mig")]
     assert [(p.pod, p.device_id) for p in c.pods] == [("ddp-0", "gpu-2")]
+
+
+GPU_D = "GPU-dddddddd-1111-2222-3333-444444444444"
+
+
+class FakeApiServer:
+    """A real HTTP server answering the ResourceSlice list as the Kubernetes API does: ``versions`` it serves (404
+    for the others), the bearer token checked (401), each version's shape (attributes under ``basic`` in
+    v1beta1)."""
+
+    def __init__(self, slices: dict[str, dict[str, str]], versions: tuple[str, ...], token: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.slices, self.versions, self.token = slices, versions, token
+        self.paths: list[str] = []
+        self.status: int | None = None  # set: answer every request with it (a failing API server)
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                api.paths.append(self.path)
+                version = self.path.split("/")[3]
+                if api.status is not None:
+                    return self._send(api.status, {"kind": "Status"})
+                if self.headers.get("Authorization") != f"Bearer {api.token}":
+                    return self._send(401, {"kind": "Status", "reason": "Unauthorized"})
+                if version not in api.versions:
+                    return self._send(404, {"kind": "Status", "reason": "NotFound"})
+                self._send(200, api.document(version))
+
+            def _send(self, code: int, doc: dict) -> None:
+                import json
+
+                body = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def document(self, version: str) -> dict:
+        """A ResourceSliceList: one slice per node of ``slices`` (node -> device name -> UUID)."""
+
+        def device(name: str, uuid: str) -> dict:
+            attrs = {"uuid": {"string": uuid}, "type": {"string": "mig" if "mig" in name else "gpu"}}
+            return {"name": name, "basic": {"attributes": attrs}} if version == "v1beta1" else {
+                "name": name, "attributes": attrs}  # fmt: skip
+
+        items = [{"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceSlice",
+                  "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1},
+                           "devices": [device(n, u) for n, u in devices.items()]}}
+                 for node, devices in self.slices.items()]  # fmt: skip
+        return {"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceSliceList", "items": items}
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.mark.parametrize("versions", [("v1", "v1beta2", "v1beta1"), ("v1beta1",)])
+def test_dra_devices_are_mapped_to_gpus_by_the_uuids_of_the_nodes_resourceslices(
+    tmp_path: Path, versions: tuple[str, ...]
+) -> None:
+    """NVIDIA's DRA driver names devices gpu-N, but N need not be NVML's index: this node's ResourceSlice says gpu-0
+    is GPU B (NVML index 1) and gpu-1 GPU A (index 0), and its MIG device is GPU B's. The pods go to the GPUs whose
+    UUIDs the slice gives, on a server of Kubernetes 1.34 (v1) and of 1.32 (v1beta1 only, attributes under basic);
+    another node's slice is not read."""
+    from gpuwarden.kubelet.resourceslices import DraDevices
+
+    (tmp_path / "token").write_text("s3cret\n")
+    api = FakeApiServer({"node-1": {"gpu-0": GPU_B, "gpu-1": GPU_A, "gpu-1-mig-1g10gb-0-0": MIG_B, "gpu-2": GPU_D},
+                         "node-2": {"gpu-0": GPU_A}}, versions, "s3cret")  # fmt: skip
+    sock = tmp_path / "kubelet.sock"
+    pods = [
+        _claim_pod("train", "ddp-0", "main", "ddp-0-gpus", [("gpu.nvidia.com", "gpu-0")]),
+        _claim_pod("infer", "small", "srv", "small-mig", [("gpu.nvidia.com", "gpu-1-mig-1g10gb-0-0")]),
+    ]
+    try:
+        with kubelet(sock, pods):
+            dra = DraDevices("node-1", api=api.url, token_file=tmp_path / "token", ca_file=None)
+            client = PodResources(sock, refresh_seconds=0, dra=dra)
+            a, b, c = client.assign(_gpus())
+            client.close()
+    finally:
+        api.close()
+    assert a.pods is None or a.pods == []
+    assert sorted(p.pod for p in b.pods) == ["ddp-0", "small"]
+    assert c.pods is None or c.pods == []
+    assert all("fieldSelector=spec.nodeName%3Dnode-1%2Cspec.driver%3Dgpu.nvidia.com" in p for p in api.paths)
+    assert api.paths[-1].startswith(f"/apis/resource.k8s.io/{versions[0]}/")
+
+
+def test_dra_devices_fall_back_to_their_names_while_the_api_server_refuses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong token (401) or a failing API server: one warning, and DRA devices are taken by their gpu-N names (N the
+    NVML index) until the slices answer; never an exception in the poll."""
+    from gpuwarden.kubelet.resourceslices import DraDevices
+
+    (tmp_path / "token").write_text("wrong")
+    api = FakeApiServer({"node-1": {"gpu-0": GPU_B}}, ("v1",), "s3cret")
+    sock = tmp_path / "kubelet.sock"
+    try:
+        with kubelet(sock, [_claim_pod("train", "ddp-0", "main", "c", [("gpu.nvidia.com", "gpu-0")])]):
+            dra = DraDevices("node-1", api=api.url, token_file=tmp_path / "token", ca_file=None, refresh_seconds=0)
+            client = PodResources(sock, refresh_seconds=0, dra=dra)
+            with caplog.at_level(logging.WARNING, logger="gpuwarden.kubelet"):
+                for status in (None, None, 500, 500):  # refused, then failing: every poll asks again
+                    api.status = status
+                    a, b, _c = client.assign(_gpus())
+                    assert [p.pod for p in a.pods] == ["ddp-0"] and not b.pods
+            client.close()
+    finally:
+        api.close()
+    warnings = [r for r in caplog.records if "ResourceSlices unavailable" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_dra_resource_slices_outside_a_pod_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuwarden.kubelet.resourceslices import DraDevices
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ValueError, match="not in a Kubernetes pod"):
+        DraDevices("node-1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import trace
+from conftest import TRACES, trace
 
 from gpuwarden.replay import ReplaySource
 from gpuwarden.trace import read_trace
@@ -80,7 +80,8 @@ def _counter_values(poll: object) -> dict[tuple, float]:
 @pytest.mark.parametrize("name", ["derived-h100-health", "h200x2-ddp_straggler", "h100-starved_dataloader"])
 def test_no_cumulative_reading_goes_back_at_a_loop_and_rates_hold(name: str) -> None:
     """Over three loops, every counter the catalogue declares is at a loop's first poll at least what the pass before
-    ended with, and energy grows across each loop boundary at the pass's own mean rate (within 2x)."""
+    ended with, and energy grows across each loop boundary by what the pass's own mean rate gives since its last
+    read."""
     src = ReplaySource(trace(name), timing="recorded")
     src.open()
     n = src.polls_in_trace
@@ -95,5 +96,33 @@ def test_no_cumulative_reading_goes_back_at_a_loop_and_rates_hold(name: str) -> 
             continue
         dt = polls[n - 1].timestamp - polls[0].timestamp
         mean = (e[n - 1] - e[0]) / dt  # type: ignore[operator]
-        step = (e[n] - e[n - 1]) / (polls[n].timestamp - polls[n - 1].timestamp)  # type: ignore[operator]
-        assert mean / 2 <= step <= mean * 2, (g, mean, step)
+        # read every 10 s, the counter stands still after its last read of a pass and catches up at the loop: by
+        # the pass's mean rate over at most the time since that read and a poll
+        step = e[n] - e[n - 1]  # type: ignore[operator]
+        assert 0 < step <= mean * 2 * 11, (g, mean, step)
+
+
+def test_a_replayed_energy_counter_grows_at_the_recorded_power() -> None:
+    """The energy counter is read every slow interval (10 s) and carried between reads, so a 30-poll recording's
+    last read lies up to 10 s before its last poll: over three loops every real recording's replayed counter grows
+    at its recorded mean power within 10% (first to last poll gave 0.49-0.72 of it on a third of them). On the H100
+    of energy/h100-energy-check the counter grew 1.00 times the integral of its power (tools/energy_check.py)."""
+    import statistics
+
+    checked = 0
+    for path in [*sorted(TRACES.glob("*.jsonl.gz")), TRACES.parent / "energy" / "h100-energy-check.jsonl.gz"]:
+        if path.name.startswith("derived-"):
+            continue
+        src = ReplaySource(path, timing="recorded")
+        src.open()
+        n = src.polls_in_trace
+        polls = [src.poll() for _ in range(3 * n + 1)]
+        for g in range(len(polls[0].gpus)):
+            e = [p.gpus[g].energy_joules_total for p in polls]
+            power = [p.gpus[g].power_usage_watts for p in polls[:n]]
+            if None in e or None in power:
+                continue
+            rate = (e[3 * n] - e[0]) / (polls[3 * n].timestamp - polls[0].timestamp)  # type: ignore[operator]
+            assert 0.9 <= rate / statistics.mean(power) <= 1.1, (path.name, g, rate, statistics.mean(power))  # type: ignore[arg-type]
+            checked += 1
+    assert checked >= 40

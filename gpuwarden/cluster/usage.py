@@ -17,13 +17,17 @@ range counts for each job only while that job held it.
   which telescopes to their growth over the range, exactly: the steps end at the range's end and every step
   before it, back to its start (PromQL aligns a subquery's steps to multiples of the step since 1970 and includes
   both ends of its range: the inner selectors are shifted to the range's end with a negative offset, the subquery
-  back with a positive one, and its range is a millisecond short of the range). A job's share of a GPU in each step
-  is the share of the step's scrapes in which it held the GPU, so a job that started or ended within a step gets
-  that part of it; the diagnosis is sampled at each step.
+  back with a positive one, and its range is a millisecond short of the range). The growth is taken at steps of
+  at most the scrape interval that tile ``--step`` (``ATTRIBUTION_SECONDS``, ``--resolution``): each holds one
+  scrape, so a daemon restart (its counters start again) loses nothing, and a job's share of a GPU in each is
+  whether it held the GPU at that scrape. Scraped more often than that, a restart loses the growth of the part it
+  fell in before it, and a GPU that changed hands within a part splits the part's busy and lost time by the share
+  of its scrapes each job held it in (held time stays exact: a GPU accrues it only while held). The diagnosis is
+  sampled at each ``--step``.
 - **Clusters.** Every key carries the values of ``cluster_labels`` (default ``cluster``), as the alert rules do: a
   job id (a Slurm job, a SLUID) seen in two clusters is two jobs, and a node is its instance in its cluster.
 - **Effective time** (``top`` and ``report``): time with SM activity >= 0.5 (util.gpu where the GPU has no GPM),
-  the share of each step it was so (sampled every minute, or every step where steps are shorter): DCGM's guidance
+  sampled at each attribution step (each scrape): DCGM's guidance
   is that SM activity below 0.5 likely means the GPU is used ineffectively.
 - **Peak-equivalent time** (``top`` and ``report``): the sum over the steps of the job's GPUs' mean FLOP utilization
   estimate over the step (OFU, ``gpu_flop_utilization_ratio``) times the step: the GPU-hours the job's tensor work
@@ -139,18 +143,32 @@ class Usage:
 
 #: The labels a per-GPU, per-job sample must carry.
 _GPU_JOB = ("instance", "gpu", "job_id")
-#: Finer than this, effective time is sampled at each step; coarser, every minute within the step.
-EFFECTIVE_RESOLUTION_SECONDS = 60
+#: Counters are summed, and jobs given their share of a GPU, at steps this long or shorter (a longer step is cut into
+#: equal parts): Prometheus's usual scrape interval (deploy/prometheus/prometheus.yml's), so each such step holds one
+#: scrape of a GPU and the hours are the same whatever ``--step``, a restarted daemon's counters and a GPU that
+#: changed hands included.
+ATTRIBUTION_SECONDS = 15.0
+
+
+def _attribution_ms(step_ms: int, most_ms: int) -> int:
+    """The longest step of at most ``most_ms`` (ms) that divides ``step_ms`` (ms) into equal parts."""
+    parts = -(-step_ms // most_ms)
+    while step_ms % parts:
+        parts += 1
+    return step_ms // parts
 
 
 class Accounting:
     """The queries behind ``top`` and ``report``: the range ``range_`` (a Prometheus duration) that ends at ``at``
     (Unix seconds; None: now), in steps of ``step`` (1m by default; the range a whole number of them). ``selector``:
     extra label matchers for every gpuwarden series, e.g. ``cluster="train-a"``; ``cluster_labels``: the labels
-    that name a cluster (jobs and nodes are keyed within it). Raises ValueError for a bad range or step."""
+    that name a cluster (jobs and nodes are keyed within it); ``attribution``: the longest step, in seconds, at
+    which counters are summed and jobs given their share of a GPU (ATTRIBUTION_SECONDS). Raises ValueError for a
+    bad range or step."""
 
     def __init__(self, prom: Prometheus, range_: str, step: str = "1m", selector: str = "",
-                 at: float | None = None, cluster_labels: tuple[str, ...] = ("cluster",)) -> None:  # fmt: skip
+                 at: float | None = None, cluster_labels: tuple[str, ...] = ("cluster",),
+                 attribution: float = ATTRIBUTION_SECONDS) -> None:  # fmt: skip
         range_s, self.step_s = seconds(range_), seconds(step)
         if self.step_s > range_s:
             raise ValueError(f"--step {step} is longer than --range {range_}")
@@ -168,6 +186,13 @@ class Accounting:
         # how far the range's end lies past a multiple of the step: PromQL's subquery steps fall on those multiples
         self._shift_ms = round(self.at * 1000) % self._step_ms
         self._reasons: dict[GpuKey, dict[str, float]] | None = None
+        # jobs are attributed at steps of at most ATTRIBUTION_SECONDS that tile the step (the range's steps of a
+        # finer accounting): a GPU that changed hands within a long step is split where it changed, to that step
+        if not attribution > 0.001:
+            raise ValueError(f"attribution step {attribution!r} s is not positive")
+        fine_ms = _attribution_ms(self._step_ms, round(attribution * 1000))
+        self._fine = self if fine_ms == self._step_ms else Accounting(
+            prom, range_, f"{fine_ms}ms", selector, at=self.at, cluster_labels=cluster_labels)  # fmt: skip
 
     def cluster_of(self, labels: dict[str, str]) -> Cluster:
         """The cluster of a result series: the values of the cluster labels ("" where missing)."""
@@ -253,17 +278,16 @@ class Accounting:
         return JobKey(labels["job_id"], None if scope == "cluster" else labels.get("instance"), self.cluster_of(labels))
 
     def _effective(self) -> str:
-        """Per GPU and step: the share of the step with SM activity >= EFFECTIVE_SM (util.gpu without GPM), sampled
-        every EFFECTIVE_RESOLUTION_SECONDS, or at each step where the steps are that short or shorter."""
+        """Per GPU and step: 1 where SM activity (util.gpu without GPM) is at least EFFECTIVE_SM at the step's end,
+        else 0 (jobs are accounted at steps of the scrape interval or shorter: each scrape's reading)."""
         activity = f"({self._at_step('gpu_sm_activity_ratio')} or {self._at_step('gpu_utilization_ratio')})"
-        if self.step_s <= EFFECTIVE_RESOLUTION_SECONDS:
-            return f"{activity} >= bool {EFFECTIVE_SM}"
-        return (
-            f"avg_over_time(({activity} >= bool {EFFECTIVE_SM})[{self._step_ms - 1}ms:{EFFECTIVE_RESOLUTION_SECONDS}s])"
-        )
+        return f"{activity} >= bool {EFFECTIVE_SM}"
 
     def jobs(self, job_id: str | None = None, instance: str | None = None) -> dict[JobKey, Usage]:
         """Usage of every job that held a GPU in the range (or of one job id, on one instance)."""
+        if self._fine is not self:
+            self._fine._reasons = self._gpu_reasons()  # which reasons to ask about: the step's are enough
+            return self._fine.jobs(job_id, instance)
         jf = _job_filter(job_id, instance)
         out: dict[JobKey, Usage] = defaultdict(Usage)
 
@@ -317,6 +341,9 @@ class Accounting:
     def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
         """``jobs()`` of one id, with energy added: all of it, above the idle floor by lost cause, and above it while
         waiting on peers."""
+        if self._fine is not self:
+            self._fine._reasons = self._gpu_reasons()
+            return self._fine.job_details(job_id, instance)
         out = self.jobs(job_id, instance)
         jf = _job_filter(job_id, instance)
         for s in self.samples(self._per_job(self._increase("gpu_peer_wait_energy_joules_total"), jf), "job_id"):
@@ -339,6 +366,8 @@ class Accounting:
     def stragglers(self, key: JobKey) -> list[tuple[str, str, float]]:
         """GPUs of the job the daemons flagged ``straggler`` in at least STRAGGLER_MIN_SHARE of the steps the job held
         them: (instance, gpu, share), most flagged first."""
+        if self._fine is not self:
+            return self._fine.stragglers(key)
         jf = _key_filter(key, self.cluster_labels)
         straggler = self._at_step("gpu_diagnosis", 'reason="straggler"')
         flagged = self.samples(self._per_job(f"{straggler} == bool 1", jf, by="instance, gpu"), "instance", "gpu")
@@ -390,6 +419,9 @@ class Accounting:
     def gpus(self) -> dict[GpuKey, Usage]:
         """Usage of every GPU over the range: held (every state but free), busy, lost hours by cause, free hours,
         the reasons given."""
+        if self._fine is not self:
+            self._fine._reasons = self._gpu_reasons()
+            return self._fine.gpus()
         out: dict[GpuKey, Usage] = defaultdict(Usage)
         c = self._c
         idle = self._increase("gpu_idle_seconds_total")

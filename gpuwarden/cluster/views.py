@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, Cluster, GpuKey, JobKey, Usage
+from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, Cluster, GpuKey, JobKey, Usage, seconds
 from gpuwarden.terminal import plain, visible
 from gpuwarden.urls import redacted
 
@@ -114,7 +114,9 @@ def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
     # every query at one moment: the jobs and GPU tables (and a report's parts) cover the same range
     at = time.time() if getattr(args, "at", None) is None else args.at
     labels = tuple(getattr(args, "cluster_labels", ("cluster",)))
-    return prom, Accounting(prom, args.range, args.step, args.selector, at=at, cluster_labels=labels)
+    resolution = seconds(getattr(args, "resolution", "15s"))
+    return prom, Accounting(prom, args.range, args.step, args.selector, at=at, cluster_labels=labels,
+                            attribution=resolution)  # fmt: skip
 
 
 def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T]) -> T | None:

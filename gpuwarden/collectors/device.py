@@ -15,12 +15,12 @@ from gpuwarden.snapshot import NodeSnapshot
 
 @builds("gpu_info")
 def gpu_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
-    """Return one info sample per GPU with its identity labels (empty values left out)."""
+    """Return one info sample per GPU with its identity labels (unknown values left out; minor number 0 kept)."""
     info = new_family(fam)
     assert isinstance(info, InfoMetricFamily)
     for s in snap.static.gpus:
         values = {k: getattr(s, k) for k in fam.labels}
-        info.add_metric(gpu_label_values(s), {k: v for k, v in values.items() if v})
+        info.add_metric(gpu_label_values(s), {k: str(v) for k, v in values.items() if v is not None and v != ""})
     return info
 
 

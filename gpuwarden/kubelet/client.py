@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.kubelet.resourceslices import DraDevices
 from gpuwarden.model import GpuReading, PodAssignment
 
 log = logging.getLogger("gpuwarden.kubelet")
@@ -38,12 +39,13 @@ class PodResources:
     ``List`` runs in gRPC's threads, within ``timeout`` seconds; callers read the last answer."""
 
     def __init__(self, socket: Path = DEFAULT_SOCKET, timeout: float = 2.0, refresh_seconds: float = 5.0,
-                 max_age_seconds: float = 60.0) -> None:  # fmt: skip
+                 max_age_seconds: float = 60.0, dra: DraDevices | None = None) -> None:  # fmt: skip
         import grpc
 
         from gpuwarden.kubelet import podresources_pb2 as pb
 
         self.socket = socket
+        self.dra = dra
         self.timeout = timeout
         self.refresh_seconds = refresh_seconds
         self.max_age_seconds = max_age_seconds
@@ -131,15 +133,18 @@ class PodResources:
 
     def assign(self, gpus: list[GpuReading]) -> list[GpuReading]:
         """``gpus`` with ``pods`` set: the containers whose device ids name the GPU (its UUID, a replica of it, one of
-        its MIG devices, or its index)."""
+        its MIG devices, or its index). A DRA device is the GPU whose UUID (or MIG device's) the node's ResourceSlice
+        gives its name (``dra``); a name the slices do not list (none read yet, or none asked) is taken as the
+        driver's ``gpu-N`` / ``gpu-N-mig-...`` for NVML index N."""
         found = self.assignments()
         if not found:
             return gpus
+        uuids = self.dra.uuids(wait=self.timeout) if self.dra is not None else {}
         out = []
         for g in gpus:
             dra = f"gpu-{g.index}"  # the DRA driver's device names: gpu-N, and gpu-N-mig-... for its MIG devices
-            names = {g.uuid, str(g.index), dra, *(m.uuid for m in g.mig)}
-            pods = [a for a in found if a.device_id.split("::", 1)[0] in names or a.device_id.startswith(dra + "-mig-")]
+            names = {g.uuid, str(g.index), *(m.uuid for m in g.mig)}
+            pods = [a for a in found if _names_gpu(a, names, dra, uuids)]
             out.append(g.model_copy(update={"pods": pods}) if pods else g)
         return out
 
@@ -147,6 +152,15 @@ class PodResources:
         """Close the gRPC channel (a List in flight ends, unlogged)."""
         self._closed = True
         self._channel.close()
+
+
+def _names_gpu(a: PodAssignment, names: set[str], dra: str, uuids: dict[str, str]) -> bool:
+    """Whether assignment ``a`` names the GPU of ``names`` (its UUID, index, MIG UUIDs) and DRA name ``dra``."""
+    if a.resource.startswith(DRA_DRIVER + "/"):
+        if a.device_id in uuids:
+            return uuids[a.device_id] in names
+        return a.device_id == dra or a.device_id.startswith(dra + "-mig-")
+    return a.device_id.split("::", 1)[0] in names
 
 
 def _code(exc: Any) -> str:

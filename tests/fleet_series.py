@@ -1,0 +1,142 @@
+"""Hours of gpuwarden series for two clusters, written as OpenMetrics for ``promtool tsdb create-blocks-from
+openmetrics``, with what their counters say each job and GPU held, computed here sample by sample.
+
+These are not GPU readings: they exercise the fleet accounting's arithmetic (steps, offsets, joins, counter
+resets), so every number is chosen to make a wrong step visible. Clusters ``alpha`` and ``beta`` each have a node
+``n1:9400`` (one instance name in both, as two clusters' first nodes often are); alpha has ``n2:9400`` too. A
+Slurm job's SLUID runs in both clusters (two jobs); on alpha's n2 GPU 0 Slurm job 4242 hands over to 4343 at a
+scrape that is neither on a minute nor on any step's end; beta's n1 GPU 1 runs a node-local systemd unit for an
+hour; beta's n1 daemon restarts (its counters start again from zero) after a 30-second gap.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+#: Seconds between scrapes.
+SCRAPE = 15
+SLUID = "sSHARED2CLUSTERS"
+UNIT = "/system.slice/train.service"
+#: job id -> (scope, kind, busy seconds of each 15-second scrape, the idle state, its cause).
+JOBS = {
+    SLUID: ("cluster", "slurm", 9, "starved", "input_cpu"),
+    "4242": ("cluster", "slurm", 14, "starved", "launch"),
+    "4343": ("cluster", "slurm", 0, "held_idle", "held_idle"),
+    UNIT: ("node", "systemd", 5, "paused", "paused"),
+}
+STATES = ("busy", "starved", "paused", "held_idle", "free")
+CAUSES = ("input_cpu", "launch", "held_idle", "paused", "free")
+#: (cluster, instance) -> GPUs
+NODES = {("alpha", "n1:9400"): 2, ("alpha", "n2:9400"): 2, ("beta", "n1:9400"): 2}
+PRICE = 2.0
+
+
+@dataclass
+class Truth:
+    """Seconds the counters grew in (start, end], per GPU ((cluster, instance, gpu) -> state or cause -> s) and per
+    job ((job id, instance or None, cluster) -> the same)."""
+
+    gpu_states: dict[tuple, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    gpu_causes: dict[tuple, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    job_states: dict[tuple, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    job_causes: dict[tuple, dict[str, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+
+
+class Fleet:
+    """The series from ``t0`` (Unix seconds, a multiple of SCRAPE) for ``hours``: the job changeover on alpha's n2
+    GPU 0 at ``t0 + change`` s, beta's n1 daemon down from ``t0 + restart`` s for 30 s."""
+
+    def __init__(self, t0: int, hours: float, change: int = 3135, restart: int = 4995) -> None:
+        self.t0, self.end = t0, t0 + int(hours * 3600)
+        self.change, self.restart = t0 + change, t0 + restart
+        self.times = list(range(t0, self.end + 1, SCRAPE))
+
+    def holder(self, cluster: str, instance: str, gpu: int, t: int) -> str | None:
+        """The job holding the GPU at time ``t`` (None: free)."""
+        if instance == "n1:9400" and (gpu == 0 or cluster == "alpha"):
+            return SLUID
+        if cluster == "alpha" and gpu == 0:
+            return "4242" if t < self.change else "4343"
+        if cluster == "beta" and self.t0 + 3600 <= t < self.t0 + 7200:
+            return UNIT
+        return None
+
+    def _down(self, cluster: str, instance: str, t: int) -> bool:
+        return cluster == "beta" and self.restart <= t < self.restart + 30
+
+    def _growth(self, job: str | None) -> tuple[dict[str, int], dict[str, int]]:
+        """One scrape interval's growth of the state and cause counters of a GPU held by ``job``."""
+        if job is None:
+            return {"free": SCRAPE}, {"free": SCRAPE}
+        _, _, busy, state, cause = JOBS[job]
+        idle = SCRAPE - busy
+        return {"busy": busy, state: idle}, ({cause: idle} if idle else {})
+
+    def samples(self) -> dict[tuple, list[tuple[int, float]]]:
+        """Every series: (metric, frozen labels) -> [(t, value)], time-ordered."""
+        out: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+        for (cluster, instance), n in NODES.items():
+            node = {"cluster": cluster, "instance": instance, "job": "gpuwarden"}
+            states = {g: dict.fromkeys(STATES, 1000.0 * (g + 1)) for g in range(n)}  # the daemon ran before
+            causes = {g: dict.fromkeys(CAUSES, 500.0 * (g + 1)) for g in range(n)}
+            for t in self.times:
+                if self._down(cluster, instance, t):
+                    continue
+                restarted = cluster == "beta" and t == self.restart + 30
+                name = f"{instance.split(':')[0]}-{cluster}"
+                out[("gpu_devices", _key(node, nodename=name))].append((t, n))
+                out[("gpuwarden_gpu_hour_price", _key(node, currency="USD"))].append((t, PRICE))
+                for g in range(n):
+                    gl = {**node, "gpu": str(g), "uuid": f"GPU-{cluster}-{instance}-{g}"}
+                    job = self.holder(cluster, instance, g, t)
+                    grow_s, grow_c = self._growth(job)
+                    if restarted:  # a new daemon: its counters hold what it saw since it started
+                        states[g] = dict.fromkeys(STATES, 0.0)
+                        causes[g] = dict.fromkeys(CAUSES, 0.0)
+                    for s in STATES:
+                        states[g][s] += grow_s.get(s, 0)
+                        out[("gpu_state_seconds_total", _key(gl, state=s))].append((t, states[g][s]))
+                    for c in CAUSES:
+                        causes[g][c] += grow_c.get(c, 0)
+                        out[("gpu_idle_seconds_total", _key(gl, cause=c))].append((t, causes[g][c]))
+                    out[("gpu_up", _key(gl))].append((t, 1))
+                    if job is not None:
+                        scope, kind, *_ = JOBS[job]
+                        info = _key(gl, pid="4711", job_id=job, job_scope=scope, job_kind=kind, user="alice")
+                        out[("gpu_process_job_info", info)].append((t, 1))
+        return out
+
+    def openmetrics(self) -> str:
+        """The series as OpenMetrics text (timestamps in seconds), ``# EOF`` last."""
+        lines = []
+        for (metric, labels), points in sorted(self.samples().items()):
+            sel = ",".join(f'{k}="{v}"' for k, v in labels)
+            lines += [f"{metric}{{{sel}}} {v} {t}" for t, v in points]
+        return "\n".join([*lines, "# EOF", ""])
+
+    def truth(self, start: float, end: float) -> Truth:
+        """What the counters grew by in (start, end] (a reset: the new value is the growth), per GPU and per job
+        (the job that held the GPU at the sample that read the growth)."""
+        out = Truth()
+        series = self.samples()
+        for (metric, labels), points in series.items():
+            if metric not in ("gpu_state_seconds_total", "gpu_idle_seconds_total"):
+                continue
+            d = dict(labels)
+            gpu = (d["cluster"], d["instance"], d["gpu"])
+            kind = "state" if "state" in d else "cause"
+            for (_, before), (t, now) in zip(points, points[1:], strict=False):
+                if not start < t <= end:
+                    continue
+                grew = now - before if now >= before else now
+                job = self.holder(d["cluster"], d["instance"], int(d["gpu"]), t)
+                (out.gpu_states if kind == "state" else out.gpu_causes)[gpu][d[kind]] += grew
+                if job is not None:
+                    key = (job, d["instance"] if JOBS[job][0] == "node" else None, d["cluster"])
+                    (out.job_states if kind == "state" else out.job_causes)[key][d[kind]] += grew
+        return out
+
+
+def _key(labels: dict[str, str], **more: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({**labels, **more}.items()))

@@ -1,0 +1,132 @@
+"""``top`` and ``report`` against a real Prometheus holding three hours of two clusters' series (backfilled with
+``promtool tsdb create-blocks-from openmetrics``; tests/fleet_series.py says what they hold and computes what their
+counters say, sample by sample): the same GPU-hours at 5-second, 1-minute, 5-minute and 1-hour steps, fleet, per
+GPU and per job, within 1% of the counters and of hand-written PromQL; one job id in two clusters is two jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from fleet_series import JOBS, SLUID, Fleet
+from helpers import REPO, prometheus, stop_all, wait_http
+
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None, reason="prometheus/promtool not installed"),
+]
+RANGE_S = 3 * 3600
+STEPS = ["5s", "1m", "5m", "1h"]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    tmp = tmp_path_factory.mktemp("fleet")
+    t0 = (int(time.time()) // 3600 - 5) * 3600  # hours old, well inside the default retention
+    series = Fleet(t0, hours=3.5)
+    (tmp / "series.om").write_text(series.openmetrics())
+    made = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "series.om"),
+                           str(tmp / "tsdb")], capture_output=True, text=True, check=False)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    server, url = prometheus(PROMETHEUS, tmp, {"global": {"scrape_interval": "15s"}, "scrape_configs": []})
+    try:
+        wait_http(f"{url}/-/ready", proc=server)
+        at = t0 + 15 * 60 + RANGE_S + 7.3  # the range's end: on no step's multiple, between two scrapes
+        yield {"url": url, "at": at, "truth": series.truth(at - RANGE_S, at)}
+    finally:
+        stop_all([server])
+
+
+def gw(*args: str) -> dict:
+    res = subprocess.run([sys.executable, "-m", "gpuwarden", *args, "--json"], capture_output=True, text=True,
+                         cwd=REPO, timeout=300, check=False, env={**os.environ, "COLUMNS": "160"})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _hours(seconds: dict[str, float], *names: str) -> float:
+    return sum(v for k, v in seconds.items() if k in names) / 3600
+
+
+def hand(url: str, expr: str, at: float) -> float:
+    """One number from hand-written PromQL at ``at``."""
+    body = httpx.get(f"{url}/api/v1/query", params={"query": expr, "time": at}, timeout=30).json()
+    assert body["status"] == "success", body
+    [sample] = body["data"]["result"]
+    return float(sample["value"][1])
+
+
+@pytest.fixture(scope="module")
+def tops(fleet: dict) -> dict[str, dict]:
+    common = ["--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"])]
+    return {step: gw("top", *common, "--step", step, "--limit", "1") for step in STEPS}
+
+
+HELD = ("busy", "starved", "paused", "held_idle")
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_every_gpu_and_the_fleet_are_their_counters_at_any_step(fleet: dict, tops: dict, step: str) -> None:
+    truth = fleet["truth"]
+    gpus = {(g["cluster"]["cluster"], g["instance"], g["gpu"]): g for g in tops[step]["gpus"]}
+    assert set(gpus) == set(truth.gpu_states)  # n1:9400 twice: once in each cluster
+    for key, states in truth.gpu_states.items():
+        g = gpus[key]
+        assert g["held_gpu_hours"] == pytest.approx(_hours(states, *HELD), rel=0.01, abs=1e-6), key
+        assert g["busy_gpu_hours"] == pytest.approx(_hours(states, "busy"), rel=0.01, abs=1e-6), key
+        assert g["free_gpu_hours"] == pytest.approx(_hours(truth.gpu_causes[key], "free"), rel=0.01, abs=1e-6), key
+    fleet_held = sum(g["held_gpu_hours"] for g in tops[step]["gpus"])
+    assert fleet_held == pytest.approx(sum(_hours(s, *HELD) for s in truth.gpu_states.values()), rel=0.01)
+    # by hand: alpha's counters (no restart there) at the range's end minus at its start
+    held = 'sum(gpu_state_seconds_total{cluster="alpha", state!="free"} @ END)'
+    start = fleet["at"] - RANGE_S
+    by_hand = (hand(fleet["url"], held.replace("END", f"{fleet['at']:.3f}"), fleet["at"])
+               - hand(fleet["url"], held.replace("END", f"{start:.3f}"), fleet["at"])) / 3600  # fmt: skip
+    alpha = sum(g["held_gpu_hours"] for g in tops[step]["gpus"] if g["cluster"]["cluster"] == "alpha")
+    assert alpha == pytest.approx(by_hand, rel=0.01)
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_every_job_is_its_counters_at_any_step_and_one_id_in_two_clusters_is_two_jobs(
+    fleet: dict, tops: dict, step: str
+) -> None:
+    truth = fleet["truth"]
+    jobs = {(j["job_id"], j["instance"], j["cluster"]["cluster"]): j for j in tops[step]["jobs"]}
+    assert len(tops[step]["jobs"]) == len(truth.job_states) == 5  # complete, whatever --limit
+    assert {k for k in jobs if k[0] == SLUID} == {(SLUID, None, "alpha"), (SLUID, None, "beta")}
+    for key, states in truth.job_states.items():
+        j = jobs[key]
+        assert j["held_gpu_hours"] == pytest.approx(_hours(states, *HELD), rel=0.01, abs=1e-6), key
+        assert j["busy_gpu_hours"] == pytest.approx(_hours(states, "busy"), rel=0.01, abs=1e-6), key
+        causes = truth.job_causes[key]
+        for cause in {c for *_, c in JOBS.values()}:
+            got = j["lost_gpu_hours_by_cause"][cause]
+            assert got == pytest.approx(_hours(causes, cause), rel=0.01, abs=1e-6), (key, cause)
+    assert len(jobs[(SLUID, None, "alpha")]["gpus"]) == 2 and len(jobs[(SLUID, None, "beta")]["gpus"]) == 1
+    # by hand: alpha's SLUID held both GPUs of alpha's n1 the whole range
+    sel = 'cluster="alpha", instance="n1:9400"'
+    busy = f'sum(gpu_state_seconds_total{{{sel}, state="busy"}} @ END)'
+    start = fleet["at"] - RANGE_S
+    by_hand = (hand(fleet["url"], busy.replace("END", f"{fleet['at']:.3f}"), fleet["at"])
+               - hand(fleet["url"], busy.replace("END", f"{start:.3f}"), fleet["at"])) / 3600  # fmt: skip
+    assert jobs[(SLUID, None, "alpha")]["busy_gpu_hours"] == pytest.approx(by_hand, rel=0.01)
+
+
+def test_report_of_a_job_that_handed_its_gpu_over_mid_step(fleet: dict) -> None:
+    """Slurm job 4242 held alpha's n2 GPU 0 until a scrape within a 5-minute and a 1-hour step: its report is its
+    counters' at every step."""
+    truth = fleet["truth"].job_states[("4242", None, "alpha")]
+    for step in STEPS:
+        doc = gw("report", "--job", "4242", "--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]),
+                 "--step", step)  # fmt: skip
+        assert doc["held_gpu_hours"] == pytest.approx(_hours(truth, *HELD), rel=0.01), step
+        assert doc["busy_gpu_hours"] == pytest.approx(_hours(truth, "busy"), rel=0.01), step
