@@ -351,6 +351,9 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         raise ConfigError(f"telemetry_path: {cfg.telemetry_path} is taken by another endpoint")
     if cfg.replay is not None and cfg.demo:
         raise ConfigError("replay and demo exclude each other: give one")
+    if cfg.demo and "listen_address" not in cfg.model_fields_set:
+        # the demo is for a look on this machine: the network sees it only where asked (--web.listen-address)
+        cfg = cfg.model_copy(update={"listen_address": f"127.0.0.1:{DEFAULT_PORT}"})
     if cfg.gpus is not None and (cfg.replay is not None or cfg.demo):
         raise ConfigError("gpus selects NVML devices: it cannot apply to a replay or the demo (they serve the trace's)")
     stale = cfg.stale_after_seconds

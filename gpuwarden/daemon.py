@@ -19,7 +19,7 @@ from gpuwarden.config import Config, ConfigError
 from gpuwarden.exposition import Exposition
 from gpuwarden.logs import setup as setup_logs
 from gpuwarden.poller import Analyzer, Poller
-from gpuwarden.source import Source, SourceError
+from gpuwarden.source import Source
 from gpuwarden.web import listener
 from gpuwarden.web.app import create_app, diagnosis_route
 from gpuwarden.web.gate import AuthGate
@@ -51,7 +51,7 @@ def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
             try:
                 dra = DraDevices(cfg.node_name or socket.gethostname())
             except ValueError as exc:
-                raise SourceError(f"dra_resource_slices: {exc}") from None
+                raise ConfigError(f"dra_resource_slices: {exc}") from None
         pods = PodResources(cfg.kubelet_socket, dra=dra)
     return (
         NvmlSource(

@@ -102,6 +102,15 @@ def test_top_prints_tables_a_person_reads(prom: dict) -> None:
     assert len(row) == len(header) and row[header.index("node")] == "node-a, node-b"
     assert row[header.index("cost")].endswith("USD") and "%)" in row[header.index("lost h")]
     assert max(len(x) for x in lines) < 400 and not any(x != x.rstrip() for x in lines)
+    # docs/cluster.md quotes this output: its header, and a row for each job it shows, as the command prints them
+    doc = (REPO / "docs" / "cluster.md").read_text()
+    quoted = doc[doc.index("# Jobs by GPU-hours lost, last 30s") :].split("```")[0].splitlines()
+    assert quoted[1].split("\t") == header
+    printed = {r[0]: r for r in (x.split("\t") for x in lines)}
+    for shown in (q.split("\t") for q in quoted[2:] if q):
+        assert shown[0] in printed and len(shown) == len(header), shown[0]
+        assert shown[header.index("node")] == printed[shown[0]][header.index("node")]
+        assert shown[header.index("lost to")] == printed[shown[0]][header.index("lost to")]
     details = gw("top", "--prometheus", prom["url"], "--range", "30s", "--step", "1s", "--details")
     assert details.returncode == 0 and "do first:" in details.stdout and "nodes: node-a, node-b" in details.stdout
 

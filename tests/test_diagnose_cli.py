@@ -12,6 +12,7 @@ from test_insight_helpers import DDP, h100, run_trace, snap_of
 
 from gpuwarden import diagnose
 from gpuwarden.cli import build_parser
+from gpuwarden.insight.document import diagnosis_document
 from gpuwarden.replay import demo_trace_path
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -94,12 +95,12 @@ def test_live_without_nvml_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatc
 def test_diagnosis_document_without_analysis_or_poll() -> None:
     static, polls, results = run_trace(h100("held_idle"))
     empty = NodeSnapshot(seq=0, source="nvml", static=static, poll=polls[-1], interval_seconds=1.0)
-    doc = diagnose.diagnosis_document(empty)
+    doc = diagnosis_document(empty)
     assert doc.available is False and doc.reason and doc.gpus == []
     stale = snap_of(static, polls[-1], results[-1])
     stale = NodeSnapshot(**{**stale.__dict__, "poll": None})
-    assert diagnose.diagnosis_document(stale).available is False
-    ok = diagnose.diagnosis_document(snap_of(static, polls[-1], results[-1]))
+    assert diagnosis_document(stale).available is False
+    ok = diagnosis_document(snap_of(static, polls[-1], results[-1]))
     assert ok.available and ok.gpus[0].diagnosis.verdict == "held_idle"
     json.loads(ok.model_dump_json())
 
@@ -110,7 +111,7 @@ def test_the_api_document_carries_every_field_of_the_insight_it_extends() -> Non
     from gpuwarden.insight.result import GpuInsight
 
     static, polls, results = run_trace(h100("held_idle"))
-    doc = diagnose.diagnosis_document(snap_of(static, polls[-1], results[-1]))
+    doc = diagnosis_document(snap_of(static, polls[-1], results[-1]))
     assert set(GpuInsight.model_fields) <= set(doc.gpus[0].model_dump())
     for g, insight in zip(doc.gpus, results[-1].gpus, strict=True):
         assert g.idle_seconds_total == insight.idle_seconds_total and g.idle_seconds_total

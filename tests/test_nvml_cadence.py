@@ -189,7 +189,7 @@ def test_per_process_utilization_is_read_every_interval_and_carried(monkeypatch:
 
     fake = FakeNvml(trace("h100-shared-slurm-env")).install(monkeypatch)
     clock = [1000.0]
-    monkeypatch.setattr(device.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(device.time, "monotonic", lambda: clock[0])  # type: ignore[attr-defined]  # its clock
     source = NvmlSource(xid_events=False, processes=True)
     source.open()
     polls = []

@@ -11,6 +11,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gpuwarden.web import listener
+from gpuwarden.web.limits import HttpLimits
 
 CLASSES = {"Server": uvicorn.Server, "HttpToolsProtocol": HttpToolsProtocol}
 
@@ -47,7 +48,7 @@ def test_the_contract_lists_every_method_the_listener_overrides() -> None:
         return {f"{prefix}.{n}" for n, v in vars(cls).items() if callable(v) and n in vars(base) and n != "__init__"}
 
     found = overrides(listener.Server, uvicorn.Server, "Server")
-    found |= overrides(listener.bounded_protocol(listener.HttpLimits()), HttpToolsProtocol, "HttpToolsProtocol")
+    found |= overrides(listener.bounded_protocol(HttpLimits()), HttpToolsProtocol, "HttpToolsProtocol")
     assert found and found <= set(listener.CONTRACT), found - set(listener.CONTRACT)
 
 

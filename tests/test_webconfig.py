@@ -175,7 +175,7 @@ def test_successful_check_is_cached_and_failures_are_not(
         calls.append(h)
         return real(password, h)
 
-    monkeypatch.setattr(webauth.bcrypt, "checkpw", counting)
+    monkeypatch.setattr(webauth.bcrypt, "checkpw", counting)  # type: ignore[attr-defined]  # where it is called
     mw = BasicAuthMiddleware(tiny_app(), {"prometheus": hashed.encode()}, DEFAULT_OPEN_PATHS)
     with serve(WebConfig(), app=mw) as url, httpx.Client(base_url=url, timeout=10) as c:
         for _ in range(5):

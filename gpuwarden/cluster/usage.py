@@ -49,7 +49,9 @@ from gpuwarden.insight.diagnosis import REASONS, REMEDIES
 from gpuwarden.insight.states import IDLE_CAUSES
 
 if TYPE_CHECKING:
-    from gpuwarden.cluster.promapi import Prometheus
+    from collections.abc import Iterable
+
+    from gpuwarden.cluster.promapi import Prometheus, Sample
 
 #: Causes of lost (held but idle) time: every idle cause but ``free``.
 LOST_CAUSES = tuple(c for c in IDLE_CAUSES if c != "free")
@@ -267,7 +269,7 @@ class Accounting:
         """``_increase`` summed over the series of each GPU (e.g. every state but one): one series per GPU."""
         return f"sum by ({self._c}instance, gpu, uuid) ({self._increase(metric, extra)})"
 
-    def samples(self, promql: str, *need: str) -> list:
+    def samples(self, promql: str, *need: str) -> list[Sample]:
         """The query's samples that carry every label in ``need``: PromQL drops an empty label from a ``by`` result
         (a series with no job id), and a server that is not what it claims may send anything."""
         return [s for s in self.prom.query(promql, self.at) if all(s.labels.get(k) for k in need)]
@@ -335,7 +337,7 @@ class Accounting:
                 if s.value > 0:
                     u = out[self._job_key(s.labels)]
                     u.reasons[reason] = u.reasons.get(reason, 0.0) + s.value
-        self._price(out)
+        self._price(out.values())
         return dict(out)
 
     def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
@@ -445,7 +447,7 @@ class Accounting:
             u.cluster = cluster
             u.instances.add(inst)
             u.gpus.add((inst, gpu))
-        self._price(out)
+        self._price(out.values())
         return dict(out)
 
     def node_names(self) -> dict[tuple[Cluster, str], str]:
@@ -455,7 +457,7 @@ class Accounting:
         return {(self.cluster_of(s.labels), s.labels["instance"]): s.labels.get("nodename", "")
                 for s in self.samples(q, "instance")}  # fmt: skip
 
-    def _price(self, usages: dict) -> None:
+    def _price(self, usages: Iterable[Usage]) -> None:
         """Set each usage's cost: its lost GPU-hours on each node times that node's gpuwarden_gpu_hour_price (split
         evenly over the nodes of a multi-node job; no price on any of its nodes: None). The price is the highest
         each node exported in the range, so a node gone since is priced."""
@@ -463,7 +465,7 @@ class Accounting:
              f"[{self.range}]))")  # fmt: skip
         prices = {(self.cluster_of(s.labels), s.labels["instance"]): (s.value, s.labels.get("currency", ""))
                   for s in self.samples(q, "instance")}  # fmt: skip
-        for u in usages.values():
+        for u in usages:
             known = [prices[(u.cluster, i)] for i in u.instances if (u.cluster, i) in prices]
             if known:
                 u.cost = u.lost_total * sum(p for p, _ in known) / len(known)

@@ -3,11 +3,16 @@ only when chosen, so that no command pays for another's imports (pip's ``command
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 import threading
 from dataclasses import dataclass
 from types import ModuleType
+
+#: What ``ArgumentParser.add_subparsers`` returns: each command's ``add_parser`` registers itself on it.
+Subparsers = argparse._SubParsersAction  # noqa: SLF001 - argparse's own (typeshed-typed) name for it
+
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1

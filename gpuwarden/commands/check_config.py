@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
-from gpuwarden.commands import COMMANDS, EXIT_USAGE, die
+from gpuwarden.commands import COMMANDS, EXIT_USAGE, Subparsers, die
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``check-config`` on ``subparsers`` and return its parser."""
     p = subparsers.add_parser("check-config", help=COMMANDS["check-config"].help)
     p.add_argument("file")

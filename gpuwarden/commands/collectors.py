@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from gpuwarden.commands import COMMANDS
+from gpuwarden.commands import COMMANDS, Subparsers
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``collectors`` on ``subparsers`` and return its parser."""
     return subparsers.add_parser("collectors", help=COMMANDS["collectors"].help)
 

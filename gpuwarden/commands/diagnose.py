@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.commands import COMMANDS
+from gpuwarden.commands import COMMANDS, Subparsers
 from gpuwarden.diagnose import (
     DiagnoseReport,
     LiveSampler,
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``diagnose`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``) and return its parser."""
     p = subparsers.add_parser(
         "diagnose",
@@ -124,7 +124,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     src = p.add_argument_group("source (one; default: sample this node's GPUs)")
     src.add_argument("--replay", metavar="FILE", help="diagnose a recorded trace")
     src.add_argument(
-        "--url", metavar="URL", help="ask a running daemon, e.g. http://NODE:10412 (credentials: http://USER:PW@...)"
+        "--url", metavar="URL", help="ask a running daemon, e.g. http://NODE:10400 (credentials: http://USER:PW@...)"
     )
     p.add_argument("--seconds", type=float, default=10.0, help="live: seconds to sample (default 10)")
     p.add_argument(

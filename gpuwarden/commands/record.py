@@ -6,16 +6,15 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any
 
-from gpuwarden.commands import COMMANDS, EXIT_USAGE, die
+from gpuwarden.commands import COMMANDS, EXIT_USAGE, Subparsers, die
 
 #: ``record`` reads the slow readings (energy, ECC, PCIe width and replays) every 10 s by default, more often than
 #: ``serve`` (gpuwarden.config.SLOW_INTERVAL): a trace is for analysis, and its size barely changes.
 RECORD_SLOW_INTERVAL = 10.0
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``record`` on ``subparsers`` and return its parser."""
     r = subparsers.add_parser("record", help=COMMANDS["record"].help)
     r.add_argument("--duration", type=float, required=True, help="seconds to record")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuwarden.commands import COMMANDS, EXIT_USAGE, HUP_PENDING, die
+from gpuwarden.commands import COMMANDS, EXIT_USAGE, HUP_PENDING, Subparsers, die
 
 if TYPE_CHECKING:
     from gpuwarden.config import Config
@@ -89,7 +89,7 @@ def _help(flag: Flag) -> str:
     return f"{field.description or flag.key} (default {default}; config key {flag.key})"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``serve`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``) and return its parser."""
     from gpuwarden.catalog import COLLECTORS
 
@@ -196,7 +196,10 @@ def run(args: argparse.Namespace) -> int:
         daemon.start()
     except SourceError as exc:
         sock.close()
-        return die(str(exc))
+        hint = ""
+        if daemon.poller.source.kind == "nvml" and "NVML unavailable" in str(exc):
+            hint = " (no GPU here? 'gpuwarden serve --demo' replays a recorded node)"
+        return die(f"{exc}{hint}")
     snap = daemon.poller.snapshot
     assert snap is not None  # start() took the first poll
     host = cfg.listen_address.rpartition(":")[0] or "0.0.0.0"

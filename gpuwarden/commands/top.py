@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from gpuwarden.commands import COMMANDS
+from gpuwarden.commands import COMMANDS, Subparsers
 from gpuwarden.commands._prometheus import add_common, duration
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``top`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``) and return its parser."""
     p = subparsers.add_parser(
         "top",

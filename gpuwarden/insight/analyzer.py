@@ -218,7 +218,7 @@ class InsightAnalyzer:
                 total += r.tree_cpu_cores
         return total + sum(groups.values())
 
-    def _job(self, p) -> JobRef:  # noqa: ANN001 - ProcessReading
+    def _job(self, p: ProcessReading) -> JobRef:
         key = (p.pid, p.create_time, p.cgroup)
         ref = self._jobs.get(key)
         if ref is None:
