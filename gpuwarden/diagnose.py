@@ -175,10 +175,11 @@ def live_report(seconds: float, interval: float, status: Any = None) -> Diagnose
     )
 
 
-def url_report(url: str, timeout: float = 10.0) -> DiagnoseReport:
-    """The diagnosis of a running daemon: ``GET URL/api/v1/diagnosis`` (credentials as ``http://user:pass@host``;
-    https verifies against the system's CAs, or SSL_CERT_FILE). Raises SourceError (one line) when the daemon
-    cannot be reached, refuses, has no diagnosis endpoint, or answers something that is not its document."""
+def url_report(url: str, timeout: float = 10.0, auth: tuple[str, str] | None = None) -> DiagnoseReport:
+    """The diagnosis of a running daemon: ``GET URL/api/v1/diagnosis`` (basic auth: ``auth`` (user, password), or
+    ``http://user:pass@host``; https verifies against the system's CAs, or SSL_CERT_FILE). Raises SourceError (one
+    line) when the daemon cannot be reached, refuses, has no diagnosis endpoint, or answers something that is not
+    its document; a refusal says whether credentials were sent."""
     import httpx
     from pydantic import ValidationError
 
@@ -188,11 +189,13 @@ def url_report(url: str, timeout: float = 10.0) -> DiagnoseReport:
     real = base.rstrip("/") + "/api/v1/diagnosis"
     target = redacted(real)  # what is printed: the password never is
     try:
-        resp = httpx.get(real, timeout=timeout, headers={"accept": "application/json"})
+        resp = httpx.get(real, timeout=timeout, headers={"accept": "application/json"}, auth=auth)
     except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # a URL httpx cannot use
         raise SourceError(f"cannot reach {target}: {exc or type(exc).__name__}") from None
     if resp.status_code == 401:
-        raise SourceError(f"{target} wants credentials (401): give them in the URL, http://USER:PASSWORD@HOST:PORT")
+        if auth is not None or "@" in base.split("://", 1)[1].split("/", 1)[0]:
+            raise SourceError(f"{target} refused the credentials given (401): wrong user or password")
+        raise SourceError(f"{target} wants credentials (401): --url.username USER --url.password-file FILE")
     if resp.status_code == 404:
         raise SourceError(f"{target}: not found (404): not a gpuwarden, or its insight collector is off")
     if resp.status_code != 200:

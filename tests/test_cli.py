@@ -84,6 +84,8 @@ def test_flags_override_env_override_file(tmp_path: Path, monkeypatch: pytest.Mo
 def test_unknown_flag_exits_2() -> None:
     res = gw("serve", "--bogus")
     assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
+    # said by serve: its usage and its name, not the top level's list of commands
+    assert res.stderr.startswith("usage: gpuwarden serve") and "gpuwarden serve: error:" in res.stderr
 
 
 @pytest.mark.e2e
@@ -92,6 +94,7 @@ def test_missing_driver_is_one_line_and_exit_1() -> None:
     res = gw("serve", "--web.listen-address", "127.0.0.1:0")
     assert res.returncode == 1
     assert one_line_error(res).startswith("gpuwarden: NVML unavailable:")
+    assert "'gpuwarden serve --demo' replays a recorded node" in one_line_error(res)  # what to try without a GPU
     res = gw("record", "--duration", "1", "--out", "/tmp/never.jsonl")
     assert res.returncode == 1 and "NVML unavailable" in one_line_error(res)
 
@@ -234,3 +237,17 @@ def test_served_with_basic_auth_from_the_web_config_flag(tmp_path: Path) -> None
         proc.terminate()
         out, err = proc.communicate(timeout=10)
     assert "s3cret" not in out + err and hashed not in out + err
+
+
+def test_the_demo_listens_on_loopback_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo is for a look on this machine: 127.0.0.1 unless --web.listen-address (or the config or environment)
+    names an address; a node's daemon keeps listening on every interface."""
+    from gpuwarden.config import load_config
+
+    monkeypatch.delenv("GPUWARDEN_LISTEN_ADDRESS", raising=False)
+    assert load_config(None, {"demo": True}).listen_address == "127.0.0.1:10400"
+    assert load_config(None, {"demo": True, "listen_address": "0.0.0.0:9"}).listen_address == "0.0.0.0:9"
+    monkeypatch.setenv("GPUWARDEN_LISTEN_ADDRESS", "10.0.0.1:10400")
+    assert load_config(None, {"demo": True}).listen_address == "10.0.0.1:10400"
+    monkeypatch.delenv("GPUWARDEN_LISTEN_ADDRESS")
+    assert load_config(None, {}).listen_address == "0.0.0.0:10400"

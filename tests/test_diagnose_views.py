@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -116,11 +117,22 @@ def test_watch_redraws_until_interrupted() -> None:
             [sys.executable, "-m", "gpuwarden", "diagnose", "--url", url, "--watch", "--brief", "--interval", "0.3"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO,
         )  # fmt: skip
-        time.sleep(4)
+        # into a pipe: each redraw is printed as it comes, under its time (nothing waits for the interrupt)
+        assert proc.stdout is not None
+        watchdog = threading.Timer(60, proc.send_signal, [signal.SIGINT])  # a watch that never prints still ends
+        watchdog.start()
+        seen: list[str] = []
+        while sum(line.startswith("--- ") for line in seen) < 3 and len(seen) < 2000:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+        watchdog.cancel()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        _out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
-    assert "what to do first" in out and "Traceback" not in err
+    assert sum(line.startswith("--- ") for line in seen) == 3 and seen[0].startswith("--- "), seen[:5]
+    assert "what to do first" in "".join(seen) and "Traceback" not in err
 
 
 @pytest.mark.e2e
@@ -189,3 +201,34 @@ def test_watch_draws_what_fits_the_terminal(height: int, shows: str) -> None:
         console.print(_fit(console, report, None, brief=False))
     text = cap.get()
     assert shows in text and len(text.splitlines()) < height
+
+
+@pytest.mark.e2e
+def test_url_credentials_come_from_a_file_and_a_wrong_password_is_said(tmp_path: Path) -> None:
+    """diagnose --url against a daemon behind basic auth: the password from --url.password-file (never on the command
+    line), a wrong one said as such, none asked for by name; exit 1 with one line each time it is refused."""
+    import bcrypt
+
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  ops: '{bcrypt.hashpw(b'right', bcrypt.gensalt(4)).decode()}'\n")
+    (tmp_path / "right").write_text("right\n")
+    (tmp_path / "wrong").write_text("wrong\n")
+
+    def ask(url: str, *more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpuwarden", "diagnose", "--url", url, "--brief", *more],
+                              capture_output=True, text=True, env=ENV, cwd=REPO, timeout=60, check=False)  # fmt: skip
+
+    with daemon("--replay", str(trace("derived-8gpu")), "--web.config.file", str(web)) as url:
+        good = ask(url, "--url.username", "ops", "--url.password-file", str(tmp_path / "right"))
+        bad = ask(url, "--url.username", "ops", "--url.password-file", str(tmp_path / "wrong"))
+        in_url = ask(url.replace("http://", "http://ops:guess-7f3@"))
+        none = ask(url)
+    assert good.returncode == 0 and "GPU" in good.stdout, good.stderr
+    assert bad.returncode == 1 and "refused the credentials given (401)" in bad.stderr
+    assert (
+        in_url.returncode == 1 and "refused the credentials given" in in_url.stderr and "guess-7f3" not in in_url.stderr
+    )
+    assert none.returncode == 1 and "wants credentials (401): --url.username" in none.stderr
+    assert all(r.stderr.count("\n") == 1 for r in (bad, in_url, none))
+    half = ask("http://127.0.0.1:1", "--url.username", "ops")
+    assert half.returncode == 2 and "go together" in half.stderr

@@ -220,3 +220,13 @@ def test_page_is_readable_on_a_phone() -> None:
             browser.close()
     assert width[0] <= width[1] == 390, width
     assert outside == [], outside
+
+
+def test_a_free_gpus_badge_is_not_the_colour_of_busy() -> None:
+    """A free GPU's verdict is ``ok``, whose colour is the legend's green for busy: the page gives free cards a colour
+    of their own, unlike every state's in the legend."""
+    css = (REPO / "gpuwarden" / "page" / "node.css").read_text()
+    js = (REPO / "gpuwarden" / "page" / "node.js").read_text()
+    [free] = re.findall(r'\.gpu\[data-verdict="free"\] \{ --sev: (#[0-9a-f]{6}); \}', css)
+    legend = dict(re.findall(r'(\w+): "(#[0-9a-f]{6})"', js.split("\n\n")[0] + js[: js.index("};") + 2]))
+    assert legend["busy"] == "#2e7d32" and free not in legend.values() and free != "#2e7d32", (free, legend)

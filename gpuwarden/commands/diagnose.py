@@ -35,12 +35,14 @@ def _watch(args: argparse.Namespace, console: Any) -> int:
     if args.url:
 
         def step() -> DiagnoseReport:
-            return url_report(args.url)
+            return url_report(args.url, auth=args.auth)
 
     else:
         sampler = LiveSampler()
         step = sampler.step
     last: DiagnoseReport | None = None
+    if not console.is_terminal:
+        return _watch_plain(args, console, step, sampler)
     try:
         with Live(console=console, auto_refresh=False, transient=False, vertical_overflow="crop") as live:
             while True:
@@ -53,6 +55,37 @@ def _watch(args: argparse.Namespace, console: Any) -> int:
                     problem = Text(f"{visible(exc)}; asking again every {args.interval:g} s", style="red")
                 live.update(_fit(console, last, problem, args.brief), refresh=True)
                 time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if sampler is not None:
+            sampler.close()
+
+
+def _watch_plain(args: argparse.Namespace, console: Any, step: Any, sampler: LiveSampler | None) -> int:
+    """``--watch`` into a pipe or a file: nothing to redraw in place, so each redraw (the whole report; ``--brief``:
+    the summary and each GPU's first remedy) is printed after the last, under a line with its time (UTC, RFC 3339),
+    flushed at once (``| tee``, ``| grep --line-buffered``)."""
+    from datetime import UTC, datetime
+
+    try:
+        while True:
+            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            try:
+                report = step()
+            except SourceError as exc:
+                if not args.url:
+                    raise
+                print(f"--- {stamp}: {visible(exc)}; asking again every {args.interval:g} s", flush=True)
+            else:
+                print(f"--- {stamp}", flush=True)
+                with console.capture() as captured:
+                    brief = renderables(report, brief=True) + first_remedies(report)
+                    for r in brief if args.brief else renderables(report):
+                        console.print(r)
+                sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+                sys.stdout.flush()
+            time.sleep(args.interval)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -77,6 +110,22 @@ def _fit(console: Any, report: DiagnoseReport | None, problem: Any, brief: bool)
     return group  # the summary alone, cropped at the bottom
 
 
+def _auth(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(user, password) from --url.username and the first line of --url.password-file; None without them. Raises
+    SourceError (one line) for a file that cannot be read or holds no password."""
+    if not args.url_username:
+        return None
+    try:
+        with open(args.url_password_file, encoding="utf-8") as f:
+            password = f.readline(4096).rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SourceError(f"cannot read --url.password-file {visible(args.url_password_file)}: "
+                          f"{type(exc).__name__}") from None  # fmt: skip
+    if not password:
+        raise SourceError(f"--url.password-file {visible(args.url_password_file)} holds no password on its first line")
+    return str(args.url_username), password
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``gpuwarden diagnose``; returns the exit status (2 for flags that cannot apply, 1 with one line on stderr
     when the source fails)."""
@@ -91,14 +140,18 @@ def run(args: argparse.Namespace) -> int:
     if args.seconds <= 0 or args.interval <= 0:
         print("gpuwarden: --seconds and --interval must be positive", file=sys.stderr)
         return 2
+    if bool(args.url_username) != bool(args.url_password_file) or (args.url_username and not args.url):
+        print("gpuwarden: --url.username and --url.password-file go together, with --url", file=sys.stderr)
+        return 2
     err = Console(stderr=True)
     try:
+        args.auth = _auth(args)
         if args.watch:
             return _watch(args, Console())
         if args.replay:
             report = replay_report(Path(args.replay))
         elif args.url:
-            report = url_report(args.url)
+            report = url_report(args.url, auth=args.auth)
         else:
             with err.status("sampling the GPUs") as st:
                 report = live_report(args.seconds, args.interval, status=st.update if not args.json else None)
@@ -124,8 +177,13 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
     src = p.add_argument_group("source (one; default: sample this node's GPUs)")
     src.add_argument("--replay", metavar="FILE", help="diagnose a recorded trace")
     src.add_argument(
-        "--url", metavar="URL", help="ask a running daemon, e.g. http://NODE:10400 (credentials: http://USER:PW@...)"
+        "--url", metavar="URL", help="ask a running daemon, e.g. http://NODE:10400 (credentials: --url.username)"
     )
+    src.add_argument("--url.username", dest="url_username", metavar="USER",
+                     help="basic auth user for --url, with --url.password-file")  # fmt: skip
+    src.add_argument("--url.password-file", dest="url_password_file", metavar="FILE",
+                     help="a file whose first line is the password (never on the command line: ps and shell history "
+                     "show it)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=10.0, help="live: seconds to sample (default 10)")
     p.add_argument(
         "--interval", type=float, default=1.0, help="live: seconds between polls; --watch: between redraws (default 1)"
