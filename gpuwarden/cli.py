@@ -23,18 +23,9 @@ def _version() -> str:
         except PackageNotFoundError:
             return "not installed"
 
-    driver = "none found"
-    try:
-        import pynvml
+    from gpuwarden.nvml.driver import driver_version
 
-        pynvml.nvmlInit()
-        try:
-            raw = pynvml.nvmlSystemGetDriverVersion()
-            driver = raw.decode() if isinstance(raw, bytes) else str(raw)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no driver, no library: say so, never fail --version
-        pass
+    driver = driver_version() or "none found"
     return (
         f"gpuwarden {__version__}\n  python: {platform.python_version()}\n  nvidia-ml-py: {installed('nvidia-ml-py')}"
         f"\n  prometheus-client: {installed('prometheus-client')}\n  NVIDIA driver: {driver}"

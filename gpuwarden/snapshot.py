@@ -6,12 +6,9 @@ Made by the poller (``gpuwarden.poller``), immutable once published.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from gpuwarden.model import GpuReading, NodeStatic, PollResult
-
-if TYPE_CHECKING:
-    from gpuwarden.insight.result import InsightResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +28,9 @@ class NodeSnapshot:
     initialised: every GPU ``up=False``) or a poll hangs; ``down_reason`` then says why in one line. ``xid`` maps
     GPU index -> XID code -> XidTotal; ``last_up`` GPU index -> that GPU's last reading while it was up (what is
     still known of a GPU now lost).
-    ``errors`` maps (call, error) -> count. ``analyses`` holds what analyzers (``gpuwarden.insight``)
-    derived from the history, keyed by analyzer name. ``reload_successful`` says whether the last configuration
+    ``errors`` maps (call, error) -> count. ``analyses`` holds what analyzers derived from the history, keyed by
+    analyzer name (the snapshot layer knows none of them: ``gpuwarden.insight.result.snapshot_insight`` reads the
+    insight analyzer's). ``reload_successful`` says whether the last configuration
     reload applied (True before any), ``reload_success_timestamp`` when the configuration last loaded (start or
     reload, Unix s).
     """
@@ -54,14 +52,6 @@ class NodeSnapshot:
     extra_info: dict[str, str] = field(default_factory=dict)
     reload_successful: bool = True
     reload_success_timestamp: float | None = None
-
-    @property
-    def insight(self) -> InsightResult | None:
-        """The insight analyzer's result of this poll (``analyses["insight"]``: built on first read when deferred),
-        None when the analyzer is not running or has not run."""
-        from gpuwarden.insight.result import insight_result  # the analysis layer sits above the snapshot
-
-        return insight_result(self.analyses.get("insight"))
 
     def fresh(self, now: float, max_age_seconds: float) -> bool:
         """True when the last successful poll is at most ``max_age_seconds`` old at ``now``."""

@@ -124,3 +124,42 @@ def test_clock_event_groups_are_what_the_alerts_and_dashboards_match() -> None:
     for board in dashboards.glob("*.json"):
         for regex in re.findall(r'reason=~\\"([^"\\]+)\\"', board.read_text()):
             assert regex == throttle, (board.name, regex)
+
+
+def test_every_family_is_in_a_golden_exposition_or_named_by_a_test() -> None:
+    """A family no golden exposition holds (tests/data/golden) and no test names could change shape, or vanish,
+    unnoticed: each is held by one or the other."""
+    import re
+    from pathlib import Path
+
+    from gpuwarden.catalog import FAMILIES
+
+    here = Path(__file__).parent
+    golden = "".join(p.read_text() for p in (here / "data" / "golden").glob("*.prom"))
+    named = "".join(p.read_text() for p in here.glob("test_*.py") if p.name != "test_catalog.py")
+    exposed = set(re.findall(r"^# TYPE (\w+) ", golden, re.M))
+    exposed |= {f"{name}_total" for name in exposed}  # a counter's TYPE line names it without _total
+    loose = [f.name for f in FAMILIES if f.name not in exposed and f.name not in named]
+    assert loose == []
+
+
+def test_the_layers_under_the_analysis_import_none_of_it() -> None:
+    """Data flows NVML -> readings -> snapshot -> analysis -> collectors -> exposition: the modules of the readings
+    and the snapshot import nothing from gpuwarden.insight (the one upward arrow there was, snapshot -> insight, is
+    gone), and only gpuwarden.nvml imports pynvml."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(__file__).parent.parent / "gpuwarden"
+    lower = [pkg / n for n in ("model.py", "snapshot.py", "source.py", "trace.py", "catalog.py", "poller.py")]
+    lower += [*sorted((pkg / "nvml").glob("*.py")), *sorted((pkg / "replay").glob("*.py"))]
+    for path in lower:
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.startswith("gpuwarden.insight")], path.name
+    for path in pkg.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        uses = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name == "pynvml"]
+        uses += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "pynvml"]
+        assert not uses or path.parent.name == "nvml", path

@@ -1,6 +1,6 @@
 """Time accounting, starved and imbalance scores, job attribution and diagnosis (``gpuwarden.insight``).
 
-Reads ``snapshot.insight`` (an ``InsightResult``); definitions in docs/scores.md.
+Reads the snapshot's ``InsightResult`` (gpuwarden.insight.result.snapshot_insight); definitions in docs/scores.md.
 
 - ``gpu_state_seconds_total{gpu,uuid,state}`` counter: seconds the GPU spent in each state since the daemon
   started; ``state`` is one of busy, starved, paused, held_idle, free, unknown, lost (they add up to the accounted wall
@@ -30,7 +30,7 @@ from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.diagnosis import REASONS
-from gpuwarden.insight.result import GpuInsight, InsightResult
+from gpuwarden.insight.result import GpuInsight, InsightResult, snapshot_insight
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -38,7 +38,7 @@ from gpuwarden.snapshot import NodeSnapshot
 def _result(snap: NodeSnapshot) -> InsightResult | None:
     if snap.poll is None:
         return None
-    return snap.insight
+    return snapshot_insight(snap)
 
 
 #: A GPU's samples of one family: (extra label values, value) pairs.

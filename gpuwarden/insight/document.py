@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from gpuwarden.insight.result import GpuInsight, JobInsight, ProcessJob
+from gpuwarden.insight.result import GpuInsight, JobInsight, ProcessJob, snapshot_insight
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -39,13 +39,13 @@ class DiagnosisDocument(BaseModel):
 
 
 def diagnosis_document(snapshot: NodeSnapshot) -> DiagnosisDocument:
-    """Return the ``/api/v1/diagnosis`` document of ``snapshot`` (reads ``snapshot.insight``).
+    """Return the ``/api/v1/diagnosis`` document of ``snapshot`` (reads ``snapshot_insight(snapshot)``).
 
     Never raises; without a usable analysis the document has ``available`` False and a ``reason``.
     """
     node = snapshot.static
     base: dict[str, Any] = {"hostname": node.hostname, "source": snapshot.source}
-    res = snapshot.insight
+    res = snapshot_insight(snapshot)
     if res is None:
         return DiagnosisDocument(**base, available=False, reason="the insight analyzer has not run")
     if snapshot.poll is None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwarden.insight.diagnosis import Diagnosis
+from gpuwarden.snapshot import NodeSnapshot
 
 
 class _Frozen(BaseModel):
@@ -155,3 +156,9 @@ def insight_result(value: object) -> InsightResult | None:
     if isinstance(value, DeferredInsight):
         return value()
     return value if isinstance(value, InsightResult) else None
+
+
+def snapshot_insight(snapshot: NodeSnapshot) -> InsightResult | None:
+    """The insight analyzer's result of ``snapshot``'s poll (``analyses["insight"]``: built on first read when
+    deferred), None when the analyzer is not running or has not run."""
+    return insight_result(snapshot.analyses.get("insight"))
