@@ -3,6 +3,7 @@ control characters made visible, never interpreted as Rich markup."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -14,6 +15,20 @@ def visible(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
+def brief(text: object, limit: int = 120) -> str:
+    """``visible(text)`` cut to ``limit`` characters, the cut said (``…(+N)``): a value from the machine in a one-line
+    message never runs to kilobytes."""
+    s = visible(text)
+    return s if len(s) <= limit else f"{s[:limit]}…(+{len(s) - limit})"
+
+
+def listed(values: Iterable[object], most: int = 5, limit: int = 80) -> str:
+    """Up to ``most`` of ``values``, each ``brief`` to ``limit``, comma-separated, then ``and N more``."""
+    shown = [brief(v, limit) for v in values]
+    more = f" and {len(shown) - most} more" if len(shown) > most else ""
+    return ", ".join(shown[:most]) + more
 
 
 def plain(text: object, style: str = "") -> Any:

@@ -68,6 +68,16 @@ ANSWERS: dict[str, tuple[int, bytes]] = {
     "hostile-labels": (200, _vector((LABELS, "3600"), ({**LABELS, "gpu": "1"}, "0.5"))),
     "unauthorized": (401, b"no"),
 }
+#: Answers that end in exit 2 (report cannot tell which job): a node-local id on two nodes, one named by 10 kB.
+AMBIGUOUS: dict[str, tuple[int, bytes]] = {
+    "two-nodes": (
+        200,
+        _vector(
+            ({**LABELS, "instance": HOSTILE + "a" * 10_000, "job_scope": "node"}, "3600"),
+            ({**LABELS, "instance": HOSTILE + "b", "job_scope": "node"}, "60"),
+        ),
+    ),  # fmt: skip
+}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -77,6 +87,17 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("content-length", 0)))
         case = self.path.split("/")[1]
+        if case == "drip-headers":  # the status line, then a header a byte a second: no read ever waits long
+            try:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                self.wfile.flush()
+                for _ in range(600):
+                    self.wfile.write(b"X")
+                    self.wfile.flush()
+                    time.sleep(1)
+            except OSError:
+                return
+            return
         if case == "drip":  # a valid start, then a byte a second for ever
             self.send_response(200)
             self.send_header("content-type", "application/json")
@@ -102,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 return
             return
-        status, body = ANSWERS[case]
+        status, body = ANSWERS[case] if case in ANSWERS else AMBIGUOUS[case]
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -146,9 +167,12 @@ def test_every_answer_is_output_or_one_line(
         assert rc == 0 and "[/][link" in out  # the markup shown as text (the table may fold the rest)
 
 
-def test_a_dripping_answer_ends_at_the_timeout(server: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("case", ["drip", "drip-headers"])
+def test_a_dripping_answer_ends_at_the_timeout(server: str, case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A body, or the status line and headers, dripped a byte a second: each read is quick, the whole is not; the
+    command ends at --timeout either way."""
     start = time.monotonic()
-    rc, _, err = _run(capsys, "top", "--prometheus", f"{server}/drip", "--timeout", "2")
+    rc, _, err = _run(capsys, "top", "--prometheus", f"{server}/{case}", "--timeout", "2")
     took = time.monotonic() - start
     assert rc == 1 and "no answer within --timeout 2 s" in err and err.count("\n") == 1
     assert took < 5, took  # the deadline plus at most one read in progress (a byte a second)
@@ -159,3 +183,14 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused(value: str, capsys: 
     with pytest.raises(SystemExit) as exc:
         main(["top", "--prometheus", "http://127.0.0.1:1", "--timeout", value])
     assert exc.value.code == 2 and "--timeout" in capsys.readouterr().err
+
+
+def test_an_ambiguous_job_is_one_short_line_whatever_its_nodes_are_called(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node-local id seen on two nodes whose instance labels carry escape sequences, markup and 10 kB: report
+    exits 2 with one line that shows them escaped and cut, never kilobytes."""
+    rc, out, err = _run(capsys, "report", "--job", HOSTILE, "--prometheus", f"{server}/two-nodes", "--timeout", "20")
+    assert rc == 2 and out == "" and err.count("\n") == 1, (rc, err[:300])
+    assert "seen on 2 nodes" in err and "\x1b" not in err and "\x07" not in err
+    assert len(err) < 1000 and "…(+" in err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import ssl
+import threading
 from dataclasses import dataclass
 from time import monotonic
 
@@ -146,10 +147,31 @@ class Prometheus:
             raise PrometheusError(f"{target} answered a malformed vector") from None
 
     def _post(self, target: str, params: dict[str, str]) -> tuple[int, bytes]:
-        """POST the query; return (HTTP status, body) read within the deadline and MAX_ANSWER_BYTES."""
+        """POST the query; return (HTTP status, body) read within the deadline and MAX_ANSWER_BYTES. The exchange
+        runs in a thread the caller waits on until the deadline: httpx's timeouts bound each read, not the whole
+        request, so a server that drips its status line and headers a byte at a time would outlast them."""
         left = self._deadline - monotonic()
         if left <= 0:
             raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
+        answer: list[tuple[int, bytes] | BaseException] = []
+
+        def exchange() -> None:
+            try:
+                answer.append(self._exchange(target, params, left))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+                answer.append(exc)
+
+        worker = threading.Thread(target=exchange, name="gpuwarden-prometheus-query", daemon=True)
+        worker.start()
+        worker.join(left)
+        if not answer:  # still reading: left behind (a daemon thread), the command ends with the error
+            raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
+        if isinstance(answer[0], BaseException):
+            raise answer[0]
+        return answer[0]
+
+    def _exchange(self, target: str, params: dict[str, str], left: float) -> tuple[int, bytes]:
+        """The request itself: (HTTP status, body); raises PrometheusError (one line)."""
         chunks, size = [], 0
         try:
             with self._client.stream("POST", "/api/v1/query", data=params, timeout=left) as resp:

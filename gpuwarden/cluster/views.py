@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, Cluster, GpuKey, JobKey, Usage, seconds
-from gpuwarden.terminal import plain, visible
+from gpuwarden.terminal import brief, listed, plain, visible
 from gpuwarden.urls import redacted
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T]
         finally:
             prom.close()
     except (PrometheusError, ValueError) as exc:
-        print(f"gpuwarden {command}: {exc}", file=sys.stderr)
+        print(f"gpuwarden {command}: {brief(exc, 400)}", file=sys.stderr)
         return None
 
 
@@ -393,7 +393,7 @@ def report(args: argparse.Namespace) -> int:
                 # Slurm 26.05+: the series carry the SLUID; the numeric id is a label where a daemon could read it
                 sluids = acc.slurm_jobs(args.job)
                 if len(sluids) > 1:  # the number was reused in the range (another cluster, a wrapped counter)
-                    named = ", ".join(visible(JobKey(x, None, c).label()) for x, c in sluids)
+                    named = listed(JobKey(x, None, c).label() for x, c in sluids)
                     print(f"gpuwarden report: Slurm job {args.job} is {len(sluids)} jobs in the range ({named}): "
                           "give the SLUID", file=sys.stderr)  # fmt: skip
                     return 2
@@ -402,19 +402,19 @@ def report(args: argparse.Namespace) -> int:
                     found = acc.job_details(job, args.instance)
             clusters = {k.cluster for k in found}
             if len(clusters) > 1:
-                where = ", ".join(sorted(visible("/".join(c)) for c in clusters))
+                where = listed(sorted("/".join(c) for c in clusters))
                 label = acc.cluster_labels[0] if acc.cluster_labels else "cluster"
-                print(f"gpuwarden report: job id {visible(args.job)!r} was seen in {len(clusters)} clusters ({where}): "
+                print(f"gpuwarden report: job id {brief(args.job)!r} was seen in {len(clusters)} clusters ({where}): "
                       f"add --selector '{label}=\"...\"'", file=sys.stderr)  # fmt: skip
                 return 2
             if len(found) > 1:
-                where = ", ".join(sorted(visible(k.instance or "") for k in found))
-                print(f"gpuwarden report: job id {visible(args.job)!r} is node-local and was seen on {len(found)} "
+                where = listed(sorted(k.instance or "" for k in found))
+                print(f"gpuwarden report: job id {brief(args.job)!r} is node-local and was seen on {len(found)} "
                       f"nodes ({where}): add --instance", file=sys.stderr)  # fmt: skip
                 return 2
             if not found:
                 where = redacted(args.prometheus)
-                print(f"gpuwarden report: no job {visible(args.job)!r} in {where} over the last {args.range}",
+                print(f"gpuwarden report: no job {brief(args.job)!r} in {where} over the last {args.range}",
                       file=sys.stderr)  # fmt: skip
                 return 1
             [(key, u)] = found.items()
@@ -424,7 +424,7 @@ def report(args: argparse.Namespace) -> int:
         finally:
             prom.close()
     except (PrometheusError, ValueError) as exc:
-        print(f"gpuwarden report: {exc}", file=sys.stderr)
+        print(f"gpuwarden report: {brief(exc, 400)}", file=sys.stderr)
         return 1
     if args.json:
         doc = {"job_id": key.job_id, "instance": key.instance, "job_kind": u.kind, "asked_for": args.job,
