@@ -155,3 +155,23 @@ def test_the_inspector_reads_slurm_job_id_from_a_real_process_environment() -> N
             assert ProcessInspector().describe(c.pid, None).slurm_job_id is None  # not a job id
         finally:
             c.kill()
+
+
+def test_the_gpus_job_is_a_working_process_not_memory_an_exited_one_left() -> None:
+    """NVML goes on listing a process that exited while a child it forked keeps the device open (no /proc entry: no
+    start time, user or name; job ``?/?``). Though it holds the most memory, the GPU's job is that of the live
+    process, and among live ones that of the process running kernels before a larger idle one."""
+    from gpuwarden.insight.analyzer import InsightAnalyzer
+    from gpuwarden.model import GpuReading, ProcessReading
+
+    exited = ProcessReading(pid=7, gpu_memory_bytes=1_700_000_000)
+    idle = ProcessReading(pid=8, gpu_memory_bytes=1_200_000_000, create_time=100.0, username="bob", name="notebook",
+                          cgroup="/system.slice/jupyter.service", sm_utilization_ratio=0.0)  # fmt: skip
+    train = ProcessReading(pid=9, gpu_memory_bytes=900_000_000, create_time=200.0, username="carol", name="train",
+                           cgroup="/slurm/uid_1/job_4243/step_0/task_0", sm_utilization_ratio=0.4)  # fmt: skip
+    an = InsightAnalyzer()
+    for procs, job in (([exited, train], "4243"), ([exited, idle], "jupyter.service"),
+                       ([exited, idle, train], "4243"), ([exited], "?/?")):  # fmt: skip
+        gpu = GpuReading(index=0, uuid="GPU-a", timestamp=1.0, processes=procs)
+        _, primary = an._process_jobs([gpu], {})
+        assert primary["GPU-a"].job == job, ([p.pid for p in procs], primary["GPU-a"])

@@ -9,17 +9,17 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from gpuwarden.catalog import CLOCK_EVENT_REASONS, Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, readings
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values, readings
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_clock_event_reason_active")
 def reason_active(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return 0/1 per clock event reason and GPU (every reason NVML names), None when no GPU reports the mask."""
-    active = new_family(fam)
+    active = new_values(fam)
     for g in readings(snap):
         if g.clock_event_reasons is not None:
             labels = gpu_label_values(g)
             for bit, name in CLOCK_EVENT_REASONS.items():
-                active.add_metric([*labels, name], 1.0 if g.clock_event_reasons & bit else 0.0)  # type: ignore[attr-defined]
+                active.add_metric([*labels, name], 1.0 if g.clock_event_reasons & bit else 0.0)
     return active if active.samples else None

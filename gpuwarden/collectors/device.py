@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client.core import InfoMetricFamily, Metric
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, new_values
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -37,10 +37,10 @@ def driver_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
 @builds("gpu_up")
 def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
     """Return 1 per GPU that answered the last poll, 0 per GPU that did not (empty before the first poll)."""
-    up = new_family(fam)
+    up = new_values(fam)
     if snap.poll is not None:
         for g in snap.poll.gpus:
-            up.add_metric(gpu_label_values(g), 1.0 if g.up else 0.0)  # type: ignore[attr-defined]
+            up.add_metric(gpu_label_values(g), 1.0 if g.up else 0.0)
     return up
 
 
@@ -48,6 +48,6 @@ def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
 def gpu_devices(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
     """Return the number of GPUs watched, labelled with the node's name (``CollectOptions.node_name``, else the host
     name), which stays when the daemon restarts under another ``instance``."""
-    count = new_family(fam)
-    count.add_metric([opts.node_name or snap.static.hostname], len(snap.static.gpus))  # type: ignore[attr-defined]
+    count = new_values(fam)
+    count.add_metric([opts.node_name or snap.static.hostname], len(snap.static.gpus))
     return count

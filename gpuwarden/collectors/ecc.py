@@ -10,28 +10,34 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, health_readings, new_family
+from gpuwarden.collectors.registry import (
+    CollectOptions,
+    builds,
+    gpu_label_values,
+    health_readings,
+    new_values,
+)
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_ecc_errors_total")
 def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the ECC counters split into labels ``type`` (corrected, uncorrected) and ``counter``."""
-    errors = new_family(fam)
+    errors = new_values(fam)
     for g in health_readings(snap):
         labels = gpu_label_values(g)
         for key, value in sorted(g.ecc_errors_total.items()):
             etype, _, ctype = key.partition("_")
-            errors.add_metric([*labels, etype, ctype], value)  # type: ignore[attr-defined]
+            errors.add_metric([*labels, etype, ctype], value)
     return errors if errors.samples else None
 
 
 @builds("gpu_remapped_rows_total")
 def remapped_rows(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the rows remapped for corrected and for uncorrected errors (label ``type``)."""
-    rows = new_family(fam)
+    rows = new_values(fam)
     for g in health_readings(snap):
         for t in ("corrected", "uncorrected"):
             if t in g.remapped_rows:
-                rows.add_metric([*gpu_label_values(g), t], g.remapped_rows[t])  # type: ignore[attr-defined]
+                rows.add_metric([*gpu_label_values(g), t], g.remapped_rows[t])
     return rows if rows.samples else None

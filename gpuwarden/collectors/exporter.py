@@ -12,7 +12,7 @@ from prometheus_client.core import InfoMetricFamily, Metric
 
 from gpuwarden import __version__
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, new_family
+from gpuwarden.collectors.registry import CollectOptions, builds, new_family, new_values
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -24,8 +24,8 @@ def _info(fam: Family, values: dict[str, str]) -> Metric:
 
 
 def _value(fam: Family, value: float) -> Metric:
-    metric = new_family(fam)
-    metric.add_metric([], value)  # type: ignore[attr-defined]
+    metric = new_values(fam)
+    metric.add_metric([], value)
     return metric
 
 
@@ -47,8 +47,8 @@ def gpu_hour_price(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Met
     """Return the configured price of one GPU-hour with its currency, None when no price is configured."""
     if opts.price_per_gpu_hour is None:
         return None
-    metric = new_family(fam)
-    metric.add_metric([opts.currency], opts.price_per_gpu_hour)  # type: ignore[attr-defined]
+    metric = new_values(fam)
+    metric.add_metric([opts.currency], opts.price_per_gpu_hour)
     return metric
 
 
@@ -134,7 +134,7 @@ for _name in (
 @builds("gpuwarden_nvml_errors_total")
 def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
     """Return the NVML failures by call and error (the family is there, empty, while there are none)."""
-    errors = new_family(fam)
+    errors = new_values(fam)
     for (call, err), n in sorted(snap.errors.items()):
-        errors.add_metric([call, err], n)  # type: ignore[attr-defined]
+        errors.add_metric([call, err], n)
     return errors

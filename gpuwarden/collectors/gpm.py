@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, readings
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values, readings
 from gpuwarden.insight.ofu import flop_utilization
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -26,11 +26,11 @@ PIPES = (
 @builds("gpu_pipe_activity_ratio")
 def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the FP16, FP32, FP64 and integer pipe activities (0-1) of each GPU that has them."""
-    pipes = new_family(fam)
+    pipes = new_values(fam)
     for g in readings(snap):
         for pipe, key in PIPES:
             if key in g.gpm:
-                pipes.add_metric([*gpu_label_values(g), pipe], g.gpm[key])  # type: ignore[attr-defined]
+                pipes.add_metric([*gpu_label_values(g), pipe], g.gpm[key])
     return pipes if pipes.samples else None
 
 
@@ -38,9 +38,9 @@ def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metr
 def flop_utilization_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return each GPU's OFU (gpuwarden.insight.ofu.flop_utilization), where GPM gives its tensor activity."""
     statics = {s.index: s for s in snap.static.gpus}
-    ofu = new_family(fam)
+    ofu = new_values(fam)
     for g in readings(snap):
         value = flop_utilization(g, statics.get(g.index))
         if value is not None:
-            ofu.add_metric(gpu_label_values(g), value)  # type: ignore[attr-defined]
+            ofu.add_metric(gpu_label_values(g), value)
     return ofu if ofu.samples else None

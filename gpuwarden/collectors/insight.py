@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import InfoMetricFamily, Metric
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, new_family
+from gpuwarden.collectors.registry import CollectOptions, builds, new_family, new_values
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.diagnosis import REASONS
 from gpuwarden.insight.result import GpuInsight, InsightResult, snapshot_insight
@@ -51,8 +51,8 @@ def _per_gpu(snap: NodeSnapshot, fam: Family, samples: Samples, doc: str | None 
     res = _result(snap)
     if res is None:
         return None
-    metric = new_family(fam, doc)
-    add = metric.add_metric  # type: ignore[attr-defined]
+    metric = new_values(fam, doc)
+    add = metric.add_metric
     for g in res.gpus:
         for labels, value in samples(g):
             add([str(g.gpu), g.uuid, *labels], value)
@@ -149,8 +149,8 @@ def node_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Met
     res = _result(snap)
     if res is None or res.node_imbalance_ratio is None:
         return None
-    node = new_family(fam)
-    node.add_metric([], res.node_imbalance_ratio)  # type: ignore[attr-defined]
+    node = new_values(fam)
+    node.add_metric([], res.node_imbalance_ratio)
     return node
 
 
@@ -160,10 +160,10 @@ def job_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metr
     res = _result(snap)
     if res is None:
         return None
-    job = new_family(fam)
+    job = new_values(fam)
     for j in res.jobs:
         if j.imbalance_ratio is not None:
-            job.add_metric([j.job, j.job_kind], j.imbalance_ratio)  # type: ignore[attr-defined]
+            job.add_metric([j.job, j.job_kind], j.imbalance_ratio)
     return job if job.samples else None
 
 

@@ -11,21 +11,28 @@ from collections.abc import Callable
 from prometheus_client.core import Metric
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import Builder, CollectOptions, builds, gpu_label_values, new_family, readings
+from gpuwarden.collectors.registry import (
+    Builder,
+    CollectOptions,
+    builds,
+    gpu_label_values,
+    new_values,
+    readings,
+)
 from gpuwarden.model import MigReading
 from gpuwarden.snapshot import NodeSnapshot
 
 
 def _mig_family(get: Callable[[MigReading], float | None]) -> Builder:
     def build(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
-        metric = new_family(fam)
+        metric = new_values(fam)
         for g in readings(snap):
             for m in g.mig:
                 value = get(m)
                 if value is not None:
                     ci = "" if m.compute_instance_id is None else str(m.compute_instance_id)
                     labels = [*gpu_label_values(g), m.uuid, str(m.gpu_instance_id), ci]
-                    metric.add_metric(labels, value)  # type: ignore[attr-defined]
+                    metric.add_metric(labels, value)
         return metric if metric.samples else None
 
     build.__doc__ = "Return one sample per MIG device that has the value, None when none has."

@@ -7,10 +7,10 @@ many processes cannot blow up cardinality; the series of an ended process disapp
 
 from __future__ import annotations
 
-from prometheus_client.core import Metric
+from prometheus_client.core import InfoMetricFamily, Metric
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, readings
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, new_values, readings
 from gpuwarden.model import GpuReading, ProcessReading
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -18,23 +18,23 @@ from gpuwarden.snapshot import NodeSnapshot
 @builds("gpu_compute_processes")
 def process_count(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the number of compute processes per GPU where the process list was read."""
-    count = new_family(fam)
+    count = new_values(fam)
     for g in readings(snap):
         if g.processes is not None:
-            count.add_metric(gpu_label_values(g), len(g.processes))  # type: ignore[attr-defined]
+            count.add_metric(gpu_label_values(g), len(g.processes))
     return count if count.samples else None
 
 
 @builds("gpu_process_memory_used_bytes")
 def process_memory(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the GPU memory of the ``max_processes_per_gpu`` largest processes of each GPU, in bytes."""
-    mem = new_family(fam)
+    mem = new_values(fam)
     for g in readings(snap):
         if g.processes is None:
             continue
         labels = gpu_label_values(g)
         for p in largest(g, opts):
-            mem.add_metric([*labels, str(p.pid), p.name or ""], p.gpu_memory_bytes or 0)  # type: ignore[attr-defined]
+            mem.add_metric([*labels, str(p.pid), p.name or ""], p.gpu_memory_bytes or 0)
     return mem if mem.samples else None
 
 
@@ -50,12 +50,12 @@ def largest(g: GpuReading, opts: CollectOptions) -> list[ProcessReading]:
 def process_start(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the start time (Unix seconds, ProcessReading.create_time from psutil) of the processes of
     gpu_process_memory_used_bytes whose start /proc gave."""
-    start = new_family(fam)
+    start = new_values(fam)
     for g in readings(snap):
         labels = gpu_label_values(g)
         for p in largest(g, opts):
             if p.create_time is not None:
-                start.add_metric([*labels, str(p.pid), p.name or ""], p.create_time)  # type: ignore[attr-defined]
+                start.add_metric([*labels, str(p.pid), p.name or ""], p.create_time)
     return start if start.samples else None
 
 
@@ -63,9 +63,10 @@ def process_start(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metr
 def pod_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return one series per container the kubelet assigned each GPU (GpuReading.pods, from pod-resources List)."""
     info = new_family(fam)
+    assert isinstance(info, InfoMetricFamily)
     for g in readings(snap):
         for a in g.pods:
-            info.add_metric(  # type: ignore[attr-defined]
+            info.add_metric(
                 gpu_label_values(g),
                 {"namespace": a.namespace, "pod": a.pod, "container": a.container, "device_id": a.device_id,
                  "resource": a.resource},
@@ -93,7 +94,7 @@ def process_shares(g: GpuReading) -> dict[int, float]:
 def process_utilization(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return each process's share of its GPU (process_shares) for the ``max_processes_per_gpu`` largest processes
     by GPU memory, as gpu_process_memory_used_bytes."""
-    util = new_family(fam)
+    util = new_values(fam)
     for g in readings(snap):
         shares = process_shares(g)
         if not shares:
@@ -102,5 +103,5 @@ def process_utilization(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -
         procs = sorted(g.processes or (), key=lambda p: (-(p.gpu_memory_bytes or 0), p.pid))
         for p in procs[: opts.max_processes_per_gpu]:
             if p.pid in shares:
-                util.add_metric([*labels, str(p.pid), p.name or ""], shares[p.pid])  # type: ignore[attr-defined]
+                util.add_metric([*labels, str(p.pid), p.name or ""], shares[p.pid])
     return util if util.samples else None

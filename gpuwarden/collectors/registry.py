@@ -93,6 +93,15 @@ def new_family(fam: Family, doc: str | None = None) -> Metric:
     return GaugeMetricFamily(fam.base_name, text, labels=list(fam.all_labels))
 
 
+def new_values(fam: Family, doc: str | None = None) -> GaugeMetricFamily | CounterMetricFamily:
+    """``new_family`` of a gauge or counter declaration, typed as what it is: a family whose ``add_metric`` takes
+    the label values and one number. Raises ValueError for an info declaration."""
+    metric = new_family(fam, doc)
+    if not isinstance(metric, GaugeMetricFamily | CounterMetricFamily):
+        raise ValueError(f"{fam.name} is an info family: it takes a mapping of labels per sample")
+    return metric
+
+
 #: Collectors whose families keep a lost GPU's last readings (``health_readings``): memory errors and remaps.
 KEPT_WHEN_LOST = frozenset({"ecc"})
 
@@ -130,8 +139,8 @@ def declared(snap: NodeSnapshot, fam: Family) -> Metric | None:
     ``fam.reading`` reads the up GPUs' ``GpuReading`` field, ``fam.static`` each GPU's ``GpuStatic`` field; a
     dict-valued field gives one sample per key (label ``fam.labels[0]``, keys sorted) unless ``fam.key`` picks one.
     """
-    metric = new_family(fam)
-    add = metric.add_metric  # type: ignore[attr-defined]
+    metric = new_values(fam)
+    add = metric.add_metric
     statics = {s.index: s for s in snap.static.gpus} if fam.only_if is not None else {}
     up = health_readings(snap) if fam.collector in KEPT_WHEN_LOST else readings(snap)
     sources: Iterator[GpuReading | GpuStatic] = up if fam.reading is not None else iter(snap.static.gpus)

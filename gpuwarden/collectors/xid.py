@@ -13,7 +13,7 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values
 from gpuwarden.snapshot import NodeSnapshot
 
 #: XID codes exported at 0 before they ever occur.
@@ -23,20 +23,20 @@ CRITICAL_XIDS = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
 @builds("gpu_xid_errors_total")
 def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the XID count per code and GPU since start (the critical codes at 0 before they occur)."""
-    total = new_family(fam)
+    total = new_values(fam)
     for g in snap.poll.gpus if snap.poll is not None else ():
         seen = snap.xid.get(g.index, {})
         for code in sorted(set(CRITICAL_XIDS) | set(seen)):
             t = seen.get(code)
-            total.add_metric([*gpu_label_values(g), str(code)], t.count if t else 0)  # type: ignore[attr-defined]
+            total.add_metric([*gpu_label_values(g), str(code)], t.count if t else 0)
     return total if total.samples else None
 
 
 @builds("gpu_xid_last_event_timestamp_seconds")
 def xid_last(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
     """Return the Unix time of the last XID of each code that occurred, per GPU."""
-    last = new_family(fam)
+    last = new_values(fam)
     for g in snap.poll.gpus if snap.poll is not None else ():
         for code, t in sorted(snap.xid.get(g.index, {}).items()):
-            last.add_metric([*gpu_label_values(g), str(code)], t.last_timestamp)  # type: ignore[attr-defined]
+            last.add_metric([*gpu_label_values(g), str(code)], t.last_timestamp)
     return last if last.samples else None

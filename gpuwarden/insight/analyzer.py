@@ -142,6 +142,13 @@ class _GpuState:
     last_terms: list[tuple[int, int]] = field(default_factory=list)  # its terms (windows.terms)
 
 
+def _holder_rank(p: ProcessReading) -> tuple[bool, bool, int, int]:
+    """How strongly process ``p`` stands for its GPU's job, largest first: known to /proc (its start time read),
+    running kernels (NVML's per-process SM utilization above 0), GPU memory held, then the lower PID."""
+    running = p.sm_utilization_ratio is not None and p.sm_utilization_ratio > 0
+    return (p.create_time is not None, running, p.gpu_memory_bytes or 0, -p.pid)
+
+
 class InsightAnalyzer:
     """Stateful analyzer: ``analyzer(poll, static) -> InsightResult``.
 
@@ -228,14 +235,16 @@ class InsightAnalyzer:
     def _process_jobs(
         self, gpus: list[GpuReading], rates: dict[int, ProcessRates]
     ) -> tuple[list[ProcessJob], dict[str, JobRef]]:
-        """Each GPU process with its job (gpuwarden.insight.attribution) and pod, and each GPU's job: the one whose
-        process holds most of its memory (GPUs up only; a lost GPU's processes are those still running that held it
-        when it was lost, so its job keeps holding it). Forgets the jobs of processes gone."""
+        """Each GPU process with its job (gpuwarden.insight.attribution) and pod, and each GPU's job: that of its
+        first process by ``_holder_rank`` - one /proc knows before one it does not (NVML goes on listing a process
+        that exited while a child it forked keeps the device open: its memory is no working job's), one running
+        kernels before one that is not, then the most memory (GPUs up only; a lost GPU's processes are those still
+        running that held it when it was lost, so its job keeps holding it). Forgets the jobs of processes gone."""
         live_jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
         processes: list[ProcessJob] = []
         primary: dict[str, JobRef] = {}
         for g in gpus:
-            best: tuple[int, int] | None = None
+            best: tuple[bool, bool, int, int] | None = None
             for p in g.processes or ():
                 ref = self._job(p)
                 live_jobs[(p.pid, p.create_time, p.cgroup)] = ref
@@ -258,7 +267,7 @@ class InsightAnalyzer:
                         cpu_cores=rates[p.pid].cpu_cores if p.pid in rates else None,
                     )
                 )
-                rank = (p.gpu_memory_bytes or 0, -p.pid)
+                rank = _holder_rank(p)
                 if g.up and (best is None or rank > best):
                     best, primary[g.uuid] = rank, ref
         self._jobs = live_jobs
