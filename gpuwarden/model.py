@@ -87,6 +87,11 @@ class ProcessReading(_Model):
         description="the process's share of the GPU's SM time (0-1): the mean smUtil of its "
         "nvmlDeviceGetProcessUtilization samples since the previous poll; None without a sample",
     )
+    kept_by: int | None = Field(
+        default=None,
+        description="for a PID /proc does not have (a process that exited while a child it forked keeps the device "
+        "open): a live process with the GPU's device file open (its user and cgroup stand for the PID's)",
+    )
     hostname_env: str | None = Field(
         default=None,
         description="HOSTNAME from /proc/PID/environ (a container's hostname: its pod's name unless the pod sets "

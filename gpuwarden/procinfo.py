@@ -25,6 +25,11 @@ import psutil
 from gpuwarden.model import HostReading, ProcessReading
 
 _CMDLINE_MAX = 256
+#: A GPU's device file, by its minor number (nvmlDeviceGetMinorNumber).
+DEVICE_FILE = "/dev/nvidia{minor}"
+#: The CUDA driver's unified memory device: a process with a CUDA context has it open, one that only asks NVML (this
+#: daemon, nvidia-smi, a DCGM agent) does not.
+UVM_FILE = "/dev/nvidia-uvm"
 
 
 def read_cgroup(pid: int, proc_root: Path = Path("/proc")) -> str | None:
@@ -75,6 +80,8 @@ class ProcessInspector:
         self._polled: dict[int, ProcessReading] = {}  # this poll's readings, by pid
         self._parents: tuple[float, dict[int, list[int]]] | None = None  # the /proc scan, where no children files
         self.walks = 0  # tree walks done (a refresh of one GPU process's descendants)
+        self._kept: tuple[tuple[str, frozenset[int]], list[int]] | None = None  # keepers() for its last question
+        self.keeper_scans = 0  # /proc/*/fd scans done
 
     def new_poll(self) -> None:
         """Start a poll: a process asked for again in it (one process on several GPUs) is read once."""
@@ -132,6 +139,23 @@ class ProcessInspector:
             tree_voluntary_switches_total=tree.voluntary_switches,
         )
 
+    def keepers(self, minor: int, unknown: frozenset[int], listed: set[int]) -> list[int]:
+        """The live processes, other than ``listed`` (the GPU's processes NVML lists) and this one, with the GPU's
+        device file (DEVICE_FILE of its ``minor`` number) and CUDA's (UVM_FILE) open - a CUDA context, where a
+        process that only asks NVML has the first alone: who keeps the memory of ``unknown``, listed PIDs /proc does not
+        have (a process that exited while a child it forked after initialising CUDA holds the device open). Sorted.
+        One scan of ``/proc/*/fd`` (every process the daemon may read: as root, all), asked again only when the
+        device or ``unknown`` changes: the scan grows with the host, so it runs once per change, never per poll."""
+        device = DEVICE_FILE.format(minor=minor)
+        key = (device, unknown)
+        if self._kept is not None and self._kept[0] == key:
+            return self._kept[1]
+        mine = {os.getpid()}  # NVML's own descriptors, here: no CUDA context, and never a job
+        found = [] if not unknown else scan_device_holders({device, UVM_FILE}, self.proc_root, exclude=listed | mine)
+        self._kept = (key, found)
+        self.keeper_scans += bool(unknown)
+        return found
+
     def forget_except(self, live: set[int]) -> None:
         """Drop cached handles of every PID not in ``live`` (processes that left the GPUs)."""
         for pid in list(self._procs):
@@ -168,6 +192,39 @@ class ProcessInspector:
             self._parents = (now, scan_children(self.proc_root))
         kids = self._parents[1]
         return descendants(pid, lambda p: kids.get(p, []))
+
+
+def scan_device_holders(
+    devices: set[str], proc_root: Path = Path("/proc"), exclude: set[int] | None = None
+) -> list[int]:
+    """PIDs (sorted) of the processes under ``proc_root`` with an open descriptor on every one of ``devices``
+    (paths), leaving out ``exclude``; processes the caller may not inspect (another user's, without root) or that end
+    meanwhile are skipped."""
+    exclude = exclude or set()
+    out = []
+    try:
+        entries = os.scandir(proc_root)
+    except OSError:
+        return []
+    with entries:
+        for entry in entries:
+            if not entry.name.isdigit() or int(entry.name) in exclude:
+                continue
+            try:
+                fds = os.scandir(os.path.join(entry.path, "fd"))
+            except OSError:
+                continue
+            missing = set(devices)
+            with fds:
+                for fd in fds:
+                    try:
+                        missing.discard(os.readlink(fd.path))
+                    except OSError:
+                        continue
+                    if not missing:
+                        out.append(int(entry.name))
+                        break
+    return sorted(out)
 
 
 def _environ(proc: psutil.Process) -> dict[str, str]:

@@ -6,7 +6,9 @@ Driven through the fake pynvml (tests/fake_nvml.py) fed by the real 2xH200 recor
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 from conftest import trace
@@ -226,3 +228,44 @@ def test_an_unsupported_call_is_asked_once_and_its_fallback_read_every_poll(
     assert all(r.memory_used_bytes is not None and r.memory_total_bytes for r in readings)
     assert versions.count(pynvml.nvmlMemory_v2) == 1, versions
     assert source.errors() == {}  # NOT_SUPPORTED is remembered, not counted as an error
+
+
+def test_a_listed_pid_that_proc_lacks_takes_the_job_of_the_process_keeping_its_device_open(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """NVML goes on listing a process that exited while a child it forked keeps the device open. Here the recorded
+    PIDs are absent from this machine's /proc; a child of this test holds the files standing for the GPU's device (its
+    recorded minor number) and CUDA's: each absent PID gets it as keeper, with its user and cgroup, one /proc scan
+    in all."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from gpuwarden import procinfo
+
+    fake = FakeNvml(trace("h100-shared-slurm-env")).install(monkeypatch)
+    minor = fake.header.node.gpus[0].minor_number
+    assert minor is not None
+    device, uvm = tmp_path / f"nvidia{minor}", tmp_path / "nvidia-uvm"
+    device.write_text("")
+    uvm.write_text("")
+    monkeypatch.setattr(procinfo, "DEVICE_FILE", str(tmp_path / "nvidia{minor}"))
+    monkeypatch.setattr(procinfo, "UVM_FILE", str(uvm))
+    code = f"import time; a = open({str(device)!r}); b = open({str(uvm)!r}); print('ok', flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ok\n"
+        source = NvmlSource(xid_events=False, processes=True)
+        source.open()
+        polls = [source.poll() for _ in range(3)]
+        scans = source._inspector.keeper_scans if source._inspector else None  # noqa: SLF001
+        source.close()
+    finally:
+        child.kill()
+        child.wait()
+    absent = [p for p in polls[-1].gpus[0].processes or [] if not psutil.pid_exists(p.pid)]
+    if not absent:
+        pytest.skip("the recorded PIDs all run on this machine")  # recorded on another host: never so far
+    assert all(p.kept_by == child.pid and p.create_time is None for p in absent)
+    assert {p.cgroup for p in absent} == {procinfo.read_cgroup(os.getpid())} and scans == 1

@@ -5,6 +5,7 @@ read once per poll. Real local processes (a parent shell with sleeping children)
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,3 +131,28 @@ def test_a_tree_reports_its_writes_reads_and_waits(tmp_path: Path) -> None:
     finally:
         root.kill()
         root.wait()
+
+
+def test_the_process_keeping_a_device_file_open_is_found_once_per_change(tmp_path: Path) -> None:
+    """The keepers of a GPU's memory whose owner exited: the live processes with its device file and CUDA's open,
+    found in the real /proc (a child of this test holding files standing for /dev/nvidia7 and /dev/nvidia-uvm; this
+    process, holding the first alone as NVML does, is none), asked again only when the unknown PIDs change."""
+    device, uvm = tmp_path / "nvidia7", tmp_path / "nvidia-uvm"
+    device.write_text("")
+    uvm.write_text("")
+    code = f"import time; a = open({str(device)!r}); b = open({str(uvm)!r}); print('ok', flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    inspector = ProcessInspector()
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ok\n"
+        with open(device), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(procinfo, "DEVICE_FILE", str(tmp_path / "nvidia{minor}"))
+            mp.setattr(procinfo, "UVM_FILE", str(uvm))
+            assert inspector.keepers(7, frozenset({999_999}), set()) == [child.pid]
+            assert inspector.keepers(7, frozenset({999_999}), set()) == [child.pid]
+            assert inspector.keeper_scans == 1  # the same question: no scan
+            assert inspector.keepers(7, frozenset({999_998}), {child.pid}) == []  # a listed process keeps nothing
+            assert inspector.keepers(7, frozenset(), set()) == [] and inspector.keeper_scans == 2
+    finally:
+        child.kill()
+        child.wait()

@@ -265,6 +265,7 @@ class InsightAnalyzer:
                         slurm_job_id=slurm_job_number(ref, p),
                         gpu_memory_bytes=p.gpu_memory_bytes,
                         cpu_cores=rates[p.pid].cpu_cores if p.pid in rates else None,
+                        kept_by=p.kept_by,
                     )
                 )
                 rank = _holder_rank(p)

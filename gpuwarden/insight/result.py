@@ -99,6 +99,11 @@ class ProcessJob(_Frozen):
     )
     gpu_memory_bytes: int | None = None
     cpu_cores: float | None = Field(default=None, description="CPU seconds per second over the last poll interval")
+    kept_by: int | None = Field(
+        default=None,
+        description="a process /proc does not have (exited, its memory kept): the live process with the GPU's device "
+        "file open that keeps it, whose job this is",
+    )
 
 
 class JobInsight(_Frozen):

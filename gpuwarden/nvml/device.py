@@ -321,7 +321,22 @@ class GpuPoller:
         util = self._process_util if out else {}
         if util:
             out = [p.model_copy(update={"sm_utilization_ratio": util[p.pid]}) if p.pid in util else p for p in out]
-        return out
+        return self._kept(out)
+
+    def _kept(self, out: list[ProcessReading]) -> list[ProcessReading]:
+        """``out`` with each PID /proc does not have given its keeper (ProcessReading.kept_by): the first live
+        process holding this GPU's device file open, whose user and cgroup (so its job) stand for it."""
+        unknown = frozenset(p.pid for p in out if p.create_time is None and p.username is None)
+        minor = self.static.minor_number
+        if self._inspector is None or minor is None:
+            return out
+        keepers = self._inspector.keepers(minor, unknown, {p.pid for p in out})
+        if not keepers or not unknown:
+            return out
+        k = self._inspector.describe(keepers[0], None)
+        stand_in = {"kept_by": k.pid, "username": k.username, "cgroup": k.cgroup, "slurm_job_id": k.slurm_job_id,
+                    "hostname_env": k.hostname_env}  # fmt: skip
+        return [p.model_copy(update=stand_in) if p.pid in unknown else p for p in out]
 
     def _process_utilization(self) -> dict[int, float]:
         """pid -> mean SM utilization (0-1) of its nvmlDeviceGetProcessUtilization samples since the last read (every
