@@ -29,8 +29,10 @@ def test_promtool_check_rules(promtool: str) -> None:
 
 @pytest.mark.e2e
 def test_promtool_test_rules(promtool: str) -> None:
-    """Each test file run exactly as its header says: promtool test rules FILE, from alerts/tests."""
-    for f in TESTS:
+    """Each test file run exactly as its header says: promtool test rules FILE, from alerts/tests. memory.test.yml is
+    generated from the memory shapes, and test_memory_shapes.py runs every one of them through promtool on the same
+    rules (and checks the committed file is the generator's): not run twice."""
+    for f in (t for t in TESTS if t.name != "memory.test.yml"):
         res = subprocess.run([promtool, "test", "rules", f.name], capture_output=True, text=True, timeout=600,
                              cwd=f.parent)  # fmt: skip
         assert res.returncode == 0, f.name + res.stdout + res.stderr
