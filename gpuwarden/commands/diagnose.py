@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,57 +41,66 @@ def _watch(args: argparse.Namespace, console: Any) -> int:
     else:
         sampler = LiveSampler()
         step = sampler.step
-    last: DiagnoseReport | None = None
     if not console.is_terminal:
-        return _watch_plain(args, console, step, sampler)
-    try:
-        with Live(console=console, auto_refresh=False, transient=False, vertical_overflow="crop") as live:
-            while True:
-                problem = None
-                try:
-                    last = step()
-                except SourceError as exc:
-                    if not args.url:
-                        raise
-                    problem = Text(f"{visible(exc)}; asking again every {args.interval:g} s", style="red")
-                live.update(_fit(console, last, problem, args.brief), refresh=True)
-                time.sleep(args.interval)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        if sampler is not None:
-            sampler.close()
+        return _each_redraw(args, step, sampler, _plain_drawer(args, console))
+    with Live(console=console, auto_refresh=False, transient=False, vertical_overflow="crop") as live:
+        last: list[DiagnoseReport] = []
+
+        def draw(report: DiagnoseReport | None, problem: str | None) -> None:
+            if report is not None:
+                last[:] = [report]
+            line = Text(problem, style="red") if problem else None
+            live.update(_fit(console, last[0] if last else None, line, args.brief), refresh=True)
+
+        return _each_redraw(args, step, sampler, draw)
 
 
-def _watch_plain(args: argparse.Namespace, console: Any, step: Any, sampler: LiveSampler | None) -> int:
-    """``--watch`` into a pipe or a file: nothing to redraw in place, so each redraw (the whole report; ``--brief``:
-    the summary and each GPU's first remedy) is printed after the last, under a line with its time (UTC, RFC 3339),
-    flushed at once (``| tee``, ``| grep --line-buffered``)."""
-    from datetime import UTC, datetime
+#: Draws one redraw: the report (None while the daemon does not answer), or the line saying why there is none.
+Drawer = Callable[[DiagnoseReport | None, str | None], None]
 
+
+def _each_redraw(args: argparse.Namespace, step: Callable[[], DiagnoseReport], sampler: LiveSampler | None,
+                 draw: Drawer) -> int:  # fmt: skip
+    """Draw ``step()``'s report every ``--interval`` s until interrupted (0); a ``--url`` daemon that does not answer
+    is drawn as a problem line and asked again, live NVML that cannot start raises SourceError. Closes ``sampler``."""
     try:
         while True:
-            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             try:
                 report = step()
             except SourceError as exc:
                 if not args.url:
                     raise
-                print(f"--- {stamp}: {visible(exc)}; asking again every {args.interval:g} s", flush=True)
+                draw(None, f"{visible(exc)}; asking again every {args.interval:g} s")
             else:
-                print(f"--- {stamp}", flush=True)
-                with console.capture() as captured:
-                    brief = renderables(report, brief=True) + first_remedies(report)
-                    for r in brief if args.brief else renderables(report):
-                        console.print(r)
-                sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
-                sys.stdout.flush()
+                draw(report, None)
             time.sleep(args.interval)
     except KeyboardInterrupt:
         return 0
     finally:
         if sampler is not None:
             sampler.close()
+
+
+def _plain_drawer(args: argparse.Namespace, console: Any) -> Drawer:
+    """``--watch`` into a pipe or a file: nothing to redraw in place, so each redraw (the whole report; ``--brief``:
+    the summary and each GPU's first remedy) is printed after the last, under a line with its time (UTC, RFC 3339),
+    flushed at once (``| tee``, ``| grep --line-buffered``)."""
+    from datetime import UTC, datetime
+
+    def draw(report: DiagnoseReport | None, problem: str | None) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if report is None:
+            print(f"--- {stamp}: {problem}", flush=True)
+            return
+        print(f"--- {stamp}", flush=True)
+        with console.capture() as captured:
+            brief = renderables(report, brief=True) + first_remedies(report)
+            for r in brief if args.brief else renderables(report):
+                console.print(r)
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+        sys.stdout.flush()
+
+    return draw
 
 
 def _fit(console: Any, report: DiagnoseReport | None, problem: Any, brief: bool) -> Any:
