@@ -175,6 +175,21 @@ def replay_nodes(
     return procs, ports
 
 
+def alertmanager(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subprocess.Popen, str]:
+    """Start a real Alertmanager (``binary``) with ``config`` (written to ``tmp``/am.yml), its storage in ``tmp``,
+    clustering off; returns the process and its URL (not yet ready: wait_http its /-/ready)."""
+    import yaml
+
+    port = free_port()
+    (tmp / "am.yml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [binary, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def prometheus(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subprocess.Popen, str]:
     """Start a real Prometheus (``binary``) with ``config`` (written to ``tmp``/prometheus.yml) and its storage in
     ``tmp``; returns the process and its URL (not yet ready: wait_http its /-/ready)."""

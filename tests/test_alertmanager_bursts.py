@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from helpers import REPO, free_port, stop, wait_http
+from helpers import REPO, alertmanager, stop, wait_http
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 AMTOOL = shutil.which("amtool")
@@ -55,16 +55,10 @@ def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             route["group_wait"] = "4s" if route["receiver"] == "chat" else "2s"
     for r in cfg["receivers"]:
         r["webhook_configs"] = [{"url": f"http://127.0.0.1:{hook.server_port}/{r['name']}", "send_resolved": False}]
-    (tmp / "am.yml").write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    proc = subprocess.Popen(
-        [ALERTMANAGER, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc, url = alertmanager(ALERTMANAGER, tmp, cfg)
     try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", proc=proc)
-        yield f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/-/ready", proc=proc)
+        yield url
     finally:
         stop(proc)
         hook.shutdown()

@@ -5,7 +5,6 @@ same labels (Alertmanager treats a label missing on both sides as equal)."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from helpers import REPO, free_port, stop, wait_http
+from helpers import REPO, alertmanager, free_port, stop, wait_http
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = [
@@ -29,16 +28,10 @@ def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cfg = yaml.safe_load((REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
     for r in cfg["receivers"]:  # nothing is delivered: a closed port
         r["webhook_configs"] = [{"url": f"http://127.0.0.1:{free_port()}/", "send_resolved": False}]
-    (tmp / "am.yml").write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    proc = subprocess.Popen(
-        [ALERTMANAGER, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc, url = alertmanager(ALERTMANAGER, tmp, cfg)
     try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", proc=proc)
-        yield f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/-/ready", proc=proc)
+        yield url
     finally:
         stop(proc)
 
