@@ -152,6 +152,18 @@ _GPU_JOB = ("instance", "gpu", "job_id")
 ATTRIBUTION_SECONDS = 15.0
 
 
+#: The most attribution steps ``default_attribution`` gives a range: a day of 15-second steps. Every query of ``top``
+#: evaluates its expression at each of them, so a week at 15 s would cost seven days' worth of a day's.
+MAX_ATTRIBUTION_STEPS = 5760
+
+
+def default_attribution(range_s: float) -> float:
+    """The attribution step for a range of ``range_s`` seconds when none is given: ATTRIBUTION_SECONDS, or
+    range / MAX_ATTRIBUTION_STEPS (whole seconds) past a day, so that a week costs no more than a day does (its job
+    splits then to within that step: 105 s at 7 days), unless ``--step`` is finer still (the parts divide it)."""
+    return max(ATTRIBUTION_SECONDS, float(-(-int(range_s) // MAX_ATTRIBUTION_STEPS)))
+
+
 def _attribution_ms(step_ms: int, most_ms: int) -> int:
     """The longest step of at most ``most_ms`` (ms) that divides ``step_ms`` (ms) into equal parts."""
     parts = -(-step_ms // most_ms)

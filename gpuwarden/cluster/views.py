@@ -12,7 +12,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpuwarden.cluster.usage import LOST_CAUSES, Accounting, Cluster, GpuKey, JobKey, Usage, seconds
+from gpuwarden.cluster.usage import (
+    LOST_CAUSES,
+    Accounting,
+    Cluster,
+    GpuKey,
+    JobKey,
+    Usage,
+    default_attribution,
+    seconds,
+)
 from gpuwarden.terminal import brief, listed, plain, visible
 from gpuwarden.urls import redacted
 
@@ -114,7 +123,8 @@ def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
     # every query at one moment: the jobs and GPU tables (and a report's parts) cover the same range
     at = time.time() if getattr(args, "at", None) is None else args.at
     labels = tuple(getattr(args, "cluster_labels", ("cluster",)))
-    resolution = seconds(getattr(args, "resolution", "15s"))
+    given = getattr(args, "resolution", None)
+    resolution = seconds(given) if given else default_attribution(seconds(args.range))
     return prom, Accounting(prom, args.range, args.step, args.selector, at=at, cluster_labels=labels,
                             attribution=resolution)  # fmt: skip
 

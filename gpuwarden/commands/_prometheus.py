@@ -19,9 +19,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step", default="1m", type=duration,
                    help="resolution of the accounting (default 1m); the GPU-hours are the same at any step, the range "
                    "a whole number of them")  # fmt: skip
-    p.add_argument("--resolution", default="15s", type=duration,
-                   help="how finely a GPU's time is split between the jobs that held it (default 15s): at most the "
-                   "scrape interval keeps every job's hours exact; longer is cheaper")  # fmt: skip
+    p.add_argument("--resolution", default=None, type=duration,
+                   help="how finely counters are summed and a GPU's time split between the jobs that held it "
+                   "(default 15s, coarser past a day of range: range/5760): at most the scrape interval keeps every "
+                   "job's hours exact; longer is cheaper")  # fmt: skip
     p.add_argument("--at", type=instant, metavar="TIME",
                    help="end of the range: Unix seconds or RFC 3339 (2026-11-24T18:00:00Z); default now")  # fmt: skip
     p.add_argument("--cluster.labels", dest="cluster_labels", type=label_names, default=("cluster",),

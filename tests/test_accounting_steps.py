@@ -1,0 +1,38 @@
+"""The steps of the fleet accounting, without a Prometheus: the range's whole steps, and the attribution step each
+range gets (15 s up to a day, coarser past it so that a week costs what a day does)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwarden.cluster.usage import MAX_ATTRIBUTION_STEPS, Accounting, default_attribution
+
+
+@pytest.mark.parametrize(
+    ("range_", "step", "fine_ms"),
+    [
+        ("1d", "1m", 15_000),
+        ("3h", "1h", 15_000),
+        ("3h", "5s", 5_000),
+        ("7d", "1h", 100_000),
+        ("7d", "1m", 60_000),
+        ("30d", "1h", 450_000),
+    ],  # fmt: skip
+)
+def test_each_range_is_summed_at_the_attribution_step_its_length_allows(range_: str, step: str, fine_ms: int) -> None:
+    from gpuwarden.cluster.usage import seconds
+
+    acc = Accounting(None, range_, step, at=1_800_000_000.0, attribution=default_attribution(seconds(range_)))  # type: ignore[arg-type]
+    fine = acc._fine  # noqa: SLF001 - the accounting the jobs and GPUs are summed in
+    assert fine._step_ms == fine_ms  # noqa: SLF001
+    # about as many steps as a day's at 15 s (the parts divide the step: 100 s, not 105, at 7 days in hours), or the
+    # range's own steps where --step is finer than that
+    assert seconds(range_) * 1000 / fine_ms <= max(1.05 * MAX_ATTRIBUTION_STEPS, seconds(range_) / seconds(step))
+    assert acc._step_ms % fine_ms == 0  # noqa: SLF001 - the parts tile the step
+
+
+def test_a_range_that_is_not_whole_steps_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a whole number of --step"):
+        Accounting(None, "90m", "1h")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="longer than --range"):
+        Accounting(None, "1h", "2h")  # type: ignore[arg-type]
