@@ -24,7 +24,7 @@ def test_each_range_is_summed_at_the_attribution_step_its_length_allows(range_: 
 
     acc = Accounting(None, range_, step, at=1_800_000_000.0, attribution=default_attribution(seconds(range_)))  # type: ignore[arg-type]
     fine = acc._fine  # noqa: SLF001 - the accounting the jobs and GPUs are summed in
-    assert fine._step_ms == fine_ms  # noqa: SLF001
+    assert fine._step_ms == fine_ms and fine._fine is fine  # noqa: SLF001 - summed there, not split again
     # about as many steps as a day's at 15 s (the parts divide the step: 100 s, not 105, at 7 days in hours), or the
     # range's own steps where --step is finer than that
     assert seconds(range_) * 1000 / fine_ms <= max(1.05 * MAX_ATTRIBUTION_STEPS, seconds(range_) / seconds(step))

@@ -206,7 +206,8 @@ class Accounting:
             raise ValueError(f"attribution step {attribution!r} s is not positive")
         fine_ms = _attribution_ms(self._step_ms, round(attribution * 1000))
         self._fine = self if fine_ms == self._step_ms else Accounting(
-            prom, range_, f"{fine_ms}ms", selector, at=self.at, cluster_labels=cluster_labels)  # fmt: skip
+            prom, range_, f"{fine_ms}ms", selector, at=self.at, cluster_labels=cluster_labels,
+            attribution=fine_ms / 1000)  # fmt: skip
 
     def cluster_of(self, labels: dict[str, str]) -> Cluster:
         """The cluster of a result series: the values of the cluster labels ("" where missing)."""
