@@ -255,8 +255,10 @@ def test_a_right_password_is_checked_next_whatever_the_guessers_on_failed_connec
 
 @pytest.mark.e2e
 def test_keep_alive_guessers_do_not_lock_out_a_right_login_on_a_live_daemon(tmp_path: Path) -> None:
-    """Five keep-alive password guessers against a live daemon; 12 users log in right for the first time (nothing
-    cached), each on a new connection: every one gets 200 (all 12 got 401 before the lanes)."""
+    """Fifty keep-alive password guessers against a daemon just started (nothing cached, no connection failed yet),
+    a scraper's keep-alive connection among them; then 12 users log in right for the first time, each on a new
+    connection: every login gets 200, and so do the scraper's scrapes once its first check came (before: with 5
+    guessers all 12 logins got 401; with 50, every login and every scrape did)."""
     users = {f"u{i}": bcrypt.hashpw(f"pw{i}".encode(), bcrypt.gensalt(10)).decode() for i in range(12)}
     web = tmp_path / "web.yml"
     web.write_text("basic_auth_users:\n" + "".join(f"  {u}: '{h}'\n" for u, h in users.items()))
@@ -266,25 +268,35 @@ def test_keep_alive_guessers_do_not_lock_out_a_right_login_on_a_live_daemon(tmp_
     proc, url = _start(["--config.file", str(cfg)], log)
     stop = threading.Event()
     guesses = [0]
+    scrapes: list[int] = []
 
     def guess() -> None:
-        with httpx.Client(timeout=10) as c:  # one keep-alive connection
+        with httpx.Client(timeout=30) as c:  # one keep-alive connection
             while not stop.is_set():
                 assert c.get(url + "/metrics", auth=("u0", "wrong")).status_code == 401
                 guesses[0] += 1
 
+    def scrape() -> None:
+        with httpx.Client(timeout=30) as c:  # Prometheus's keep-alive connection
+            while not stop.is_set():
+                scrapes.append(c.get(url + "/metrics", auth=("u1", "pw1")).status_code)
+                stop.wait(0.5)
+
     try:
         _wait(url, proc)
-        crowd = [threading.Thread(target=guess) for _ in range(5)]
+        crowd = [threading.Thread(target=guess) for _ in range(50)] + [threading.Thread(target=scrape)]
         for t in crowd:
             t.start()
-        while guesses[0] < 20:
+        while guesses[0] < 100:
             time.sleep(0.05)
         answers, waits = [], []
         for i in range(12):
             t0 = time.monotonic()
-            answers.append(httpx.get(url + "/metrics", auth=(f"u{i}", f"pw{i}"), timeout=10).status_code)
+            answers.append(httpx.get(url + "/metrics", auth=(f"u{i}", f"pw{i}"), timeout=30).status_code)
             waits.append(time.monotonic() - t0)
+        deadline = time.monotonic() + 60
+        while scrapes.count(200) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
         stop.set()
         for t in crowd:
             t.join()
@@ -293,4 +305,49 @@ def test_keep_alive_guessers_do_not_lock_out_a_right_login_on_a_live_daemon(tmp_
         proc.terminate()
         proc.wait(10)
     assert answers == [200] * 12, (answers, waits)
-    assert max(waits) < 5.0, waits  # a check or two (bcrypt cost 10); before, every one was refused at once
+    assert max(waits) < 5.0, waits  # a check or two (bcrypt cost 10)
+    first = scrapes.index(200)
+    assert scrapes.count(200) >= 3 and set(scrapes[first:]) == {200}, scrapes  # once in, cached: never refused again
+
+
+def test_fifty_fresh_guessers_after_a_restart_lock_out_neither_first_logins_nor_a_scraper() -> None:
+    """After a restart nothing is cached and no connection has failed: fifty keep-alive guessers all start in the
+    first lane, with a scraper's keep-alive connection among them. A guesser refused because that lane is full now
+    counts as checked and waits in the second lane, one check in line per connection: each of 12 first logins on a
+    new connection gets in, and so does the scraper, whose connection the crowd pushed into the second lane (before:
+    the refused guessers stayed in the first lane, kept it full, and every right password was refused)."""
+    import base64
+
+    users = {f"u{i}": bcrypt.hashpw(f"pw{i}".encode(), bcrypt.gensalt(4)) for i in range(12)}
+    mw = BasicAuthMiddleware(None, users)  # type: ignore[arg-type]
+
+    async def attack() -> tuple[list[bool], list[bool]]:
+        stop = asyncio.Event()
+
+        async def guesser(port: int) -> None:
+            header = b"Basic " + base64.b64encode(f"u0:wrong-{port}".encode())
+            while not stop.is_set():
+                await mw.authorized(header, ("10.0.0.9", port))
+                await asyncio.sleep(0)  # the next request on the same connection at once
+
+        scrapes: list[bool] = []
+
+        async def scraper() -> None:
+            header = b"Basic " + base64.b64encode(b"u1:pw1")
+            while not stop.is_set() and scrapes.count(True) < 3:
+                scrapes.append(await mw.authorized(header, ("10.0.0.2", 9999)))
+                await asyncio.sleep(0.01)
+
+        crowd = [asyncio.create_task(guesser(40000 + i)) for i in range(50)]
+        scraping = asyncio.create_task(scraper())
+        await asyncio.sleep(0.2)
+        logins = [await mw.authorized(b"Basic " + base64.b64encode(f"u{i}:pw{i}".encode()), ("10.0.0.7", 50000 + i))
+                  for i in range(12)]  # fmt: skip
+        await asyncio.wait_for(scraping, 30)
+        stop.set()
+        await asyncio.gather(*crowd)
+        return logins, scrapes
+
+    logins, scrapes = asyncio.run(attack())
+    assert logins == [True] * 12
+    assert scrapes.count(True) == 3, scrapes[:20]

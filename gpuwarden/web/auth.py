@@ -43,11 +43,15 @@ class BasicAuthMiddleware:
     * An unknown user is checked against a dummy hash of the highest cost in use, and every check that fails
       or passes without the cache is padded to the time that cost takes, so response time does not reveal which
       user names exist, whatever their costs.
-    * Checks wait for bcrypt in two lanes, at most ``max_waiting`` in each (a request past that gets 401 at once):
-      a connection that has failed a check before (a guesser on keep-alive) waits in the second lane, served only
-      when the first is empty; any other request (a scraper's new connection, after a restart or a password
-      change) waits in the first. However many guessers there are, a right password on a fresh connection waits
-      for at most the check in progress and ``max_waiting`` others. Failed connections are remembered by client
+    * Checks wait for bcrypt in two lanes. A connection that has failed a check before (a guesser on keep-alive),
+      or was refused because the first lane was full, waits in the second, served only when the first is empty,
+      in turn: one check in line per connection (``max_waiting_failed`` in all), so each waits for at most one
+      check of every other such connection. Any other request (a scraper's new connection, after a restart or a
+      password change) waits in the first, at most ``max_waiting`` of them (past that: 401 at once, and the
+      connection moves to the second lane). However many guessers there are, a right password on a fresh
+      connection waits for at most the check in progress and ``max_waiting`` others, and one on a connection the
+      crowd pushed into the second lane (a scraper's keep-alive after a restart) for one check per guessing
+      connection. Failed connections are remembered by client
       address and port, the last ``remembered_failures`` of them. A guesser that opens a new connection for every
       guess competes in the first lane; bound it upstream (a proxy's per-source limit).
     * Nothing secret is logged: failures are logged at debug level with path and client address only.
@@ -61,11 +65,14 @@ class BasicAuthMiddleware:
         cache_size: int = 256,
         max_waiting: int = 4,
         remembered_failures: int = 4096,
+        max_waiting_failed: int = 1024,
     ) -> None:
         self.app = app
         self.open_paths = frozenset(open_paths)
         self.cache_size = cache_size
         self.max_waiting = max_waiting
+        self.max_waiting_failed = max_waiting_failed
+        self._waiting: set[tuple[str, int]] = set()  # connections with a check in the second lane
         self.remembered_failures = remembered_failures
         self._failed: OrderedDict[tuple[str, int], None] = OrderedDict()  # connections that failed a check
         self.users: dict[str, bytes] = {}
@@ -133,12 +140,25 @@ class BasicAuthMiddleware:
                 self._cache.move_to_end(key)
                 return known
         lane = 1 if client is not None and client in self._failed else 0
-        if self._lanes.waiting(lane) >= self.max_waiting:
-            return False  # a crowd of checks already waits in this lane: refuse at once rather than queue
-        async with self._lanes.turn(lane):
-            start = time.perf_counter()
-            ok = await asyncio.to_thread(_checkpw, password, hashed)
-            pad = self._check_seconds - (time.perf_counter() - start)
+        if lane == 0 and self._lanes.waiting(0) >= self.max_waiting:
+            # a crowd of fresh connections already waits: refused at once, and counted as a check, so that this
+            # connection waits in the second lane next time (else a flood of them refused unchecked never leaves
+            # the first lane, and keeps it full for every right password after it)
+            if client is not None:
+                self._remember(client, failed=True)
+            return False
+        if lane == 1 and (client in self._waiting or self._lanes.waiting(1) >= self.max_waiting_failed):
+            return False  # one check in line per connection; all of them bounded
+        if lane == 1 and client is not None:
+            self._waiting.add(client)
+        try:
+            async with self._lanes.turn(lane):
+                start = time.perf_counter()
+                ok = await asyncio.to_thread(_checkpw, password, hashed)
+                pad = self._check_seconds - (time.perf_counter() - start)
+        finally:
+            if client is not None:
+                self._waiting.discard(client)
         if pad > 0:  # a low-cost hash answers as slowly as the highest cost: no timing tells the users apart
             await asyncio.sleep(pad)
         ok = ok and known
