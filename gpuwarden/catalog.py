@@ -314,6 +314,10 @@ def _c(name: str, help: str, collector: str, **kw: object) -> Family:
     return Family(name, "counter", help, collector, **kw)  # type: ignore[arg-type]
 
 
+#: Why the HTTP server closes or refuses a connection (gpuwarden.web.limits.HttpLimits.counts' keys; the reason label
+#: of gpuwarden_http_connections_closed_total).
+HTTP_CLOSE_REASONS = ("evicted", "refused", "head_timeout", "head_too_large", "handshake_evicted", "handshake_failed")
+
 #: Every metric family, in the order each collector yields them.
 FAMILIES: tuple[Family, ...] = (
     # device
@@ -811,6 +815,15 @@ FAMILIES: tuple[Family, ...] = (
         "NVML calls that failed, by call and NVML error.",
         "exporter",
         labels=("call", "error"),
+        per_gpu=False,
+    ),
+    _c(
+        "gpuwarden_http_connections_closed_total",
+        "Connections the HTTP server closed or refused to stay within its bounds, by reason: evicted (the oldest idle "
+        "connection, at the connection cap), refused, head_timeout, head_too_large, handshake_evicted (the oldest "
+        "unfinished TLS handshake, at the handshake cap), handshake_failed.",
+        "exporter",
+        labels=("reason",),
         per_gpu=False,
     ),
     # the exposition itself, per collector

@@ -8,7 +8,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -93,13 +94,15 @@ def build_analyzers(cfg: Config) -> dict[str, Analyzer]:
 MAX_WINDOW_POLLS = 6000
 
 
-def collect_options(cfg: Config) -> CollectOptions:
-    """The collectors' knobs from a configuration (process series bound, node name, GPU-hour price)."""
+def collect_options(cfg: Config, http_closed: Mapping[str, int] | None = None) -> CollectOptions:
+    """The collectors' knobs from a configuration (process series bound, node name, GPU-hour price) and the HTTP
+    server's live count of closed connections."""
     return CollectOptions(
         max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0,
         node_name=cfg.node_name,
         price_per_gpu_hour=cfg.price_per_gpu_hour,
         currency=cfg.currency,
+        http_closed=http_closed,
     )
 
 
@@ -145,7 +148,8 @@ class Daemon:
             deadline=cfg.stale_after,
         )
         collectors = select_collectors(cfg.collectors.enable, cfg.collectors.disable, cfg.collectors.disable_defaults)
-        options = collect_options(cfg)
+        self.http_closed: Counter[str] = Counter()  # the HTTP server's, exported by the collectors
+        options = collect_options(cfg, self.http_closed)
         self.exposition = Exposition(self.poller, collectors, options)
         self.poller.on_publish = self.exposition.prerender
         self.app = create_app(
@@ -203,7 +207,7 @@ class Daemon:
             self.poller.reload_successful = False
             return False
         collectors = select_collectors(new.collectors.enable, new.collectors.disable, new.collectors.disable_defaults)
-        options = collect_options(new)
+        options = collect_options(new, self.http_closed)
         self.exposition.reconfigure(collectors, options)
         self.poller.interval = new.poll_interval_seconds
         self.poller.deadline = new.stale_after
@@ -256,6 +260,7 @@ class Daemon:
             head_timeout=self.cfg.request_head_timeout_seconds,
             keep_alive=self.cfg.keep_alive_timeout_seconds,
             max_head_bytes=self.cfg.max_request_head_bytes,
+            counts=self.http_closed,
         )
         try:
             listener.serve(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -98,6 +99,20 @@ def test_idle_connection_flood_leaves_metrics_answering(daemon: tuple[str, subpr
         closed = count_closed(idle, 0.5)
     assert closed == len(idle)  # evicted or timed out: none kept open without a request
     assert proc.poll() is None
+    # and said on /metrics: every reason's count, the evictions and head timeouts among them above zero (the
+    # exposition is rendered at each poll: asked until the next one has taken them)
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(url + "/metrics", timeout=5).text
+        counts = dict(re.findall(r'^gpuwarden_http_connections_closed_total\{reason="(\w+)"\} (\S+)$', text, re.M))
+        if float(counts.get("evicted", 0)) + float(counts.get("head_timeout", 0)) >= len(idle) or (
+            time.monotonic() > deadline
+        ):
+            break
+        time.sleep(0.2)
+    assert set(counts) == {"evicted", "refused", "head_timeout", "head_too_large", "handshake_evicted",
+                           "handshake_failed"}, counts  # fmt: skip
+    assert float(counts["evicted"]) + float(counts["head_timeout"]) >= len(idle), counts
 
 
 def test_slowloris_is_cut_at_the_head_deadline(daemon: tuple[str, subprocess.Popen[bytes], Path]) -> None:

@@ -11,7 +11,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import InfoMetricFamily, Metric
 
 from gpuwarden import __version__
-from gpuwarden.catalog import Family
+from gpuwarden.catalog import HTTP_CLOSE_REASONS, Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family, new_values
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -138,3 +138,15 @@ def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
     for (call, err), n in sorted(snap.errors.items()):
         errors.add_metric([call, err], n)
     return errors
+
+
+@builds("gpuwarden_http_connections_closed_total")
+def http_closed(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return the HTTP server's closed and refused connections by reason (HttpLimits.counts), every reason from 0;
+    None without a server (a collector test, a replay rendered in-process)."""
+    if opts.http_closed is None:
+        return None
+    closed = new_values(fam)
+    for reason in HTTP_CLOSE_REASONS:
+        closed.add_metric([reason], opts.http_closed.get(reason, 0))
+    return closed

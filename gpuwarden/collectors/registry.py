@@ -9,7 +9,7 @@ metric families on every render. Learned from node_exporter (one file per domain
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -22,12 +22,14 @@ from gpuwarden.snapshot import NodeSnapshot
 @dataclass(frozen=True)
 class CollectOptions:
     """Knobs collectors read (from the configuration): the bound on per-process series per GPU, the node's name
-    (None: the host name the source reports), and the price of one GPU-hour with its currency (None: not priced)."""
+    (None: the host name the source reports), the price of one GPU-hour with its currency (None: not priced), and
+    the HTTP server's count of connections it closed, by reason (None: no server, as in a replay test)."""
 
     max_processes_per_gpu: int = 16
     node_name: str | None = None
     price_per_gpu_hour: float | None = None
     currency: str = "USD"
+    http_closed: Mapping[str, int] | None = None  # the HTTP server's closes by reason (HttpLimits.counts), live
 
 
 #: Builds one hand-written family from the snapshot; None leaves the family out of this render.
