@@ -175,9 +175,10 @@ def replay_nodes(
     return procs, ports
 
 
-def alertmanager(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subprocess.Popen, str]:
-    """Start a real Alertmanager (``binary``) with ``config`` (written to ``tmp``/am.yml), its storage in ``tmp``,
-    clustering off; returns the process and its URL (not yet ready: wait_http its /-/ready)."""
+@contextmanager
+def alertmanager(binary: str, tmp: Path, config: dict[str, Any]) -> Iterator[str]:
+    """Run a real Alertmanager (``binary``) with ``config`` (written to ``tmp``/am.yml), its storage in ``tmp``,
+    clustering off, for the block: yields its URL once it is ready, stops it after."""
     import yaml
 
     port = free_port()
@@ -187,7 +188,12 @@ def alertmanager(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subpro
          f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    return proc, f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/-/ready", proc=proc)
+        yield url
+    finally:
+        stop(proc)
 
 
 def prometheus(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subprocess.Popen, str]:

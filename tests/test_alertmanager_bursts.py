@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from helpers import REPO, alertmanager, stop, wait_http
+from helpers import REPO, alertmanager
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 AMTOOL = shutil.which("amtool")
@@ -55,12 +55,10 @@ def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             route["group_wait"] = "4s" if route["receiver"] == "chat" else "2s"
     for r in cfg["receivers"]:
         r["webhook_configs"] = [{"url": f"http://127.0.0.1:{hook.server_port}/{r['name']}", "send_resolved": False}]
-    proc, url = alertmanager(ALERTMANAGER, tmp, cfg)
     try:
-        wait_http(f"{url}/-/ready", proc=proc)
-        yield url
+        with alertmanager(ALERTMANAGER, tmp, cfg) as url:
+            yield url
     finally:
-        stop(proc)
         hook.shutdown()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from helpers import REPO, alertmanager, free_port, stop, wait_http
+from helpers import REPO, alertmanager, free_port
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 pytestmark = [
@@ -28,12 +28,8 @@ def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cfg = yaml.safe_load((REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
     for r in cfg["receivers"]:  # nothing is delivered: a closed port
         r["webhook_configs"] = [{"url": f"http://127.0.0.1:{free_port()}/", "send_resolved": False}]
-    proc, url = alertmanager(ALERTMANAGER, tmp, cfg)
-    try:
-        wait_http(f"{url}/-/ready", proc=proc)
+    with alertmanager(ALERTMANAGER, tmp, cfg) as url:
         yield url
-    finally:
-        stop(proc)
 
 
 def _post(am: str, *alerts: dict[str, str]) -> None:

@@ -84,31 +84,28 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass
 
+    def _drip(self, byte: bytes) -> None:
+        """Send ``byte`` once a second for ten minutes, or until the client leaves."""
+        try:
+            for _ in range(600):
+                self.wfile.write(byte)
+                self.wfile.flush()
+                time.sleep(1)
+        except OSError:
+            return
+
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("content-length", 0)))
         case = self.path.split("/")[1]
         if case == "drip-headers":  # the status line, then a header a byte a second: no read ever waits long
-            try:
-                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
-                self.wfile.flush()
-                for _ in range(600):
-                    self.wfile.write(b"X")
-                    self.wfile.flush()
-                    time.sleep(1)
-            except OSError:
-                return
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            self._drip(b"X")
             return
         if case == "drip":  # a valid start, then a byte a second for ever
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.end_headers()
-            try:
-                for _ in range(600):
-                    self.wfile.write(b" ")
-                    self.wfile.flush()
-                    time.sleep(1)
-            except OSError:
-                return
+            self._drip(b" ")
             return
         if case == "huge":
             self.send_response(200)
