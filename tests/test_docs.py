@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.catalog import FAMILIES, FAMILY, READINGS
 from gpuwarden.collectors import missing_builders
-from gpuwarden.docs import metrics_reference, with_trace_fields
+from gpuwarden.docs import metrics_reference, with_rule_table, with_trace_fields
 from gpuwarden.insight.analyzer import InsightAnalyzer
 from gpuwarden.model import GpuReading
 from gpuwarden.replay import demo_trace_path
@@ -33,6 +33,18 @@ def test_trace_format_field_list_is_generated() -> None:
     assert text == with_trace_fields(text), "run: python3 -m gpuwarden.docs"
     for name in GpuReading.model_fields:
         assert f"- `{name}`" in text, name
+
+
+def test_the_verdict_rule_table_is_generated_from_the_rules_in_their_order() -> None:
+    from gpuwarden.insight.reasons import VERDICT_ORDER
+
+    text = (DOCS / "scores.md").read_text()
+    assert text == with_rule_table(text), "run: python3 -m gpuwarden.docs"
+    rows = [line.split("|")[2].strip(" `") for line in text.splitlines() if line.startswith("| ") and "` | " in line]
+    table = [r for r in rows if r in VERDICT_ORDER or r == "gpu_lost"]
+    assert [r for r in table if r != "gpu_lost"] == list(VERDICT_ORDER)
+    with pytest.raises(ValueError, match="no generated-rules markers"):
+        with_rule_table("# Scores\n")
 
 
 def test_trace_format_without_markers_is_refused() -> None:

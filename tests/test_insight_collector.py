@@ -10,7 +10,7 @@ from test_insight_helpers import DDP, h100, run_trace, snap_of
 
 from gpuwarden.collectors import CollectOptions
 from gpuwarden.exposition import Exposition
-from gpuwarden.insight.diagnosis import REASONS
+from gpuwarden.insight.reasons import REASONS
 from gpuwarden.insight.states import STATES
 from gpuwarden.snapshot import Held
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from test_insight_helpers import DDP, h100, run, run_trace
 
-from gpuwarden.insight.diagnosis import REASONS, REMEDIES, SEVERITY, GpuWindow, diagnose
+from gpuwarden.insight.diagnosis import diagnose
+from gpuwarden.insight.gpu_window import GpuWindow
+from gpuwarden.insight.reasons import REASONS, REMEDIES, SEVERITY
 from gpuwarden.trace import read_trace
 
 # ground truth: what each recorded workload (tools/workloads.py) does to the GPU
@@ -119,15 +121,15 @@ def test_no_verdict_before_two_seconds_of_history() -> None:
 
 
 def test_the_reason_table_gives_each_reason_severity_remedies_and_each_verdict_a_rule() -> None:
-    from gpuwarden.insight.diagnosis import REASON_TABLE, VERDICT_RULES
+    from gpuwarden.insight.reasons import REASON_TABLE, VERDICT_ORDER, VERDICT_RULES
+    from gpuwarden.insight.rules import RULES
 
     assert len(REASONS) == len(set(REASONS)) == len(REASON_TABLE)
     assert all(SEVERITY[r] in ("ok", "info", "warning", "critical") and REMEDIES[r] for r in REASONS)
-    ranks = [r.rank for r in VERDICT_RULES]
-    assert ranks == sorted(set(ranks)), "each verdict rule has its own rank"
-    assert all(r.summary is not None for r in VERDICT_RULES)
+    assert len(VERDICT_ORDER) == len(set(VERDICT_ORDER)), "each verdict is tried once"
+    assert set(VERDICT_ORDER) == set(RULES) and set(VERDICT_ORDER) <= set(REASONS), "each verdict has one rule"
     # only the last rule holds unconditionally: every GPU gets a verdict, and no rule after it is dead
-    assert [r.name for r in VERDICT_RULES if r.when is None] == [VERDICT_RULES[-1].name] == ["underutilized"]
+    assert [n for n, r in VERDICT_RULES if r.when is None] == [VERDICT_ORDER[-1]] == ["underutilized"]
 
 
 def test_underutilized_when_no_rule_holds() -> None:
@@ -229,7 +231,7 @@ def test_pausing_job_seen_live_with_pause_edges_misplaced() -> None:
 def test_every_declared_mean_is_a_window_reading_and_undeclared_ones_are_refused() -> None:
     import dataclasses
 
-    from gpuwarden.insight.diagnosis import EVIDENCE, MEANS, pack_means
+    from gpuwarden.insight.evidence import EVIDENCE, MEANS, pack_means
 
     fields = {f.name: f.type for f in dataclasses.fields(GpuWindow)}
     for m in MEANS:

@@ -8,7 +8,7 @@ import pytest
 from conftest import TRACES
 
 from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
-from gpuwarden.insight.diagnosis import peer_wait_share
+from gpuwarden.insight.peers import peer_wait_share
 from gpuwarden.insight.result import GpuInsight
 from gpuwarden.trace import read_trace
 

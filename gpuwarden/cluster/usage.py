@@ -45,7 +45,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuwarden.insight.diagnosis import REASONS, REMEDIES
+from gpuwarden.insight.reasons import REASONS, REMEDIES
 from gpuwarden.insight.states import IDLE_CAUSES
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class Usage:
         return ranked[:3]
 
     def first_remedy(self) -> str:
-        """The first remedy of the main reason (gpuwarden.insight.diagnosis.REMEDIES), '' without one."""
+        """The first remedy of the main reason (gpuwarden.insight.reasons.REMEDIES), '' without one."""
         for r in self.verdict():
             if REMEDIES.get(r):
                 return REMEDIES[r][0]

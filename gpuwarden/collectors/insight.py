@@ -11,7 +11,7 @@ Reads the snapshot's ``InsightResult`` (gpuwarden.insight.result.snapshot_insigh
 - ``gpu_job_imbalance_ratio{job_id,job_kind}``: the same over the GPUs where one job holds the most memory; only
   jobs on 2+ GPUs, at most 64 jobs.
 - ``gpu_diagnosis{gpu,uuid,reason}``: 1 for the verdict and for each extra finding (throttled,
-  memory_nearly_full), 0 for every other reason of the fixed set (``gpuwarden.insight.diagnosis.REASONS``);
+  memory_nearly_full), 0 for every other reason of the fixed set (``gpuwarden.insight.reasons.REASONS``);
   absent until the analyzer has 2 s of history for the GPU.
 - ``gpu_process_job_info{gpu,uuid,pid,job_id,job_kind,job_scope,container_id,user,process_name,...}`` = 1: the job
   of each GPU process (``job_scope``: cluster for ids that mean the same job on every node, else node;
@@ -29,7 +29,7 @@ from prometheus_client.core import InfoMetricFamily, Metric
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family, new_values
 from gpuwarden.insight.attribution import job_scope
-from gpuwarden.insight.diagnosis import REASONS
+from gpuwarden.insight.reasons import REASONS
 from gpuwarden.insight.result import GpuInsight, InsightResult, snapshot_insight
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
 from gpuwarden.snapshot import NodeSnapshot

@@ -4,9 +4,11 @@ its job's other GPUs as peers), the jobs and their imbalance and shortfalls, the
 from __future__ import annotations
 
 from gpuwarden.insight.attribution import JobRef
-from gpuwarden.insight.diagnosis import Diagnosis, GpuWindow, diagnose, lost
+from gpuwarden.insight.diagnosis import diagnose, lost
+from gpuwarden.insight.gpu_window import GpuWindow
 from gpuwarden.insight.result import GpuInsight, InsightResult, JobInsight, ProcessJob
 from gpuwarden.insight.scores import imbalance, shortfalls, starved_ratio
+from gpuwarden.insight.verdicts import Diagnosis
 from gpuwarden.insight.windows import GpuCapture
 
 #: At most this many jobs are reported (the ones holding most GPU memory): bounds ``gpu_job_*`` series.

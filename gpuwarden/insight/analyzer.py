@@ -21,16 +21,13 @@ from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
 from gpuwarden.insight.analysis import build_result
 from gpuwarden.insight.attribution import JobRef, attribute, pod_of, slurm_job_number
-from gpuwarden.insight.diagnosis import (
-    POWER_REASONS,
-    SEVERE_REASONS,
-    Health,
-    copies_data,
-    pack_means,
-    peer_wait_share,
-)
+from gpuwarden.insight.evidence import pack_means
+from gpuwarden.insight.gpu_window import Health
 from gpuwarden.insight.launches import launch_limited
+from gpuwarden.insight.peers import peer_wait_share
 from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
+from gpuwarden.insight.rules import copies_data
+from gpuwarden.insight.thresholds import POWER_REASONS, SEVERE_REASONS
 from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, mergeable, merged, terms
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult, ProcessReading
 
@@ -107,7 +104,7 @@ class JobInputs:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One GPU's poll interval as the test of waiting on peers reads it (gpuwarden.insight.diagnosis.Activity): its
+    """One GPU's poll interval as the test of waiting on peers reads it (gpuwarden.insight.peers.Activity): its
     index, util.gpu and SM activity over the interval (ratios; None: unknown), the seconds with a utilization reading,
     and the power above the GPU's idle floor (W; None: no power reading)."""
 
@@ -358,7 +355,7 @@ class InsightAnalyzer:
     def _account_peer_waits(self, primary: dict[str, JobRef]) -> None:
         """Add to each GPU accounted this poll the kernel seconds it spent waiting in a collective on another GPU of
         its job (``primary``: each GPU's job) in this poll interval, and their energy above its idle floor
-        (gpuwarden.insight.diagnosis.peer_wait_share on the interval's util.gpu and SM activity)."""
+        (gpuwarden.insight.peers.peer_wait_share on the interval's util.gpu and SM activity)."""
         jobs: dict[JobRef, list[tuple[_GpuState, Step]]] = {}
         for uuid, ref in primary.items():
             state = self._gpus.get(uuid)

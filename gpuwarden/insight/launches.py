@@ -50,7 +50,7 @@ def launch_limited(
     (sm < LAUNCH_MID_SM_PER_UTIL x util) with the GPU idle >= LAUNCH_GAPS_MIN, ``whole_idle`` (share of the time in
     sample periods with no kernel; None: unknown) below LAUNCH_GAPS_IN_PERIODS of that idle time, the job's CPU
     ``job_cpu`` (cores; None: unknown) under LAUNCH_HELPERS_MAX x its busiest process's, and no storage or socket
-    I/O (``io_busy``). Never while the job copies to or from the GPU (``copies``: gpuwarden.insight.diagnosis.
+    I/O (``io_busy``). Never while the job copies to or from the GPU (``copies``: gpuwarden.insight.rules.
     copies_data): launches move little over PCIe (the H100 recordings of launch-bound loops: 0.15-0.23 GB/s in,
     0.01-0.03 GB/s out), a job stepping its optimizer on the host moves GB/s both ways, and its GPU idles on that host
     work.

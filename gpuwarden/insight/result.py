@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuwarden.insight.diagnosis import Diagnosis
+from gpuwarden.insight.verdicts import Diagnosis
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -56,7 +56,7 @@ class GpuInsight(_Frozen):
     peer_wait_seconds_total: float = Field(
         default=0.0,
         description="seconds of the GPU's busy time (a kernel ran) spent in kernels waiting in a collective on "
-        "another GPU of its job (gpuwarden.insight.diagnosis.peer_wait_share per poll interval), since the analyzer "
+        "another GPU of its job (gpuwarden.insight.peers.peer_wait_share per poll interval), since the analyzer "
         "started",
     )
     peer_wait_energy_joules_total: float | None = Field(

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from gpuwarden.insight import states as st
 from gpuwarden.insight.attribution import JobRef
-from gpuwarden.insight.diagnosis import MEANS, GpuWindow, Health
+from gpuwarden.insight.evidence import MEANS
+from gpuwarden.insight.gpu_window import GpuWindow, Health
 from gpuwarden.insight.result import StateRun
 
 
@@ -29,7 +30,7 @@ class Interval:
     util_seconds: float
     holder: str
     pids: frozenset[int]
-    means: tuple[float | None, ...]  # one per gpuwarden.insight.diagnosis.MEANS (pack_means)
+    means: tuple[float | None, ...]  # one per gpuwarden.insight.evidence.MEANS (pack_means)
     clock_ratio: float | None
     throttle: bool
     severe: bool

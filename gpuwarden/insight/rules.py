@@ -1,0 +1,471 @@
+"""The verdict rules: what each verdict requires of a GPU's window (``*_when``) and the sentence that says why
+(``*_summary``), both reading ``Facts``. Their order and remedies are in gpuwarden.insight.reasons; the thresholds in
+gpuwarden.insight.thresholds.
+
+Predicates and summaries are module-private: ``REASON_TABLE`` is their one entry point.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpuwarden.insight.gpu_window import GpuWindow, pct
+from gpuwarden.insight.launches import (
+    LAUNCH_CPU_CORES,
+    LAUNCH_GAPS_MIN,
+    LAUNCH_HELPERS_MAX,
+    LAUNCH_MID_SM_PER_UTIL,
+    LAUNCH_SM_PER_UTIL,
+    LAUNCH_UTIL_MIN,
+    launch_limited,
+)
+from gpuwarden.insight.peers import straggler, utilized, waits_on
+from gpuwarden.insight.states import (
+    IO_READ_BYTES_PER_SECOND,
+    IO_WRITE_BYTES_PER_SECOND,
+    JOB_CPU_BUSY_CORES,
+    WAITS_PER_SECOND,
+    WORK_SAMPLE_RATIO,
+    writes_more_than_reads,
+)
+from gpuwarden.insight.thresholds import (
+    BUSY_UTIL,
+    H2D_RX_BYTES_PER_SECOND,
+    H2D_SM_MAX,
+    HELD_IDLE_MIN,
+    HOST_TX_MIN_BYTES_PER_SECOND,
+    HOST_TX_PER_RX,
+    MEMORY_BOUND_DRAM,
+    PAUSED_MIN,
+    PEER_LAG,
+    SPIN_SM_PER_UTIL,
+    STARVED_MIN,
+    THROTTLE_CLOCK_RATIO,
+    THROTTLE_MIN_FRACTION,
+)
+
+
+def throttled(w: GpuWindow) -> bool:
+    """Whether slowing clock-event reasons held >= THROTTLE_MIN_FRACTION of the time with the SM clock below
+    THROTTLE_CLOCK_RATIO of its max."""
+    return (
+        w.throttle_fraction >= THROTTLE_MIN_FRACTION
+        and w.sm_clock_ratio is not None
+        and w.sm_clock_ratio < THROTTLE_CLOCK_RATIO
+    )
+
+
+class Facts:
+    """What the verdict rules read about one GPU's window ``w`` given its job's other GPUs ``peers``: the window and
+    the values several rules share, each computed once when first read (module constants are the thresholds)."""
+
+    def __init__(self, w: GpuWindow, peers: Sequence[GpuWindow]) -> None:
+        self.w, self.peers = w, peers
+
+    @functools.cached_property
+    def cpu(self) -> str:
+        """The job's CPU in words: ``n/a`` or ``1.23 cores``."""
+        return "n/a" if self.w.job_cpu_cores is None else f"{self.w.job_cpu_cores:.2f} cores"
+
+    @functools.cached_property
+    def writing(self) -> bool:
+        """The job writes storage at >= IO_WRITE_BYTES_PER_SECOND, more than it reads (storage and sockets)."""
+        w = self.w
+        read = (w.io_read_bytes_per_second or 0.0) + (w.io_other_read_bytes_per_second or 0.0)
+        return writes_more_than_reads(w.io_write_bytes_per_second, read)
+
+    @functools.cached_property
+    def remote(self) -> bool:
+        """The job reads >= IO_READ_BYTES_PER_SECOND other than from storage (rchar beyond read_bytes: sockets)."""
+        return (self.w.io_other_read_bytes_per_second or 0.0) >= IO_READ_BYTES_PER_SECOND
+
+    @functools.cached_property
+    def reading(self) -> bool:
+        """The job reads storage or sockets (>= IO_READ_BYTES_PER_SECOND) or has processes in I/O wait while it does
+        not write a checkpoint (an fsync waits in state D too)."""
+        w = self.w
+        if (w.io_read_bytes_per_second or 0.0) >= IO_READ_BYTES_PER_SECOND or self.remote:
+            return True
+        return (w.io_blocked_processes or 0) > 0 and not self.writing
+
+    @functools.cached_property
+    def both_idle(self) -> bool:
+        """Kernels ran below WORK_SAMPLE_RATIO of the time and the job's CPU is below JOB_CPU_BUSY_CORES, no reads and
+        no frequent waits."""
+        w = self.w
+        if w.util is None or w.job_cpu_cores is None:
+            return False
+        quiet = w.job_cpu_cores < JOB_CPU_BUSY_CORES and not self.reading and not self.waits
+        return w.util < WORK_SAMPLE_RATIO and quiet
+
+    @functools.cached_property
+    def idle(self) -> float:
+        """The window's paused + starved share."""
+        return self.w.share("paused") + self.w.share("starved")
+
+    @functools.cached_property
+    def quiet(self) -> bool:
+        """The job's CPU beyond what its GPU-busy time explains (a core per busy second at most) is below
+        JOB_CPU_BUSY_CORES per idle second, it reads and writes nothing and does not wait often (``waits``): the job
+        does not work while its GPU idles. Per
+        poll, util.gpu is a short sample and misplaces the edges of pauses; the window's means do not."""
+        w = self.w
+        if self.reading or self.writing or self.waits or w.job_cpu_cores is None:
+            return False
+        return w.job_cpu_cores - w.share("busy") < JOB_CPU_BUSY_CORES * self.idle
+
+    @functools.cached_property
+    def waits(self) -> bool:
+        """The job's main threads wait at >= WAITS_PER_SECOND voluntary context switches per idle second."""
+        switches = self.w.voluntary_switches_per_second
+        return switches is not None and self.idle > 0 and switches >= WAITS_PER_SECOND * self.idle
+
+    @functools.cached_property
+    def lag(self) -> tuple[GpuWindow, str] | None:
+        """The peer this GPU waits on in a collective and how it lags (``_straggler``), or None."""
+        return straggler(self.w, self.peers) if waits_on(self.w, self.peers) is not None else None
+
+
+def _free_when(f: Facts) -> bool:
+    return not f.w.held
+
+
+def _free_summary(f: Facts) -> str:
+    return "No process holds this GPU."
+
+
+def _h2d_copy_bound_when(f: Facts) -> bool:
+    w = f.w
+    if w.pcie_rx is None or w.sm is None or w.pcie_rx < H2D_RX_BYTES_PER_SECOND or w.sm >= H2D_SM_MAX:
+        return False
+    # copies into the GPU, not a round trip around work on the host (host_compute_bound: TX at least RX)
+    return w.pcie_tx is None or w.pcie_tx < HOST_TX_PER_RX * w.pcie_rx or not _input_starved_when(f)
+
+
+def _h2d_copy_bound_summary(f: Facts) -> str:
+    return (
+        f"PCIe receive {(f.w.pcie_rx or 0.0) / 1e9:.1f} GB/s while SMs are {pct(f.w.sm)} active: "
+        f"the job waits on host-to-device copies (job CPU {f.cpu})."
+    )
+
+
+def _held_idle_when(f: Facts) -> bool:
+    return f.w.share("held_idle") >= HELD_IDLE_MIN or f.both_idle
+
+
+def _held_idle_summary(f: Facts) -> str:
+    w = f.w
+    mem = "" if w.memory_used_bytes is None else f"{w.memory_used_bytes / 1e9:.1f} GB held; "
+    return (
+        f"{mem}kernels ran {pct(w.util)} of the time and the job's processes use {f.cpu} of CPU: "
+        f"nobody is using this GPU (held idle {pct(w.share('held_idle'))} of the window)."
+    )
+
+
+def _throttled_when(f: Facts) -> bool:
+    return utilized(f.w) and throttled(f.w) and f.w.severe_throttle_fraction >= THROTTLE_MIN_FRACTION
+
+
+def _throttled_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"SM clock at {pct(w.sm_clock_ratio)} of max for {pct(w.severe_throttle_fraction)} of the time: "
+        f"{', '.join(w.throttle_reasons)}."
+    )
+
+
+def _waiting_on_peers_when(f: Facts) -> bool:
+    return f.lag is not None
+
+
+def _waiting_on_peers_summary(f: Facts) -> str:
+    assert f.lag is not None  # the rule held
+    peer, side = f.lag
+    return (
+        f"util.gpu {pct(f.w.util)} but SMs only {pct(f.w.sm)} active: spinning in a collective while "
+        f"GPU {peer.index} of the same job (the {side} straggler) runs kernels {pct(peer.util)} of the "
+        f"time with SMs {pct(peer.sm)} active."
+    )
+
+
+def copies_data(pcie_rx: float | None, pcie_tx: float | None) -> bool:
+    """Whether a GPU's PCIe traffic (GPM PCIe RX and TX, bytes/s; None: unknown, taken as none) is copies of data: at
+    least H2D_RX_BYTES_PER_SECOND into the GPU or HOST_TX_MIN_BYTES_PER_SECOND out of it."""
+    return (pcie_rx or 0.0) >= H2D_RX_BYTES_PER_SECOND or (pcie_tx or 0.0) >= HOST_TX_MIN_BYTES_PER_SECOND
+
+
+def _launch_bound_when(f: Facts) -> bool:
+    w = f.w
+    return launch_limited(
+        w.util,
+        w.sm,
+        w.max_process_cpu_cores,
+        w.job_cpu_cores,
+        w.whole_idle_ratio,
+        f.reading or f.writing,
+        copies_data(w.pcie_rx, w.pcie_tx),
+    )
+
+
+def _launch_bound_summary(f: Facts) -> str:
+    w = f.w
+    ratio = (w.sm or 0.0) / w.util if w.util else 0.0
+    text = (
+        f"Kernels run {pct(w.util)} of the time but fill few SMs ({pct(w.sm)} active) while one process "
+        f"keeps {w.max_process_cpu_cores or 0.0:.2f} cores busy: small kernels launched one at a time; the host "
+        "thread launching them is the limit."
+    )
+    if ratio >= LAUNCH_SM_PER_UTIL:
+        text = (
+            f"Kernels run {pct(w.util)} of the time and cover about {ratio:.0%} of the SMs while they run; the GPU "
+            f"idles between them in gaps shorter than a sample period while one process keeps "
+            f"{w.max_process_cpu_cores or 0.0:.2f} cores busy: mid-size kernels launched one at a time, the launching "
+            "thread the limit. If the training process also prepares input between steps, a profiler's timeline "
+            "tells them apart (gaps of microseconds between kernels: launches; one gap per step: input)."
+        )
+    return text
+
+
+def _job_paused_when(f: Facts) -> bool:
+    return f.idle >= PAUSED_MIN and (f.quiet or f.w.share("paused") > f.w.share("starved"))
+
+
+def _job_paused_summary(f: Facts) -> str:
+    w = f.w
+    text = (
+        f"GPU idle {pct(w.share('paused'))} of the time right after GPU work while the job's CPU idles too: "
+        f"the job itself pauses (busy {pct(w.share('busy'))}, job CPU {f.cpu})"
+    )
+    if f.waits:
+        read = ((w.io_read_bytes_per_second or 0.0) + (w.io_other_read_bytes_per_second or 0.0)) / 1e6
+        return text + (
+            f", or it waits on something outside the node: its processes wait "
+            f"{w.voluntary_switches_per_second or 0.0:.0f} times a second (many short waits, as a loader fetching "
+            f"from remote storage or a client of a service makes; one pause is one wait) and read {read:.1f} MB/s. "
+            "gpuwarden cannot tell these apart: check the job's input source and its latency."
+        )
+    return text + "."
+
+
+def _host_compute_bound_when(f: Facts) -> bool:
+    w = f.w
+    if w.pcie_tx is None or w.pcie_rx is None or w.pcie_tx < HOST_TX_MIN_BYTES_PER_SECOND:
+        return False
+    if w.pcie_tx < HOST_TX_PER_RX * w.pcie_rx:
+        return False  # input flows in: a loader's (from storage too), not host work on the GPU's output
+    if f.writing:
+        return False  # the output goes to storage: checkpoint_bound
+    return _input_starved_when(f) and not _job_paused_when(f)  # the job works on the CPU, and is not pausing
+
+
+def _host_compute_bound_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"GPU idle {pct(f.idle)} of the time while its job works on the CPU (job CPU {f.cpu}), sending the host "
+        f"{(w.pcie_tx or 0.0) / 1e9:.2f} GB/s against {(w.pcie_rx or 0.0) / 1e9:.2f} GB/s received: the host works on "
+        "the GPU's output (an optimizer or metrics on the CPU), not on its input."
+    )
+
+
+def _checkpoint_bound_when(f: Facts) -> bool:
+    return f.writing and f.idle >= STARVED_MIN
+
+
+def _checkpoint_bound_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"GPU idle {pct(f.idle)} of the time while its job writes {(w.io_write_bytes_per_second or 0.0) / 1e6:.0f} "
+        f"MB/s to storage and reads {(w.io_read_bytes_per_second or 0.0) / 1e6:.0f} MB/s (device-to-host "
+        f"{(w.pcie_tx or 0.0) / 1e9:.2f} GB/s): the job stops the GPU to write checkpoints."
+    )
+
+
+def _input_starved_when(f: Facts) -> bool:
+    working = f.w.job_cpu_cores is not None and not f.quiet  # the job works while its GPU idles (window means)
+    return f.w.share("starved") >= STARVED_MIN or (working and f.idle >= STARVED_MIN)
+
+
+def _input_starved_summary(f: Facts) -> str:
+    w = f.w
+    text = f"GPU idle {pct(f.idle)} of the time while its job works (job CPU {f.cpu}): waiting for input"
+    if f.remote:
+        rate = (w.io_other_read_bytes_per_second or 0.0) / 1e6
+        local = (w.io_read_bytes_per_second or 0.0) / 1e6
+        return text + (
+            f" from remote storage or another process (the job reads {rate:.0f} MB/s through sockets or pipes, "
+            f"{local:.0f} MB/s from local storage): prefetch more, read in larger requests, cache the data locally."
+        )
+    if f.reading:
+        rate = (w.io_read_bytes_per_second or 0.0) / 1e6
+        return text + f" from storage (the job reads {rate:.0f} MB/s with processes in I/O wait)."
+    job, proc = w.job_cpu_cores, w.max_process_cpu_cores
+    if job is not None and proc is not None and job >= 1.5 * max(proc, 0.1) and not (f.waits and job < 1.0):
+        return text + (
+            f" prepared on the CPU by helper processes (the job uses {job:.1f} cores, its GPU process "
+            f"{proc:.2f}): more workers or cheaper preprocessing."
+        )
+    if proc is not None and proc >= 0.8:
+        return text + f" prepared in the training process itself ({proc:.2f} cores, single-threaded)."
+    if f.waits:
+        return text + (
+            f" fetched in many short waits ({w.voluntary_switches_per_second or 0.0:.0f} a second, job CPU {f.cpu}, "
+            "reads through sockets are in no per-process counter): input from remote storage (object store, network "
+            "file system) or a slow pipeline between processes; for a model server, requests that come too rarely."
+        )
+    return text + "."
+
+
+def _memory_bound_when(f: Facts) -> bool:
+    return utilized(f.w) and f.w.dram is not None and f.w.dram >= MEMORY_BOUND_DRAM
+
+
+def _memory_bound_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"Busy {pct(w.util)} with DRAM bandwidth {pct(w.dram)} of peak and tensor cores {pct(w.tensor)}: "
+        "the kernels wait on HBM, not on arithmetic."
+    )
+
+
+def _compute_bound_when(f: Facts) -> bool:
+    return utilized(f.w)
+
+
+def _compute_bound_summary(f: Facts) -> str:
+    w = f.w
+    return f"Busy: a kernel runs {pct(w.util)} of the time, SMs {pct(w.sm)} active, tensor cores {pct(w.tensor)}."
+
+
+def _underutilized_summary(f: Facts) -> str:
+    w = f.w
+    if w.job_cpu_cores is None:
+        return (
+            f"Busy {pct(w.share('busy'))}, starved {pct(w.share('starved'))}, unknown {pct(w.share('unknown'))}: "
+            "the GPU's processes or their CPU are not visible to gpuwarden (another PID namespace?), so the cause "
+            "cannot be told."
+        )
+    return (
+        f"Busy {pct(w.share('busy'))}, starved {pct(w.share('starved'))}, paused {pct(w.share('paused'))}, "
+        f"held idle {pct(w.share('held_idle'))}, unknown {pct(w.share('unknown'))}: no single cause dominates."
+    )
+
+
+Predicate = Callable[[Facts], bool]
+Summary = Callable[[Facts], str]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One verdict's rule: ``when`` it holds (None: always - the last resort), its one-line ``summary`` (both of the
+    window's Facts), and for the rule table of docs/scores.md the rule in words (``text``) and what grounds its
+    numbers (``grounds``: a definition, a paper, or a calibration on named recordings)."""
+
+    when: Predicate | None
+    summary: Summary
+    text: str
+    grounds: str = ""
+
+
+_GIB = H2D_RX_BYTES_PER_SECOND / 2**30
+
+#: The rule of every verdict, by name (their order: gpuwarden.insight.reasons.VERDICT_ORDER).
+RULES: dict[str, Rule] = {
+    "free": Rule(_free_when, _free_summary, "no process holds the GPU"),
+    "h2d_copy_bound": Rule(
+        _h2d_copy_bound_when,
+        _h2d_copy_bound_summary,
+        f"GPM PCIe RX >= **{_GIB:g} GiB/s** and SM activity < **{H2D_SM_MAX:.2f}**, unless as much goes out (TX >= "
+        "RX) while the job works on the CPU: a round trip around host work, `host_compute_bound` (the CPU-stepped "
+        "optimizer recordings: 2.6 GB/s in, 2.8 out)",
+        "*calibration*: h2d_pageable_copy 7.7–9.6 GB/s with SM 0.000; starved_cpu_heavy 0.04–0.15 GB/s; "
+        "compute_bound 0.017 GB/s [H100]",
+    ),
+    "held_idle": Rule(
+        _held_idle_when,
+        _held_idle_summary,
+        f"held_idle >= **{HELD_IDLE_MIN:.0%}** of the window, or util.gpu < {WORK_SAMPLE_RATIO:g} and job CPU < "
+        f"{JOB_CPU_BUSY_CORES:g} cores with no reads and few waits",
+        "the state thresholds above",
+    ),
+    "throttled": Rule(
+        _throttled_when,
+        _throttled_summary,
+        f"util.gpu >= {BUSY_UTIL:g}, thermal / HW slowdown / power brake reasons >= {THROTTLE_MIN_FRACTION:.0%} of "
+        f"the time, SM clock < **{THROTTLE_CLOCK_RATIO:.0%}** of max",
+        "[NVML] clock-event reasons; 90% *calibration*",
+    ),
+    "waiting_on_peers": Rule(
+        _waiting_on_peers_when,
+        _waiting_on_peers_summary,
+        f"util.gpu >= {BUSY_UTIL:g} and a GPU of the same job is the straggler: this GPU spins (SM activity < "
+        f"**{SPIN_SM_PER_UTIL:g} ×** util.gpu) and the peer's util.gpu <= **{PEER_LAG:g} ×** this one's (CPU-side), "
+        f"or the peer's SM activity >= **{1 / PEER_LAG:g} ×** this one's (GPU-side)",
+        "[H200x2]: rank 0 util 0.99 / SM 0.25–0.27, rank 1 util 0.07–0.15; a rank given 4× the GPU work computes at "
+        "SM ~0.95 while its peer spins at 0.24–0.39",
+    ),
+    "host_compute_bound": Rule(
+        _host_compute_bound_when,
+        _host_compute_bound_summary,
+        f"the rule of `input_starved` holds and that of `job_paused` does not, and GPM PCIe TX >= **{HOST_TX_PER_RX:g} "
+        f"×** RX with TX >= **{HOST_TX_MIN_BYTES_PER_SECOND / 1e6:g} MB/s**",
+        "the direction of the copies: input prepared on the host flows to the GPU (RX far above TX: loader "
+        "recordings), work on the GPU's output on the host sends at least as much back (a CPU-stepped optimizer "
+        "moves gradients out and parameters back, TX ≈ RX: ZeRO-Offload, Ren et al., USENIX ATC 2021; host metrics "
+        "copy outputs out and nothing in). Below 100 MB/s the direction of a trickle says nothing, and without GPM "
+        "(pre-Hopper) it cannot be told from `input_starved`, which then stands",
+    ),
+    "checkpoint_bound": Rule(
+        _checkpoint_bound_when,
+        _checkpoint_bound_summary,
+        f"idle (paused + starved) >= **{STARVED_MIN:.0%}** of the window while the job writes storage at >= "
+        f"**{IO_WRITE_BYTES_PER_SECOND / 2**20:g} MiB/s** (`/proc/PID/io` write_bytes of its process tree), more "
+        "than it reads",
+        "a job that stops its GPU to write a checkpoint: the bytes go out, none come in (a loader reads). A process "
+        "in state D while the job writes is its fsync, not a read",
+    ),
+    "launch_bound": Rule(
+        _launch_bound_when,
+        _launch_bound_summary,
+        f"util.gpu >= **{LAUNCH_UTIL_MIN:g}** and the busiest process >= **{LAUNCH_CPU_CORES:g}** cores, and either "
+        f"SM activity < **{LAUNCH_SM_PER_UTIL:g} ×** util.gpu (tiny kernels), or SM activity < "
+        f"**{LAUNCH_MID_SM_PER_UTIL:g} ×** util.gpu (mid-size kernels) with the GPU idle >= {LAUNCH_GAPS_MIN:.0%} of "
+        "the time mostly in gaps inside utilization sample periods, no helper process doing the work (job CPU < "
+        f"{LAUNCH_HELPERS_MAX:g} × the busiest process) and no reads",
+        "[NVML] util.gpu vs [DCGM] SM activity: small kernels fill few SMs (section below)",
+    ),
+    "job_paused": Rule(
+        _job_paused_when,
+        _job_paused_summary,
+        f"idle (paused + starved) >= **{PAUSED_MIN:.0%}** of the window while the job's CPU beyond its GPU-busy share "
+        f"is below {JOB_CPU_BUSY_CORES:g} cores per idle second, it reads and writes nothing and waits seldom (fewer "
+        f"than **{WAITS_PER_SECOND:g}** voluntary context switches per idle second), or paused > starved",
+        "section below",
+    ),
+    "input_starved": Rule(
+        _input_starved_when,
+        _input_starved_summary,
+        f"starved >= **{STARVED_MIN:.0%}** of the window",
+        "a quarter of the time idle on input: a faster pipeline gains a third more throughput; the summary says which "
+        "input (CPU in helper processes or the training process, local storage, remote storage through reads or "
+        "many short waits)",
+    ),
+    "memory_bound": Rule(
+        _memory_bound_when,
+        _memory_bound_summary,
+        f"util.gpu >= {BUSY_UTIL:g} and GPM DRAM activity >= **{MEMORY_BOUND_DRAM:g}**",
+        "roofline (section below)",
+    ),
+    "compute_bound": Rule(
+        _compute_bound_when,
+        _compute_bound_summary,
+        f"util.gpu >= **{BUSY_UTIL:g}**: nothing above blocks the GPU",
+        "0.5: [Gao24]'s line for low utilization",
+    ),
+    "underutilized": Rule(
+        None,
+        _underutilized_summary,
+        "none of the above (with the job's CPU unknown: the `blind` finding says how to let gpuwarden see)",
+    ),
+}

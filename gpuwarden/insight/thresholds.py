@@ -1,0 +1,63 @@
+"""The thresholds of the diagnosis: what each verdict rule compares a window's numbers with, and why that number.
+
+Each constant says where it comes from (an NVML or DCGM definition, a paper, or a calibration on H100 recordings
+named beside it). The rules that read them are in gpuwarden.insight.rules; the launch test's own thresholds are in
+gpuwarden.insight.launches and the per-poll states' in gpuwarden.insight.states.
+"""
+
+from __future__ import annotations
+
+from gpuwarden.catalog import clock_event_reasons
+
+#: util.gpu at or above this is "utilized" (a kernel ran at least half the time).
+BUSY_UTIL = 0.5
+#: Launch bound: LAUNCH_UTIL_MIN, LAUNCH_SM_PER_UTIL, LAUNCH_CPU_CORES, LAUNCH_MID_SM_PER_UTIL and the rest of the test
+#: are in gpuwarden.insight.launches (the accounting's ``launch`` cause uses the same test per poll interval).
+#: Share of the window the job itself paused (GPU and job CPU idle right after GPU work) that makes the verdict.
+PAUSED_MIN = 0.25
+#: DRAM activity (GPM DRAM bandwidth utilization: achieved over peak HBM bandwidth) at or above this: memory bound.
+#: On the roofline a kernel whose bytes per flop put it left of the ridge point runs at the bandwidth roof: it
+#: sustains most of the peak bandwidth while its arithmetic pipes wait. GEMMs stay far below (compute bound).
+MEMORY_BOUND_DRAM = 0.6
+#: Tensor cores idle while the FP32 pipe does the work: tensor activity below this ...
+TENSOR_IDLE_MAX = 0.05
+#: ... and FP32 pipe activity at or above this (FP32 matrix math that TF32 or bf16 would put on tensor cores).
+FP32_BUSY_MIN = 0.3
+#: Hot: the GPU within this many degrees Celsius of its own slowdown threshold (or HBM of its memory_max).
+HOT_MARGIN_CELSIUS = 5.0
+#: SM activity per util.gpu below this marks a kernel that occupies the GPU without working (spin).
+SPIN_SM_PER_UTIL = 0.5
+#: A peer GPU of the same job at or below this fraction of this GPU's util.gpu is a straggler.
+PEER_LAG = 0.5
+#: PCIe receive rate that marks a copy-bound GPU. H100 traces: h2d_pageable_copy 7.7-9.6 GB/s,
+#: starved_cpu_heavy 0.04-0.15 GB/s, compute_bound 0.017 GB/s (our calibration: 1 GiB/s between them).
+H2D_RX_BYTES_PER_SECOND = float(2**30)
+#: ... while SM activity stays below this (h2d_pageable_copy: 0.000).
+H2D_SM_MAX = 0.10
+#: Share of the window in held_idle / starved that makes the verdict.
+HELD_IDLE_MIN = 0.5
+#: Starved (idle while the job works on input) this share of the window or more: input bound. At a quarter of the
+#: time idle, a faster input pipeline gains a third more throughput, more than any compute-side remedy typically
+#: does, so "nothing blocks the GPU" would be wrong advice; a loader that keeps up leaves the GPU idle only
+#: between steps (1% in the compute-bound recording).
+STARVED_MIN = 0.25
+#: Throttled: clock-event reasons present this share of the time, SM clock below this share of its maximum.
+THROTTLE_MIN_FRACTION = 0.5
+THROTTLE_CLOCK_RATIO = 0.9
+#: Used / total GPU memory above this: memory nearly full.
+MEMORY_FULL_RATIO = 0.9
+#: Host compute bound: the GPU idles while its job works on the CPU (as for input_starved), and the job moves at least
+#: this many bytes device-to-host per byte host-to-device (GPM PCIe TX / RX). Input prepared on the host flows to the
+#: GPU (RX far above TX); work that consumes the GPU's output on the host - an optimizer stepped on the CPU, as
+#: CPU-offloaded optimizers do (ZeRO-Offload: Ren et al., USENIX ATC 2021: gradients out, parameters back, TX about
+#: RX), metrics computed on the host - sends at least as much back.
+HOST_TX_PER_RX = 1.0
+#: ... and at least this much device-to-host traffic (bytes/s): below it, the direction of a trickle says nothing.
+HOST_TX_MIN_BYTES_PER_SECOND = 100e6
+#: Fewer accounted seconds than this in the window: no verdict yet.
+MIN_SECONDS = 2.0
+
+#: Clock-event reasons that slow the clocks (NVML nvmlClocksEventReason*): "power" ones are expected at full
+#: load; the others mean cooling, power delivery or a hardware fault.
+POWER_REASONS = clock_event_reasons("power")
+SEVERE_REASONS = clock_event_reasons("thermal", "hardware")
