@@ -659,7 +659,8 @@ FAMILIES: tuple[Family, ...] = (
     _c(
         "gpu_idle_seconds_total",
         "Seconds the GPU idled, by cause: input_cpu, input_io, input (job CPU unknown), launch (gaps between kernels "
-        "launched one at a time), checkpoint, paused, held_idle, free, unknown, lost (the GPU could not be read); "
+        "launched one at a time), checkpoint, startup (from the job's start to its first sustained kernels), paused, "
+        "held_idle, free, unknown, lost (the GPU could not be read); "
         "with the busy seconds of gpu_state_seconds_total they add up to wall time (docs/scores.md).",
         "insight",
         labels=("cause",),

@@ -39,8 +39,8 @@ def _mean(pairs: Iterable[tuple[float | None, float]]) -> float | None:
 
 
 def span_of(intervals: Sequence[_Interval], seconds: float, same_holder: bool) -> list[_Interval]:
-    """The trailing intervals within ``seconds`` (and with the latest holder and PIDs if ``same_holder``),
-    recomputed from scratch: what the analyzer's running windows must hold."""
+    """The trailing intervals within ``seconds`` (and with the latest holder and PIDs, after the job's start-up, if
+    ``same_holder``), recomputed from scratch: what the analyzer's running windows must hold."""
     if not intervals:
         return []
     last = intervals[-1]
@@ -51,6 +51,8 @@ def span_of(intervals: Sequence[_Interval], seconds: float, same_holder: bool) -
             break
         if same_holder and (iv.holder != last.holder or iv.pids != last.pids):
             break
+        if same_holder and iv.startup is not None and last.startup is None:
+            break  # the job's start-up is left out of its steady windows
         out.append(iv)
     out.reverse()
     return out
@@ -103,6 +105,7 @@ def window_of(index: int, uuid: str, ivs: list[_Interval], job: JobRef | None) -
         job_kind=job.kind if job and last and last.holder == "job" else None,
         processes=tuple(sorted(last.pids)) if last else (),
         health=last.health if last else Health(),
+        starting_seconds=last.startup if last else None,
     )
 
 

@@ -53,6 +53,7 @@ CAUSES = {
     "input": "input",
     "launch": "busy",
     "checkpoint": "checkpoint",
+    "startup": "other",
     "paused": "paused",
     "held_idle": "paused",
     "free": "other",

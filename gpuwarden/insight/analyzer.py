@@ -27,6 +27,7 @@ from gpuwarden.insight.launches import launch_limited
 from gpuwarden.insight.peers import peer_wait_share
 from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
 from gpuwarden.insight.rules import copies_data
+from gpuwarden.insight.startup import StartUp, begins, startup_causes
 from gpuwarden.insight.thresholds import POWER_REASONS, SEVERE_REASONS
 from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, mergeable, merged, terms
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult, ProcessReading
@@ -137,6 +138,7 @@ class _GpuState:
     peer_wait_joules: float = 0.0  # the energy above the idle floor of those seconds
     last_iv: Interval | None = None  # the newest interval in the windows (polls faster than a second merge into it)
     last_terms: list[tuple[int, int]] = field(default_factory=list)  # its terms (windows.terms)
+    startup: StartUp | None = None  # the job's start-up while it lasts (gpuwarden.insight.startup)
 
 
 def _holder_rank(p: ProcessReading) -> tuple[bool, bool, int, int]:
@@ -442,6 +444,12 @@ class InsightAnalyzer:
         causes = st.idle_causes(
             secs, inputs.job_cpu, inputs.io_waiting, inputs.writing, st.gaps_in_periods(segs) if launching else 0.0
         )
+        starting = state.startup
+        if starting is not None:
+            causes = startup_causes(causes)
+            kernels = bool(g.utilization_gpu_ratio) or secs["busy"] > 0
+            if starting.ends(start, g.timestamp, secs["busy"], secs["held_idle"], kernels):
+                state.startup = starting = None
         for k, v in causes.items():
             state.idle[k] += v
         above = _idle_energy(state, g, causes)
@@ -477,6 +485,7 @@ class InsightAnalyzer:
             mem_used=g.memory_used_bytes,
             mem_total=g.memory_total_bytes or (s.memory_total_bytes if s is not None else None),
             health=_health(g, s, state.xids),
+            startup=starting.age(g.timestamp) if starting is not None else None,
             clock_ratio=clocks.ratio,
             throttle=clocks.throttle,
             severe=clocks.severe,
@@ -547,6 +556,8 @@ def _track(state: _GpuState, g: GpuReading, pids: frozenset[int]) -> float | Non
     if pids != state.last_pids and not (pids & state.last_pids):
         state.last_work = None  # another job: the previous one's GPU work says nothing about this one
         state.gpm_changes = 0
+        # a job seen to arrive starts up; one already there at the GPU's first poll is past its start-up or unknown
+        state.startup = begins(g.processes or (), g.timestamp) if state.last_ts is not None else None
     if g.gpm and g.gpm != state.gpm_seen:
         state.gpm_changes += 1
     state.gpm_seen = g.gpm

@@ -5,7 +5,8 @@ The expected verdict of each GPU is in the trace's header (``metadata.expected_v
 analyzer and returns, per GPU, the verdict at the end of the trace (over the diagnosis window), and the share of
 polls whose verdict was right since the GPU's current processes appeared (a verdict describes the job holding the GPU
 now; where jobs hold a GPU in turn, the expected verdict is the last one's). Polls before the analyzer has enough
-history give none and are not counted.
+history give none, and those of a job's start-up (``starting``: gpuwarden.insight.startup) describe no steady
+state: neither is counted.
 ``bench/insight_eval.py`` prints it for every recording; the tests assert it.
 """
 
@@ -55,8 +56,8 @@ def evaluate(path: Path) -> list[Row]:
         if res is None:
             continue
         for g in res.gpus:
-            if g.diagnosis is None:
-                continue
+            if g.diagnosis is None or g.diagnosis.verdict == "starting":
+                continue  # no steady-state verdict yet
             counted[g.gpu] = counted.get(g.gpu, 0) + 1
             right[g.gpu] = right.get(g.gpu, 0) + (g.diagnosis.verdict == expected.get(str(g.gpu)))
             final[g.gpu] = (g.diagnosis.verdict, list(g.diagnosis.findings))

@@ -28,6 +28,7 @@ class GpuWindow:
     ``states`` are seconds per state (gpuwarden.insight.states.STATES); ``seconds`` their sum.
     ``throttle_fraction`` is the share of the time with any slowing clock-event reason;
     ``severe_throttle_fraction`` with a thermal / hardware one; ``throttle_reasons`` the names seen.
+    ``starting_seconds``: the job's age (s) while it is in its start-up (gpuwarden.insight.startup), None once steady.
     """
 
     index: int
@@ -63,6 +64,7 @@ class GpuWindow:
     job: str | None = None
     job_kind: str | None = None
     processes: tuple[int, ...] = field(default=())
+    starting_seconds: float | None = None
     health: Health = field(default_factory=Health)
 
     def share(self, state: str) -> float:

@@ -23,11 +23,12 @@ class Reason:
 
 
 #: The verdict rules in the order they are tried: the first that holds for a window is its verdict. Cheap and
-#: decisive tests first (no process, copies, nobody working), then what limits a working GPU from outside (clocks,
-#: peers, the host, storage, launches, pauses, input), then what limits it inside (HBM, arithmetic); the last
-#: always holds.
+#: decisive tests first (no process, a job starting, copies, nobody working), then what limits a working GPU from
+#: outside (clocks, peers, the host, storage, launches, pauses, input), then what limits it inside (HBM,
+#: arithmetic); the last always holds.
 VERDICT_ORDER: tuple[str, ...] = (
     "free",
+    "starting",
     "h2d_copy_bound",
     "held_idle",
     "throttled",
@@ -235,6 +236,16 @@ REASON_TABLE: tuple[Reason, ...] = (
         ),
     ),
     Reason("free", "ok", ("No process holds this GPU: it is available.",)),
+    Reason(
+        "starting",
+        "ok",
+        (
+            "Nothing to do while a job starts. A start-up that takes minutes costs GPU time at every start and "
+            "restart: cache the model and dataset on local storage, keep compile caches (TORCHINDUCTOR_CACHE_DIR, "
+            "torch.compile's mega-cache), and import and build before the GPU is allocated where the scheduler "
+            "allows.",
+        ),
+    ),
 )
 
 

@@ -22,6 +22,7 @@ from gpuwarden.insight.launches import (
     launch_limited,
 )
 from gpuwarden.insight.peers import straggler, utilized, waits_on
+from gpuwarden.insight.startup import STARTUP_KERNEL_SECONDS, STARTUP_MAX_SECONDS, STARTUP_RECUR_SECONDS
 from gpuwarden.insight.states import (
     IO_READ_BYTES_PER_SECOND,
     IO_WRITE_BYTES_PER_SECOND,
@@ -134,6 +135,19 @@ def _free_when(f: Facts) -> bool:
 
 def _free_summary(f: Facts) -> str:
     return "No process holds this GPU."
+
+
+def _starting_when(f: Facts) -> bool:
+    return f.w.starting_seconds is not None
+
+
+def _starting_summary(f: Facts) -> str:
+    w = f.w
+    return (
+        f"Starting: the job started {w.starting_seconds or 0.0:.0f} s ago and has not run sustained kernels yet "
+        f"(kernels {pct(w.util)} of the time, job CPU {f.cpu}): imports, CUDA context, model build or compilation. "
+        "The steady-state verdict follows its first steps."
+    )
 
 
 def _h2d_copy_bound_when(f: Facts) -> bool:
@@ -373,6 +387,16 @@ _GIB = H2D_RX_BYTES_PER_SECOND / 2**30
 #: The rule of every verdict, by name (their order: gpuwarden.insight.reasons.VERDICT_ORDER).
 RULES: dict[str, Rule] = {
     "free": Rule(_free_when, _free_summary, "no process holds the GPU"),
+    "starting": Rule(
+        _starting_when,
+        _starting_summary,
+        "the job is in its start-up: from its first process's start until it has run "
+        f"**{STARTUP_KERNEL_SECONDS:g} s** of kernels or kernels recur **{STARTUP_RECUR_SECONDS:g} s** apart, its "
+        f"GPU is held idle, or **{STARTUP_MAX_SECONDS:g} s** have passed",
+        "a start-up (imports, CUDA context, model build) idles the GPU while one core works, as input starvation "
+        "does; its own kernels (weight initialisation) come in one burst of milliseconds, a loop's recur every step "
+        "(section Start-up below)",
+    ),
     "h2d_copy_bound": Rule(
         _h2d_copy_bound_when,
         _h2d_copy_bound_summary,

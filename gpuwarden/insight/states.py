@@ -31,7 +31,8 @@ STATES = ("busy", "starved", "paused", "held_idle", "free", "unknown", "lost")
 #: Causes of idle GPU time (``gpu_idle_seconds_total{cause}``): starved time split by what the job did meanwhile -
 #: CPU work (preprocessing, or host work on the GPU's output: the verdict tells which), reads (local storage, or
 #: remote: sockets), or unknown (its CPU not visible) - then the gaps between kernels that one host thread launches one
-#: at a time (``launch``: gpuwarden.insight.launches), time the job spent writing (a checkpoint), then the other
+#: at a time (``launch``: gpuwarden.insight.launches), time the job spent writing (a checkpoint), its start-up
+#: (``startup``: gpuwarden.insight.startup, from its start to its first sustained kernels), then the other
 #: idle states, ``lost`` last (the GPU could not be read: its time is lost to whoever holds it, or to the fleet when
 #: nobody does). Busy seconds plus idle seconds by cause add up to the accounted wall time.
 IDLE_CAUSES = (
@@ -40,6 +41,7 @@ IDLE_CAUSES = (
     "input",
     "launch",
     "checkpoint",
+    "startup",
     "paused",
     "held_idle",
     "free",

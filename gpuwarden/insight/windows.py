@@ -39,6 +39,7 @@ class Interval:
     mem_used: int | None
     mem_total: int | None
     health: Health
+    startup: float | None = None  # in the job's start-up: its age at the interval's end (s); None: steady
 
 
 # Slots of a window's sums: seconds per state, then the other sums, then a (value x seconds, seconds) pair per
@@ -83,6 +84,7 @@ def mergeable(last: Interval, iv: Interval) -> bool:
         abs(iv.end - iv.seconds - last.end) < 1e-6
         and last.holder == iv.holder
         and last.pids == iv.pids
+        and (last.startup is None) == (iv.startup is None)
         and last.seconds + iv.seconds <= GRANULARITY_SECONDS + 1e-9
     )
 
@@ -110,6 +112,7 @@ def merged(a: Interval, b: Interval) -> Interval:
         mem_used=b.mem_used,
         mem_total=b.mem_total,
         health=b.health,
+        startup=b.startup,
     )
 
 
@@ -207,6 +210,7 @@ class Captured:
             power_limit_watts=last.power_limit if last else None,
             health=last.health if last else Health(),
             processes=tuple(sorted(last.pids)) if last else (),
+            starting_seconds=last.startup if last else None,
             # every MEANS name is a float | None field of GpuWindow (tests/test_insight_diagnosis.py)
             **_means(sums),
         )
@@ -222,12 +226,21 @@ def _means(sums: list[int]) -> dict[str, float | None]:
     return {m.name: _ratio(sums[s], sums[s + 1]) for m, s in zip(MEANS, _MEAN_SLOT, strict=True)}
 
 
+def _another_run(last: Interval, iv: Interval) -> bool:
+    """Whether ``iv`` starts another run of a same-holder window after ``last``: another holder, other processes, or
+    the first interval after the job's start-up."""
+    return last.holder != iv.holder or last.pids != iv.pids or (last.startup is not None and iv.startup is None)
+
+
 class Running:
     """The trailing ``seconds`` of a GPU's intervals with their exact running sums (``same_holder``: only the
     trailing run with the latest interval's holder and PIDs). A push costs the terms of the interval that enters
     (computed once by the caller) and of those that leave, whatever the window holds."""
 
     __slots__ = ("seconds", "same_holder", "intervals", "agg")
+
+    # A window of one holder (``same_holder``) also starts anew when its job's start-up ends (gpuwarden.insight.
+    # startup): the steady-state verdict and its means leave the start-up out.
 
     def __init__(self, seconds: float, same_holder: bool) -> None:
         self.seconds = seconds
@@ -239,7 +252,7 @@ class Running:
         """Add the newest interval (``terms``: ``terms(iv)``), then drop those that left the window (or the run,
         when ``same_holder``)."""
         ivs = self.intervals
-        if self.same_holder and ivs and (ivs[-1].holder != iv.holder or ivs[-1].pids != iv.pids):
+        if self.same_holder and ivs and _another_run(ivs[-1], iv):
             ivs.clear()
             self.agg = _Agg()
         ivs.append(iv)
