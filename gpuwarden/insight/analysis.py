@@ -6,11 +6,15 @@ from __future__ import annotations
 from gpuwarden.insight.attribution import JobRef
 from gpuwarden.insight.diagnosis import diagnose, lost
 from gpuwarden.insight.gpu_window import GpuWindow
+from gpuwarden.insight.margins import VerdictMemory
 from gpuwarden.insight.result import GpuInsight, InsightResult, JobInsight, ProcessJob
 from gpuwarden.insight.scores import imbalance, shortfalls, starved_ratio
 from gpuwarden.insight.verdicts import Diagnosis
 from gpuwarden.insight.windows import GpuCapture
 
+#: A diagnosis window holding at least this share of its length is full: only then is its verdict kept within the
+#: margin (gpuwarden.insight.margins.VerdictMemory).
+FULL_WINDOW = 0.95
 #: At most this many jobs are reported (the ones holding most GPU memory): bounds ``gpu_job_*`` series.
 MAX_JOBS = 64
 
@@ -30,8 +34,16 @@ class _Windows:
     """The windows of every GPU captured after a poll: the node window (scores) of each, and the job and diagnosis
     windows of the GPUs up, each GPU under its job (``primary``: the one holding most of its memory)."""
 
-    def __init__(self, captures: list[GpuCapture], primary: dict[str, JobRef]) -> None:
+    def __init__(
+        self,
+        captures: list[GpuCapture],
+        primary: dict[str, JobRef],
+        memory: VerdictMemory | None,
+        timestamp: float,
+        diagnosis_seconds: float,
+    ) -> None:
         self.primary = primary
+        self.memory, self.timestamp, self.full = memory, timestamp, diagnosis_seconds * FULL_WINDOW
         self.index = {c.uuid: c.index for c in captures}
         self.node: dict[str, GpuWindow] = {}
         self.job: dict[str, GpuWindow] = {}
@@ -44,7 +56,9 @@ class _Windows:
                 self.job[c.uuid] = c.job.window(c.index, c.uuid, job)
 
     def diagnosis(self, uuid: str) -> Diagnosis | None:
-        """The verdict on GPU ``uuid`` with the other GPUs of its job as peers; None without a diagnosis window."""
+        """The verdict on GPU ``uuid`` with the other GPUs of its job as peers, kept as last given within the margin
+        (``memory``: gpuwarden.insight.margins) once the window is full (FULL_WINDOW of the diagnosis window: a young
+        window's verdict describes seconds, and should not stick); None without a diagnosis window."""
         if uuid not in self.diag:
             return None
         job = self.primary.get(uuid)
@@ -53,7 +67,12 @@ class _Windows:
             for u, ref in self.primary.items()
             if u != uuid and job is not None and ref == job and u in self.diag
         ]
-        return diagnose(self.diag[uuid], peers)
+        w = self.diag[uuid]
+        memory = self.memory if self.memory is not None and w.seconds >= self.full else None
+        d = diagnose(w, peers, memory.previous(uuid, w.processes) if memory is not None else None)
+        if d is not None and memory is not None:
+            memory.remember(uuid, w.processes, d.verdict, self.timestamp)
+        return d
 
 
 def _jobs(windows: _Windows, processes: list[ProcessJob]) -> tuple[list[JobInsight], dict[str, float]]:
@@ -125,11 +144,13 @@ def build_result(
     processes: list[ProcessJob],
     primary: dict[str, JobRef],
     down: dict[str, str] | None = None,
+    memory: VerdictMemory | None = None,
 ) -> InsightResult:
     """The InsightResult of one poll from what the analyzer captured after it (``up``: UUIDs of the GPUs up, in the
     poll's order; ``primary``: each GPU's job, the one holding most of its memory; ``down``: the GPUs that could not
-    be read this poll, with NVML's error)."""
-    windows = _Windows(captures, primary)
+    be read this poll, with NVML's error; ``memory``: the verdicts last given, kept within the margin - None: each
+    verdict from its window alone)."""
+    windows = _Windows(captures, primary, memory, timestamp, diagnosis_seconds)
     jobs, shortfall = _jobs(windows, processes)
     gpus = [_gpu(c, windows, shortfall.get(c.uuid), down or {}) for c in captures]  # in GPU index order
     node_act = activities([windows.node[u] for u in up if u in windows.node])

@@ -24,6 +24,7 @@ from gpuwarden.insight.attribution import JobRef, attribute, pod_of, slurm_job_n
 from gpuwarden.insight.evidence import pack_means
 from gpuwarden.insight.gpu_window import Health
 from gpuwarden.insight.launches import launch_limited
+from gpuwarden.insight.margins import VerdictMemory
 from gpuwarden.insight.peers import peer_wait_share
 from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
 from gpuwarden.insight.rules import copies_data
@@ -167,6 +168,7 @@ class InsightAnalyzer:
         self._host: HostReading | None = None
         self._busy: float | None = None
         self._jobs: dict[tuple[int, float | None, str | None], JobRef] = {}
+        self._verdicts = VerdictMemory()
 
     # -- per-poll inputs -------------------------------------------------------------------------------
 
@@ -322,6 +324,7 @@ class InsightAnalyzer:
                 processes,
                 primary,
                 {g.uuid: g.error or "unknown" for g in poll.gpus if not g.up},
+                self._verdicts,
             )
         )
 

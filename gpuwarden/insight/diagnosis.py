@@ -20,9 +20,10 @@ from collections.abc import Sequence
 
 from gpuwarden.insight.evidence import evidence_of
 from gpuwarden.insight.gpu_window import GpuWindow, pct
+from gpuwarden.insight.margins import MARGIN, alternatives
 from gpuwarden.insight.peers import utilized, waiters
 from gpuwarden.insight.reasons import REMEDIES, SEVERITY, first_verdict
-from gpuwarden.insight.rules import throttled
+from gpuwarden.insight.rules import RULES, Facts, throttled
 from gpuwarden.insight.thresholds import (
     FP32_BUSY_MIN,
     HOT_MARGIN_CELSIUS,
@@ -103,14 +104,25 @@ def _tensor_cores_idle(w: GpuWindow) -> bool:
     return w.tensor is not None and w.fp32 is not None and w.tensor < TENSOR_IDLE_MAX and w.fp32 >= FP32_BUSY_MIN
 
 
-def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
+def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = (), previous: str | None = None) -> Diagnosis | None:
     """Return the verdict on GPU ``w`` given the other GPUs of its job (``peers``); None before MIN_SECONDS.
 
-    Rules and their order are in the module docstring and REASON_TABLE; thresholds are the module constants.
+    The verdict is the first rule of VERDICT_ORDER that holds, unless ``previous`` (the verdict this GPU was last
+    given for the same job) is among the verdicts the window gives with a value moved by the margin
+    (gpuwarden.insight.margins): then it stays. The others within the margin are the Diagnosis's ``alternatives``.
     """
     if w.seconds < MIN_SECONDS:
         return None
     verdict, summary = first_verdict(w, peers)
+    near = alternatives(w, peers, verdict)
+    if previous is not None and previous in near:
+        near = [verdict, *(n for n in near if n != previous)]
+        verdict, summary = previous, RULES[previous].summary(Facts(w, peers))
+    if near:
+        summary += (
+            f" Near the line: within {MARGIN:.0%} of the numbers above the verdict would be "
+            f"{' or '.join(n.replace('_', ' ') for n in near)}."
+        )
     more, extra = _findings(w, peers, verdict)
     findings = [verdict, *more]
     remedies: list[str] = []
@@ -133,4 +145,5 @@ def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = ()) -> Diagnosis | None:
         window_seconds=round(w.seconds, 3),
         job=w.job,
         job_kind=w.job_kind,
+        alternatives=near,
     )

@@ -257,6 +257,13 @@ REMEDIES: dict[str, tuple[str, ...]] = {r.name: r.remedies for r in REASON_TABLE
 VERDICT_RULES: tuple[tuple[str, Rule], ...] = tuple((name, RULES[name]) for name in VERDICT_ORDER)
 
 
+def verdict_of(w: GpuWindow, peers: Sequence[GpuWindow]) -> str:
+    """Return the first verdict of VERDICT_ORDER whose rule holds for window ``w`` (``peers``: the other GPUs of its
+    job), without its summary. Raises nothing."""
+    facts = Facts(w, peers)
+    return next(n for n, r in VERDICT_RULES if r.when is None or r.when(facts))
+
+
 def first_verdict(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[str, str]:
     """Return the first verdict of VERDICT_ORDER whose rule holds for window ``w`` (``peers``: the other GPUs of its
     job), and its one-line summary. Raises nothing (``underutilized`` always holds)."""

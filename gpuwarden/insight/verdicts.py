@@ -40,6 +40,11 @@ class Diagnosis(BaseModel):
     window_seconds: float = Field(description="seconds of history the verdict is based on")
     job: str | None = Field(default=None, description="the job holding most of the GPU's memory")
     job_kind: str | None = None
+    alternatives: list[str] = Field(
+        default_factory=list,
+        description="verdicts the same window gives with one of its numbers moved by the margin (15%): the evidence "
+        "sits near their line, and gpuwarden cannot tell the verdict from them with confidence",
+    )
 
     def value(self, name: str) -> float | None:
         """Return the value of the evidence called ``name`` (its unit as in ``Evidence.unit``), None when absent."""

@@ -1,0 +1,119 @@
+"""Verdicts near a threshold: which other verdicts the same window gives when its numbers move by a margin, and a
+memory that keeps a GPU's verdict while the evidence stays within that margin (hysteresis).
+
+A window's means are estimates: util.gpu is sampled over periods of about 1/6 s (NVML), GPM metrics average over
+their own interval, a job's CPU is read per poll, and two runs of one job differ by the phase of its steps within the
+window. A rule that compares such a mean with a threshold flips when the mean sits on it: one run ``launch_bound``,
+the next ``input_starved``. So each window is also judged with each measured value moved by MARGIN (relative, one
+at a time, both ways): the verdicts that gives besides its own are the ones it cannot be told from (``alternatives``
+of the Diagnosis, said in its summary), and a GPU keeps the verdict it was given while that verdict stays among them
+(``VerdictMemory``): it changes only when the evidence has moved past the margin.
+
+MARGIN is 15%. Two recordings of one workload on the same H100 (tests/data/traces, ``-b`` the second run): a
+compute-bound bf16 loop differs run to run by 0.1-2.4% in every mean; a job fed by four DataLoader workers by 20-32%
+in its rates and CPU (its step time follows the host), while the ratio the launch test compares (SM activity per
+util.gpu) differs by 0.6% and its starved share by 0.08. So the margin covers the spread of the ratios and shares
+the rules compare, and about half that of absolute rates: a verdict decided by a rate near its threshold
+(``h2d_copy_bound``'s PCIe rate, ``checkpoint_bound``'s write rate) can differ between runs beyond it.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator, Sequence
+
+from gpuwarden.insight.gpu_window import GpuWindow
+from gpuwarden.insight.reasons import verdict_of
+
+#: Relative margin around every measured value.
+MARGIN = 0.15
+#: The GpuWindow values the verdict rules compare with thresholds (util.gpu, GPM activities and PCIe rates, the job's
+#: CPU and I/O, clocks), moved one at a time.
+MEASURED = (
+    "util",
+    "sm",
+    "dram",
+    "pcie_rx",
+    "pcie_tx",
+    "job_cpu_cores",
+    "max_process_cpu_cores",
+    "io_read_bytes_per_second",
+    "io_other_read_bytes_per_second",
+    "io_write_bytes_per_second",
+    "voluntary_switches_per_second",
+    "whole_idle_ratio",
+    "sm_clock_ratio",
+    "throttle_fraction",
+    "severe_throttle_fraction",
+)
+#: Values that are ratios: kept within [0, 1] when moved.
+_RATIOS = frozenset({"util", "sm", "dram", "whole_idle_ratio", "sm_clock_ratio", "throttle_fraction"})
+#: The states whose share of the window the rules compare with thresholds, moved one at a time.
+SHARES = ("busy", "starved", "paused", "held_idle")
+#: Verdicts that no measured value decides (who holds the GPU, whether its job is starting): never alternatives.
+_DECIDED = frozenset({"free", "starting"})
+
+
+def _with(w: GpuWindow, name: str, value: object) -> GpuWindow:
+    """A copy of ``w`` with field ``name`` set to ``value`` (a shallow copy: a third of dataclasses.replace's cost,
+    which validates nothing here anyway)."""
+    out = copy.copy(w)
+    object.__setattr__(out, name, value)
+    return out
+
+
+def _moved(w: GpuWindow) -> Iterator[GpuWindow]:
+    """``w`` with each measured value and state share moved up and down by MARGIN, one at a time (values that are
+    unknown or zero are left out: a margin of nothing moves nothing)."""
+    for name in MEASURED:
+        value = getattr(w, name)
+        if not value:
+            continue
+        for factor in (1.0 - MARGIN, 1.0 + MARGIN):
+            x = value * factor
+            yield _with(w, name, min(1.0, x) if name in _RATIOS else x)
+    for state in SHARES:
+        seconds = w.states.get(state, 0.0)
+        if seconds <= 0:
+            continue
+        for factor in (1.0 - MARGIN, 1.0 + MARGIN):
+            yield _with(w, "states", {**w.states, state: seconds * factor})
+
+
+def alternatives(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> list[str]:
+    """Return the verdicts other than ``verdict`` that window ``w`` (with ``peers``, the other GPUs of its job) gets
+    with one of its measured values moved by MARGIN, in the order of the first window that gives each; [] when the
+    verdict holds throughout the margin or no value decides it (``free``, ``starting``). Raises nothing."""
+    if verdict in _DECIDED:
+        return []
+    out: list[str] = []
+    for moved in _moved(w):
+        name = verdict_of(moved, peers)
+        if name != verdict and name not in out and name not in _DECIDED:
+            out.append(name)
+    return out
+
+
+class VerdictMemory:
+    """The verdict last given to each GPU (by UUID) for the job holding it (its processes), kept so that a verdict
+    stays while the evidence is within the margin (one entry per GPU the analyzer has seen). Thread-safe: results
+    are built by scrape threads, in any order; a verdict older than the one remembered is not remembered."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[tuple[int, ...], str, float]] = {}
+
+    def previous(self, uuid: str, processes: tuple[int, ...]) -> str | None:
+        """Return the verdict last given to GPU ``uuid`` while ``processes`` held it, None when another job did."""
+        with self._lock:
+            last = self._last.get(uuid)
+        return last[1] if last is not None and last[0] == processes else None
+
+    def remember(self, uuid: str, processes: tuple[int, ...], verdict: str, timestamp: float) -> None:
+        """Note ``verdict`` as given to GPU ``uuid`` held by ``processes`` at ``timestamp`` (Unix s) unless a later
+        one is noted already."""
+        with self._lock:
+            last = self._last.get(uuid)
+            if last is None or last[2] <= timestamp:
+                self._last[uuid] = (processes, verdict, timestamp)
