@@ -64,13 +64,27 @@ class CollectorsConfig(BaseModel):
     )
 
 
+class CodeEvidenceConfig(BaseModel):
+    """Code-level evidence (gpuwarden.code_evidence): py-spy samples of a starved or launch-bound GPU's job."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(
+        default=False, description="sample the job's Python stacks with py-spy (needs root or CAP_SYS_PTRACE)"
+    )
+    seconds: float = Field(default=5.0, ge=1, le=30, description="how long each sampling run lasts")
+    rate_hertz: int = Field(default=50, ge=1, le=200, description="samples a second")
+    every_seconds: float = Field(default=600.0, ge=60, le=86400, description="at most one run per GPU this often")
+    py_spy: str = Field(default="py-spy", min_length=1, description="the py-spy executable (a name on PATH or a path)")
+
+
 class InsightConfig(BaseModel):
-    """Scores and diagnosis: the window of gpu_starved_ratio and the imbalance scores."""
+    """Scores and diagnosis: the window of gpu_starved_ratio and the imbalance scores; code evidence."""
 
     model_config = ConfigDict(extra="forbid")
     window_seconds: float = Field(
         default=300.0, gt=0, le=86400, description="the window of gpu_starved_ratio and the imbalance scores"
     )
+    code_evidence: CodeEvidenceConfig = Field(default_factory=CodeEvidenceConfig)
 
 
 class _YamlFile(YamlConfigSettingsSource):
@@ -354,6 +368,11 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     if cfg.demo and "listen_address" not in cfg.model_fields_set:
         # the demo is for a look on this machine: the network sees it only where asked (--web.listen-address)
         cfg = cfg.model_copy(update={"listen_address": f"127.0.0.1:{DEFAULT_PORT}"})
+    if cfg.insight.code_evidence.enabled and (cfg.replay is not None or cfg.demo):
+        raise ConfigError(
+            "insight.code_evidence samples live processes: it cannot apply to a replay or the demo (their PIDs are "
+            "the recording machine's)"
+        )
     if cfg.gpus is not None and (cfg.replay is not None or cfg.demo):
         raise ConfigError("gpus selects NVML devices: it cannot apply to a replay or the demo (they serve the trace's)")
     stale = cfg.stale_after_seconds

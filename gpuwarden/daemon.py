@@ -140,10 +140,24 @@ class Daemon:
 
             self.web = load_web_config(cfg.web_config_file)
         source, info = build_source(cfg)
+        analyzers = build_analyzers(cfg)
+        self.code_evidence = None
+        evidence = cfg.insight.code_evidence
+        if evidence.enabled and analyzers:  # live only (config: a replay's PIDs are another machine's)
+            from gpuwarden.code_evidence import CodeEvidenceSampler, targets_from
+
+            self.code_evidence = CodeEvidenceSampler(
+                lambda: targets_from(self.poller)(),
+                evidence.seconds,
+                evidence.rate_hertz,
+                evidence.every_seconds,
+                evidence.py_spy,
+            )
+            analyzers["code_evidence"] = self.code_evidence.analyzer
         self.poller = Poller(
             source,
             cfg.poll_interval_seconds,
-            analyzers=build_analyzers(cfg),
+            analyzers=analyzers,
             extra_info=info,
             deadline=cfg.stale_after,
         )
@@ -171,6 +185,8 @@ class Daemon:
         otherwise walk them all again and again over the daemon's life.
         """
         self.poller.start(ready=False)  # a SIGHUP meanwhile sets hup_pending (gpuwarden.cli.main)
+        if self.code_evidence is not None:
+            self.code_evidence.start()
         gc.collect()
         gc.freeze()
 

@@ -321,6 +321,8 @@ def renderables(report: DiagnoseReport, brief: bool = False) -> list[Any]:
             continue
         style = _STYLE.get(d.severity, "white")
         parts: list[Any] = [_verdict_text(g), plain(d.summary)]
+        if g.code_evidence is not None:
+            parts.append(plain(f"code: {g.code_evidence.summary}", style="bold"))
         states = g.window_state_seconds
         total = sum(states.values())
         if total > 0:

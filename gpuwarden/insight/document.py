@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from gpuwarden.code_evidence import CodeEvidence
 from gpuwarden.insight.result import GpuInsight, JobInsight, ProcessJob, snapshot_insight
 from gpuwarden.snapshot import NodeSnapshot
 
 
 class GpuDiagnosisDocument(GpuInsight):
     """One GPU in the diagnosis document: the insight on it (GpuInsight: time accounting, idle causes, held-idle
-    energy, scores, verdict, None while there is none yet) and its name."""
+    energy, scores, verdict, None while there is none yet), its name, and the code evidence of its job (py-spy
+    samples, gpuwarden.code_evidence; None unless enabled and taken)."""
 
     name: str | None = None
+    code_evidence: CodeEvidence | None = None
 
 
 class DiagnosisDocument(BaseModel):
@@ -51,6 +55,8 @@ def diagnosis_document(snapshot: NodeSnapshot) -> DiagnosisDocument:
     if snapshot.poll is None:
         return DiagnosisDocument(**base, available=False, reason="no current poll (starting, failing or stale)")
     names = {s.uuid: s.name for s in node.gpus}
+    code = snapshot.analyses.get("code_evidence")
+    evidence: Mapping[str, CodeEvidence] = code if isinstance(code, Mapping) else {}
     return DiagnosisDocument(
         **base,
         available=True,
@@ -60,7 +66,7 @@ def diagnosis_document(snapshot: NodeSnapshot) -> DiagnosisDocument:
         node_imbalance_ratio=res.node_imbalance_ratio,
         node_activity_source=res.node_activity_source,
         gpus=[
-            GpuDiagnosisDocument.model_construct(**dict(g), name=names.get(g.uuid))  # g was validated
+            GpuDiagnosisDocument.model_construct(**dict(g), name=names.get(g.uuid), code_evidence=evidence.get(g.uuid))
             for g in res.gpus
         ],
         jobs=res.jobs,

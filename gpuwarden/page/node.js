@@ -71,6 +71,8 @@ function card(gpu, diag, windowSeconds, now) {
     el("h3", {}, el("span", {}, `GPU ${s.index} · ${s.name}`), el("span", { class: "verdict" }, verdict)));
   if (d) {
     node.append(el("p", { class: "summary" }, d.summary));
+    const code = diag.code_evidence;
+    if (code && code.summary) node.append(el("p", { class: "code" }, el("b", {}, "Code: "), code.summary));
     if (d.remedies && d.remedies.length) node.append(el("p", { class: "remedy" }, el("b", {}, "What to do: "),
       d.remedies[0]));
     if (d.job) node.append(el("p", { class: "dim" }, `job ${d.job} (${d.job_kind})`));
