@@ -3,6 +3,7 @@
 
     python3 tools/workloads.py list
     python3 tools/workloads.py run SCENARIO [--seconds S] [--gpu N] [--size N] [--workers N] [--busy S] [--pause S]
+        [--startup S]
 
 Each scenario stands for one kind of workload the diagnosis names; the knobs make variants of it (other sizes,
 worker counts, duty cycles), so a rule is checked on more than the one recording it was written from. Needs
@@ -51,6 +52,8 @@ SCENARIOS = {
     " input from remote storage, the processes sleeping on sockets",
     "service": "a model server: requests arrive every --pause seconds (jittered), each a --busy second GPU batch:"
     " the GPU a few percent busy with short requests",
+    "eval_metrics": "training steps for --busy seconds, then an evaluation: predictions of --size rows copied to the"
+    " host and ranking metrics computed there in NumPy for about --pause seconds while the GPU idles",
 }
 
 
@@ -347,6 +350,68 @@ def host_metrics(dev: object, end: float, size: int) -> int:
     return steps
 
 
+def ranking_metrics(scores: object, labels: object, seconds: float) -> float:
+    """Ranking metrics of an evaluation on the host (NumPy): per-row ranks of the true label and a mean reciprocal
+    rank, repeated over bootstrap resamples until ``seconds`` have passed (the evaluation's own cost). Clock:
+    ``host``."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    end = time.time() + seconds
+    mrr = 0.0
+    while time.time() < end:
+        rows = rng.integers(0, len(scores), len(scores))  # type: ignore[arg-type]
+        s = scores[rows]  # type: ignore[index]
+        order = np.argsort(-s, axis=1)
+        rank = np.argmax(order == labels[rows, None], axis=1) + 1  # type: ignore[index]
+        mrr = float(np.mean(1.0 / rank))
+    return mrr
+
+
+def eval_metrics(dev: object, end: float, busy: float, pause: float, size: int) -> int:
+    """An MLP trained in bf16 for ``busy`` seconds, then evaluated: predictions for ``size`` rows (1,000 classes)
+    made on the GPU, copied to the host, and ranked there (``ranking_metrics``) for ``pause`` seconds while the GPU
+    idles and one core works - evaluation with host-side metrics, not input. Clock: ``gpu``, ``copy``, ``host``."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1000))
+    model = model.to(dev, dtype=torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(2048, 4096, device=dev, dtype=torch.bfloat16)
+    y = torch.randint(0, 1000, (2048,), device=dev)
+    steps = 0
+    while time.time() < end:
+        CLOCK.to("gpu")
+        phase = time.time() + busy
+        while time.time() < phase:
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            steps += 1
+        with torch.no_grad():
+            preds = torch.cat([model(x).float() for _ in range(max(1, size // 2048))])
+        _sync(torch)
+        CLOCK.to("copy")
+        scores, labels = preds.cpu().numpy(), y.repeat(max(1, size // 2048)).cpu().numpy()
+        CLOCK.to("host")
+        ranking_metrics(scores, labels, pause)
+    return steps
+
+
+def build_model(seconds: float) -> None:
+    """A job's start-up after its CUDA context exists: the model built and initialised on the CPU (one thread) for
+    ``seconds``, the GPU idle, as imports, model construction and checkpoint loading are."""
+    import torch
+
+    torch.set_num_threads(1)
+    end = time.time() + seconds
+    w = torch.empty(1024, 1024)
+    while time.time() < end:
+        torch.nn.init.kaiming_uniform_(w)
+        w = w @ w.T / 1024
+
+
 def checkpoint_writer(dev: object, end: float, busy: float, size: int, path: str = "/tmp/gpuwarden-ckpt") -> int:
     """bf16 products for ``busy`` seconds, then a checkpoint: a ``size`` MiB state copied to the host, serialised
     with torch.save to a file and fsync'ed, the GPU waiting. Clock: ``gpu``, ``checkpoint``."""
@@ -484,6 +549,10 @@ def run(a: argparse.Namespace) -> int:
 
     dev = torch.device(f"cuda:{a.gpu}")
     torch.cuda.set_device(dev)
+    if a.startup:
+        torch.zeros(1, device=dev)  # the CUDA context: the process holds the GPU from here
+        build_model(a.startup)
+        torch.set_num_threads(os.cpu_count() or 1)
     end = time.time() + a.seconds
     s = a.scenario
     if s == "launch_bound":
@@ -520,6 +589,8 @@ def run(a: argparse.Namespace) -> int:
         return remote_reader(dev, end, a.workers, a.size or 1024, a.port)
     if s == "service":
         return service(dev, end, a.busy, a.pause, a.size or 4096)
+    if s == "eval_metrics":
+        return eval_metrics(dev, end, a.busy, a.pause, a.size or 16384)
     raise SystemExit(f"unknown scenario {s!r}; see: workloads.py list")
 
 
@@ -542,6 +613,7 @@ def main() -> None:
     r.add_argument("--pause", type=float, default=1.0)
     r.add_argument("--port", type=int, default=10500, help="serve-bytes's port (remote_reader)")
     r.add_argument("--split-out", help="write the workload's own clock (seconds per phase per second) here")
+    r.add_argument("--startup", type=float, default=0.0, help="seconds of start-up (model built on the CPU) first")
     a = p.parse_args()
     if a.cmd == "list":
         for k, v in SCENARIOS.items():
