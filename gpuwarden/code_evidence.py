@@ -142,7 +142,7 @@ def run_py_spy(py_spy: str, pid: int, seconds: float, rate: int) -> tuple[str | 
     with tempfile.TemporaryDirectory(prefix="gpuwarden-pyspy-") as tmp:
         out = Path(tmp) / "stacks.txt"
         cmd = [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", str(rate)]
-        cmd += ["--format", "raw", "--nonblocking", "--output", str(out)]
+        cmd += ["--format", "raw", "--nonblocking", "--full-filenames", "--output", str(out)]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -189,10 +189,13 @@ class CodeEvidenceSampler:
         self._thread: threading.Thread | None = None
 
     def analyzer(self, poll: PollResult, static: NodeStatic) -> Mapping[str, CodeEvidence]:
-        """The poller's analyzer: the evidence of every GPU so far (a copy; the GPUs of ``static`` only)."""
-        uuids = {g.uuid for g in static.gpus}
+        """The poller's analyzer: the evidence of every GPU whose sampled process still holds it at ``poll`` (a copy):
+        a job that left takes its evidence with it."""
+        holding = {g.uuid: {p.pid for p in g.processes or ()} for g in poll.gpus}
         with self._lock:
-            return {u: e for u, e in self._evidence.items() if u in uuids}
+            for uuid in [u for u, e in self._evidence.items() if e.pid not in holding.get(u, ())]:
+                del self._evidence[uuid]
+            return dict(self._evidence)
 
     def check_once(self, now: float | None = None) -> list[str]:
         """Sample every target not sampled within ``every_seconds``, one after another; return their UUIDs."""

@@ -97,15 +97,26 @@ def slow_job(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
 def test_py_spy_names_the_function_a_job_spends_its_time_in(slow_job: subprocess.Popen[str]) -> None:
     sampler = CodeEvidenceSampler(lambda: [Target("GPU-0", "input_starved", slow_job.pid)], seconds=2.0, rate=100)
     assert sampler.check_once() == ["GPU-0"]
-    from gpuwarden.model import GpuStatic, NodeStatic
+    from gpuwarden.model import GpuReading, GpuStatic, NodeStatic, PollResult, ProcessReading
 
     static = NodeStatic(hostname="h", driver_version="d", gpus=[GpuStatic(index=0, uuid="GPU-0", name="H100")])
-    e = sampler.analyzer(None, static)["GPU-0"]  # type: ignore[arg-type]
+
+    def poll(pids: list[int]) -> PollResult:
+        procs = [ProcessReading(pid=p) for p in pids]
+        return PollResult(
+            timestamp=0.0,
+            duration_seconds=0.0,
+            gpus=[GpuReading(index=0, uuid="GPU-0", timestamp=0.0, processes=procs)],
+        )
+
+    e = sampler.analyzer(poll([slow_job.pid, 1]), static)["GPU-0"]
     assert e.error is None, e.error
     assert e.samples >= 50 and e.frames[0].function == "decode_batch" and e.frames[0].share >= 0.5, e
     assert e.frames[0].file.endswith("train.py") and "decode_batch (train.py:" in e.summary
     # at most one run per GPU per every_seconds
     assert sampler.check_once() == []
+    # the job leaves the GPU: its evidence goes with it
+    assert sampler.analyzer(poll([1]), static) == {}
 
 
 @pytest.mark.e2e

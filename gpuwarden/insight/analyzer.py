@@ -453,6 +453,7 @@ class InsightAnalyzer:
             kernels = bool(g.utilization_gpu_ratio) or secs["busy"] > 0
             if starting.ends(start, g.timestamp, secs["busy"], secs["held_idle"], kernels):
                 state.startup = starting = None
+                state.gpm_changes = 0  # a GPM average still running covers the start-up: the second one is the job's
         for k, v in causes.items():
             state.idle[k] += v
         above = _idle_energy(state, g, causes)

@@ -75,6 +75,9 @@ REASON_TABLE: tuple[Reason, ...] = (
             "--cpus-per-task, Kubernetes CPU limits).",
             "Input from remote storage: more loader workers and a deeper prefetch, larger requests, a local cache "
             "of the dataset (node-local NVMe).",
+            "If the training process spends the time on the GPU's output instead (evaluation metrics, ranking, "
+            "logging on the host): compute them on the GPU and copy scalars, evaluate less often or in another "
+            "process.",
         ),
     ),
     Reason(

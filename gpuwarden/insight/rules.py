@@ -321,7 +321,11 @@ def _input_starved_summary(f: Facts) -> str:
             f"{proc:.2f}): more workers or cheaper preprocessing."
         )
     if proc is not None and proc >= 0.8:
-        return text + f" prepared in the training process itself ({proc:.2f} cores, single-threaded)."
+        return text + (
+            f" prepared in the training process itself ({proc:.2f} cores, single-threaded), or work in it on the GPU's "
+            "output between steps (evaluation metrics, logging): gpuwarden's counters cannot tell these apart; code "
+            "evidence (insight.code_evidence) names the function."
+        )
     if f.waits:
         return text + (
             f" fetched in many short waits ({w.voluntary_switches_per_second or 0.0:.0f} a second, job CPU {f.cpu}, "
