@@ -127,7 +127,7 @@ def _error_line(stderr: str, pid: int) -> str:
         return f"py-spy may not read PID {pid} (run gpuwarden as root or with CAP_SYS_PTRACE)"
     if "python" in low and ("failed to find" in low or "not a python" in low or "version" in low):
         return f"PID {pid} is not a Python process py-spy can read"
-    if "no such process" in low or "failed to open process" in low:
+    if "no such process" in low or "failed to open process" in low or "executable name" in low:
         return f"PID {pid} exited"
     return _cut(f"py-spy failed: {text}" if text else "py-spy failed")
 
@@ -184,7 +184,7 @@ class CodeEvidenceSampler:
         self._sample = sampler
         self._lock = threading.Lock()
         self._evidence: dict[str, CodeEvidence] = {}
-        self._last: dict[str, float] = {}
+        self._last: dict[tuple[str, int], float] = {}  # (GPU UUID, PID) -> when it was last sampled
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -198,13 +198,16 @@ class CodeEvidenceSampler:
             return dict(self._evidence)
 
     def check_once(self, now: float | None = None) -> list[str]:
-        """Sample every target not sampled within ``every_seconds``, one after another; return their UUIDs."""
+        """Sample every target whose process was not sampled on its GPU within ``every_seconds`` (a new job on a GPU
+        is sampled at once), one after another; return their UUIDs."""
         done = []
+        start = time.time() if now is None else now
+        self._last = {k: t for k, t in self._last.items() if start - t < self.every}  # bounded: recent runs only
         for t in self._targets():
             now = time.time() if now is None else now
-            if t.verdict not in TRIGGERS or now - self._last.get(t.uuid, -1e18) < self.every:
+            if t.verdict not in TRIGGERS or now - self._last.get((t.uuid, t.pid), -1e18) < self.every:
                 continue
-            self._last[t.uuid] = now
+            self._last[(t.uuid, t.pid)] = now
             raw, error = self._sample(self.py_spy, t.pid, self.seconds, self.rate)
             samples, frames = top_frames(raw) if raw is not None else (0, [])
             evidence = CodeEvidence(

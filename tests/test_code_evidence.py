@@ -147,6 +147,8 @@ def test_only_verdicts_the_jobs_code_causes_are_sampled() -> None:
     assert sampler.check_once(now=1000.0) == ["GPU-b"] and calls == [5]
     assert sampler.check_once(now=1000.0 + 599) == []
     assert sampler.check_once(now=1000.0 + 601) == ["GPU-b"]
+    targets[1] = Target("GPU-b", "launch_bound", 6)  # another job on the GPU: sampled at once
+    assert sampler.check_once(now=1000.0 + 602) == ["GPU-b"] and calls == [5, 5, 6]
 
 
 def test_the_busiest_process_is_the_one_sampled() -> None:

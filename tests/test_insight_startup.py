@@ -253,3 +253,60 @@ def test_a_verdict_is_kept_only_for_the_job_it_was_given_to_and_never_from_an_ol
     assert memory.previous("GPU-0", (2,)) is None
     memory.remember("GPU-0", (1,), "input_starved", 9.0)  # built late from an older capture
     assert memory.previous("GPU-0", (1,)) == "launch_bound"
+
+
+SESSION = TRACES.parent / "startup" / "h100-startup-session"
+#: The expected steady verdict of each job of the recorded session (eval_metrics: training, then ranking metrics on
+#: the host while the GPU idles - by the counters, work in the training process between steps, which input made
+#: there looks like: input_starved, whose summary says it cannot tell them apart).
+SESSION_JOBS = {
+    "loader_workers:--workers=0": "input_starved",
+    "mid_sorts:--size=44": "launch_bound",
+    "mid_gemms:--size=11": "launch_bound",
+    "eval_metrics:--busy=5,--pause=1": "input_starved",
+    "eval_metrics:--busy=4,--pause=3": "input_starved",
+    "bf16_matmul": "compute_bound",
+}
+
+
+def _session_jobs() -> list[tuple[str, float, float]]:
+    spans = [line.split(" ", 2) for line in SESSION.with_suffix(".jobs.txt").read_text().splitlines()]
+    starts = {item: float(t) for t, kind, item in spans if kind == "start"}
+    return [
+        (k, starts[k], float(t)) for t, kind, item in spans if kind == "end" for k in starts if item.startswith(k + ":")
+    ]
+
+
+def test_a_recorded_session_of_jobs_starting_up_gets_starting_then_each_jobs_verdict_live_and_replayed() -> None:
+    """Six jobs, each a CUDA context and 12 s of model building on the CPU before its loop, one after another on a
+    lent H100 under a live daemon (tools/device-startup-live.sh); the session's recording replayed here, the live
+    daemon's answers saved beside it."""
+    import json
+
+    header, polls = read_trace(SESSION.with_suffix(".jsonl.gz"))
+    results = run(polls, header.node)
+    live = json.loads(SESSION.with_suffix(".live.json").read_text())["answers"]
+    jobs = _session_jobs()
+    assert [k for k, _, _ in jobs] == list(SESSION_JOBS)
+    for key, start, end in jobs:
+        mine = [
+            (p.timestamp, r.gpus[0].diagnosis)
+            for p, r in zip(polls, results, strict=True)
+            if start <= p.timestamp < end
+        ]
+        # the process imports torch first: the GPU is free until its CUDA context exists
+        verdicts = [d.verdict for _, d in mine if d is not None]
+        verdicts = verdicts[next(i for i, v in enumerate(verdicts) if v != "free") :]
+        first = next(i for i, v in enumerate(verdicts) if v != "starting")
+        assert verdicts[0] == "starting" and first >= 5, (key, verdicts[:12])  # 12 s of start-up, less history
+        assert "starting" not in verdicts[first:], (key, verdicts)
+        assert verdicts[-1] == SESSION_JOBS[key], (key, verdicts[-8:])
+        said = [a for a in live if start <= a["timestamp"] < end - 1 and a["verdict"] not in (None, "free")]
+        assert said[0]["verdict"] == "starting" and said[-1]["verdict"] == verdicts[-1], (key, said[-1])
+    # the start-ups are accounted as such: 6 jobs x 12 s of model building, plus each context's creation and the
+    # seconds until the loop's kernels recur
+    idle = results[-1].gpus[0].idle_seconds_total
+    assert 6 * 12 <= idle["startup"] <= 6 * 20, idle
+    # the code evidence the live daemon took names the workload's own functions
+    evidence = {a["code_evidence"]["summary"] for a in live if a["code_evidence"]}
+    assert any("_Heavy.__getitem__" in e for e in evidence) and any("mid_sorts" in e for e in evidence), evidence
