@@ -726,7 +726,9 @@ FAMILIES: tuple[Family, ...] = (
         "info",
         "The job of a GPU process: Kubernetes pod UID, Slurm job, container, systemd unit, cgroup or user/command; "
         "job_scope cluster: the id means the same job on every node (Kubernetes, Slurm), node: only on this node; "
-        "slurm_job_id: the numeric Slurm job id (also of a job keyed by its SLUID, where its environment gave it).",
+        "slurm_job_id: the numeric Slurm job id (also of a job keyed by its SLUID, where its environment gave it); "
+        "rank, local_rank: its rank in a distributed job and on this node (RANK and LOCAL_RANK, or the launcher's "
+        "own variables, from its environment; '' when unknown).",
         "insight",
         labels=(
             "pid",
@@ -740,6 +742,8 @@ FAMILIES: tuple[Family, ...] = (
             "pod",
             "container",
             "slurm_job_id",
+            "rank",
+            "local_rank",
         ),
     ),
     Family(

@@ -102,6 +102,15 @@ class ProcessReading(_Model):
         description="SLURM_JOB_ID from /proc/PID/environ (readable for the process's own user, root, or "
         "CAP_SYS_PTRACE), for Slurm nodes whose cgroup paths do not name the job",
     )
+    rank: int | None = Field(
+        default=None,
+        description="the process's global rank in a distributed job, from /proc/PID/environ: RANK (torchrun, "
+        "torch.distributed), else SLURM_PROCID (srun), else OMPI_COMM_WORLD_RANK (Open MPI)",
+    )
+    local_rank: int | None = Field(
+        default=None,
+        description="its rank on this node: LOCAL_RANK, else SLURM_LOCALID, else OMPI_COMM_WORLD_LOCAL_RANK",
+    )
     cgroup_cpu_seconds_total: float | None = Field(
         default=None,
         description="CPU seconds of the process's cgroup (v2 cpu.stat usage_usec, v1 cpuacct.usage); None for the "

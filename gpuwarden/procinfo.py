@@ -129,6 +129,8 @@ class ProcessInspector:
             cgroup=cgroup,
             slurm_job_id=env.get("SLURM_JOB_ID"),
             hostname_env=env.get("HOSTNAME"),
+            rank=_rank(env, "RANK"),
+            local_rank=_rank(env, "LOCAL_RANK"),
             cgroup_cpu_seconds_total=read_cgroup_cpu(cgroup, self.cgroup_root),
             tree_cpu_seconds_total=tree.cpu_seconds,
             tree_processes=tree.processes,
@@ -229,7 +231,8 @@ def scan_device_holders(
 
 def _environ(proc: psutil.Process) -> dict[str, str]:
     """What attribution reads of a process's environment (/proc/PID/environ, through psutil): ``SLURM_JOB_ID`` when it
-    is a job id (digits), ``HOSTNAME`` (a container's hostname, its pod's name by default) when it is a DNS name.
+    is a job id (digits), ``HOSTNAME`` (a container's hostname, its pod's name by default) when it is a DNS name,
+    ``RANK`` and ``LOCAL_RANK`` (``_RANKS``) when they are small numbers.
     Empty when the environment is not readable: another user's process while gpuwarden is neither root nor has
     CAP_SYS_PTRACE. Read once per process: the environment of a running process does not change under it."""
     try:
@@ -243,7 +246,25 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
     host = env.get("HOSTNAME", "")
     if 0 < len(host) <= 253 and all(c.isalnum() or c in "-." for c in host):
         out["HOSTNAME"] = host
+    for key, names in _RANKS.items():
+        value = next((env[n] for n in names if n in env), "")
+        if value.isdigit() and len(value) <= 7:  # hostile input: a rank is a small number
+            out[key] = value
     return out
+
+
+#: Where a process's rank is in its environment: the launcher's variable, first found wins (torchrun and
+#: torch.distributed, then srun, then Open MPI).
+_RANKS = {
+    "RANK": ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"),
+    "LOCAL_RANK": ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"),
+}
+
+
+def _rank(env: dict[str, str], key: str) -> int | None:
+    """The rank ``key`` (RANK or LOCAL_RANK) that ``_environ`` kept, None when absent."""
+    value = env.get(key)
+    return int(value) if value is not None else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -310,3 +310,13 @@ def test_a_recorded_session_of_jobs_starting_up_gets_starting_then_each_jobs_ver
     # the code evidence the live daemon took names the workload's own functions
     evidence = {a["code_evidence"]["summary"] for a in live if a["code_evidence"]}
     assert any("_Heavy.__getitem__" in e for e in evidence) and any("mid_sorts" in e for e in evidence), evidence
+
+
+def test_a_straggler_and_its_waiter_are_named_by_rank() -> None:
+    waiter = _window(busy=58.0, starved=2.0, util=0.97, sm=0.25, max_process_cpu_cores=1.0, job_cpu_cores=1.0)
+    waiter = GpuWindow(**{**waiter.__dict__, "rank": 0})
+    slow = GpuWindow(**{**waiter.__dict__, "index": 1, "uuid": "GPU-1", "util": 0.15, "sm": 0.14, "rank": 1})
+    d = diagnose(waiter, [slow])
+    assert d is not None and d.verdict == "waiting_on_peers" and "GPU 1 (rank 1) of the same job" in d.summary
+    s = diagnose(slow, [waiter])
+    assert s is not None and "Straggler of its job (rank 1): GPU 0 (rank 0) wait(s) on it." in s.summary

@@ -156,3 +156,30 @@ def test_the_process_keeping_a_device_file_open_is_found_once_per_change(tmp_pat
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize(
+    ("env", "rank", "local_rank"),
+    [
+        ({"RANK": "3", "LOCAL_RANK": "1"}, 3, 1),  # torchrun
+        ({"SLURM_PROCID": "5", "SLURM_LOCALID": "2"}, 5, 2),  # srun
+        ({"OMPI_COMM_WORLD_RANK": "7", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "SLURM_PROCID": "9"}, 9, 0),  # srun first
+        ({"RANK": "1; rm -rf /", "LOCAL_RANK": "99999999"}, None, None),  # hostile: not a small number
+        ({}, None, None),
+    ],
+)
+def test_a_process_rank_is_read_from_its_environment(
+    env: dict[str, str], rank: int | None, local_rank: int | None
+) -> None:
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if "RANK" not in k and not k.startswith(("SLURM_", "OMPI_"))}
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**clean, **env})
+    try:
+        inspector = ProcessInspector()
+        inspector.new_poll()
+        got = inspector.describe(p.pid, None)
+        assert (got.rank, got.local_rank) == (rank, local_rank)
+    finally:
+        p.kill()
+        p.wait()

@@ -195,6 +195,8 @@ def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
                 "pod": p.pod,
                 "container": p.container,
                 "slurm_job_id": p.slurm_job_id,
+                "rank": "" if p.rank is None else str(p.rank),
+                "local_rank": "" if p.local_rank is None else str(p.local_rank),
             },
         )
     return info if info.samples else None

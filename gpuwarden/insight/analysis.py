@@ -3,6 +3,8 @@ its job's other GPUs as peers), the jobs and their imbalance and shortfalls, the
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpuwarden.insight.attribution import JobRef
 from gpuwarden.insight.diagnosis import diagnose, lost
 from gpuwarden.insight.gpu_window import GpuWindow
@@ -41,6 +43,7 @@ class _Windows:
         memory: VerdictMemory | None,
         timestamp: float,
         diagnosis_seconds: float,
+        ranks: dict[str, int],
     ) -> None:
         self.primary = primary
         self.memory, self.timestamp, self.full = memory, timestamp, diagnosis_seconds * FULL_WINDOW
@@ -52,7 +55,8 @@ class _Windows:
             job = primary.get(c.uuid)
             self.node[c.uuid] = c.node.window(c.index, c.uuid, job)
             if c.diag is not None and c.job is not None:
-                self.diag[c.uuid] = c.diag.window(c.index, c.uuid, job)
+                w = c.diag.window(c.index, c.uuid, job)
+                self.diag[c.uuid] = w if c.uuid not in ranks else dataclasses.replace(w, rank=ranks[c.uuid])
                 self.job[c.uuid] = c.job.window(c.index, c.uuid, job)
 
     def diagnosis(self, uuid: str) -> Diagnosis | None:
@@ -135,6 +139,16 @@ def _gpu(c: GpuCapture, windows: _Windows, shortfall: float | None, down: dict[s
     )
 
 
+def _ranks(processes: list[ProcessJob], primary: dict[str, JobRef]) -> dict[str, int]:
+    """Each GPU's rank in its job: the lowest rank (RANK) among the processes of the GPU's job on it, where known."""
+    out: dict[str, int] = {}
+    for p in processes:
+        ref = primary.get(p.uuid)
+        if p.rank is not None and ref is not None and (p.job_kind, p.job) == (ref.kind, ref.job):
+            out[p.uuid] = min(p.rank, out.get(p.uuid, p.rank))
+    return out
+
+
 def build_result(
     timestamp: float,
     window_seconds: float,
@@ -150,7 +164,7 @@ def build_result(
     poll's order; ``primary``: each GPU's job, the one holding most of its memory; ``down``: the GPUs that could not
     be read this poll, with NVML's error; ``memory``: the verdicts last given, kept within the margin - None: each
     verdict from its window alone)."""
-    windows = _Windows(captures, primary, memory, timestamp, diagnosis_seconds)
+    windows = _Windows(captures, primary, memory, timestamp, diagnosis_seconds, _ranks(processes, primary))
     jobs, shortfall = _jobs(windows, processes)
     gpus = [_gpu(c, windows, shortfall.get(c.uuid), down or {}) for c in captures]  # in GPU index order
     node_act = activities([windows.node[u] for u in up if u in windows.node])

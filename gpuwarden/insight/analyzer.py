@@ -267,6 +267,8 @@ class InsightAnalyzer:
                         gpu_memory_bytes=p.gpu_memory_bytes,
                         cpu_cores=rates[p.pid].cpu_cores if p.pid in rates else None,
                         kept_by=p.kept_by,
+                        rank=p.rank,
+                        local_rank=p.local_rank,
                     )
                 )
                 rank = _holder_rank(p)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuwarden.insight.evidence import evidence_of
-from gpuwarden.insight.gpu_window import GpuWindow, pct
+from gpuwarden.insight.gpu_window import GpuWindow, named, pct
 from gpuwarden.insight.margins import MARGIN, alternatives
 from gpuwarden.insight.peers import utilized, waiters
 from gpuwarden.insight.reasons import REMEDIES, SEVERITY, first_verdict
@@ -90,7 +90,8 @@ def _findings(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> tuple[l
     waiting = waiters(w, peers)
     if waiting and verdict != "waiting_on_peers":
         findings.append("straggler")
-        extra.append(f"Straggler of its job: GPU {', '.join(str(p.index) for p in waiting)} wait(s) on it.")
+        own = "" if w.rank is None else f" (rank {w.rank})"
+        extra.append(f"Straggler of its job{own}: {', '.join(named(p) for p in waiting)} wait(s) on it.")
     for name, text in _health(w):
         findings.append(name)
         extra.append(text)

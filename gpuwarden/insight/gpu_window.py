@@ -29,6 +29,7 @@ class GpuWindow:
     ``throttle_fraction`` is the share of the time with any slowing clock-event reason;
     ``severe_throttle_fraction`` with a thermal / hardware one; ``throttle_reasons`` the names seen.
     ``starting_seconds``: the job's age (s) while it is in its start-up (gpuwarden.insight.startup), None once steady.
+    ``rank``: the rank in its distributed job of the job's process on this GPU (RANK), None when unknown.
     """
 
     index: int
@@ -65,6 +66,7 @@ class GpuWindow:
     job_kind: str | None = None
     processes: tuple[int, ...] = field(default=())
     starting_seconds: float | None = None
+    rank: int | None = None
     health: Health = field(default_factory=Health)
 
     def share(self, state: str) -> float:
@@ -77,6 +79,11 @@ class GpuWindow:
         if self.memory_used_bytes is None or not self.memory_total_bytes:
             return None
         return self.memory_used_bytes / self.memory_total_bytes
+
+
+def named(w: GpuWindow) -> str:
+    """Return ``GPU 3`` or, where its rank is known, ``GPU 3 (rank 11)``: how a GPU of a job is named in a sentence."""
+    return f"GPU {w.index}" if w.rank is None else f"GPU {w.index} (rank {w.rank})"
 
 
 def pct(x: float | None) -> str:

@@ -99,6 +99,8 @@ class ProcessJob(_Frozen):
     )
     gpu_memory_bytes: int | None = None
     cpu_cores: float | None = Field(default=None, description="CPU seconds per second over the last poll interval")
+    rank: int | None = Field(default=None, description="its rank in a distributed job (RANK), None when unknown")
+    local_rank: int | None = Field(default=None, description="its rank on this node (LOCAL_RANK), None when unknown")
     kept_by: int | None = Field(
         default=None,
         description="a process /proc does not have (exited, its memory kept): the live process with the GPU's device "

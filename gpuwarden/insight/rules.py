@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.insight.gpu_window import GpuWindow, pct
+from gpuwarden.insight.gpu_window import GpuWindow, named, pct
 from gpuwarden.insight.launches import (
     LAUNCH_CPU_CORES,
     LAUNCH_GAPS_MIN,
@@ -199,7 +199,7 @@ def _waiting_on_peers_summary(f: Facts) -> str:
     peer, side = f.lag
     return (
         f"util.gpu {pct(f.w.util)} but SMs only {pct(f.w.sm)} active: spinning in a collective while "
-        f"GPU {peer.index} of the same job (the {side} straggler) runs kernels {pct(peer.util)} of the "
+        f"{named(peer)} of the same job (the {side} straggler) runs kernels {pct(peer.util)} of the "
         f"time with SMs {pct(peer.sm)} active."
     )
 
@@ -394,7 +394,8 @@ RULES: dict[str, Rule] = {
     "starting": Rule(
         _starting_when,
         _starting_summary,
-        "the job is in its start-up: from its first process's start until it has run "
+        "a job seen to arrive (absent at the GPU's previous poll) is in its start-up: from its first process's start "
+        "until it has run "
         f"**{STARTUP_KERNEL_SECONDS:g} s** of kernels or kernels recur **{STARTUP_RECUR_SECONDS:g} s** apart, its "
         f"GPU is held idle, or **{STARTUP_MAX_SECONDS:g} s** have passed",
         "a start-up (imports, CUDA context, model build) idles the GPU while one core works, as input starvation "

@@ -211,6 +211,7 @@ class Captured:
             health=last.health if last else Health(),
             processes=tuple(sorted(last.pids)) if last else (),
             starting_seconds=last.startup if last else None,
+            rank=None,  # the job's rank on this GPU is the analysis's (gpuwarden.insight.analysis)
             # every MEANS name is a float | None field of GpuWindow (tests/test_insight_diagnosis.py)
             **_means(sums),
         )
