@@ -72,10 +72,10 @@ class _Windows:
             if u != uuid and job is not None and ref == job and u in self.diag
         ]
         w = self.diag[uuid]
-        memory = self.memory if self.memory is not None and w.seconds >= self.full else None
-        d = diagnose(w, peers, memory.previous(uuid, w.processes) if memory is not None else None)
-        if d is not None and memory is not None:
-            memory.remember(uuid, w.processes, d.verdict, self.timestamp)
+        keep = self.memory if self.memory is not None and w.seconds >= self.full else None
+        d = diagnose(w, peers, keep.previous(uuid, w.processes) if keep is not None else None, self.memory)
+        if d is not None and keep is not None:
+            keep.remember(uuid, w.processes, d.verdict, self.timestamp)
         return d
 
 

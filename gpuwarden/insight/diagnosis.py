@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from gpuwarden.insight.evidence import evidence_of
 from gpuwarden.insight.gpu_window import GpuWindow, named, pct
-from gpuwarden.insight.margins import MARGIN, alternatives
+from gpuwarden.insight.margins import MARGIN, VerdictMemory, alternatives
 from gpuwarden.insight.peers import utilized, waiters
 from gpuwarden.insight.reasons import REMEDIES, SEVERITY, first_verdict
 from gpuwarden.insight.rules import RULES, Facts, throttled
@@ -105,17 +105,20 @@ def _tensor_cores_idle(w: GpuWindow) -> bool:
     return w.tensor is not None and w.fp32 is not None and w.tensor < TENSOR_IDLE_MAX and w.fp32 >= FP32_BUSY_MIN
 
 
-def diagnose(w: GpuWindow, peers: Sequence[GpuWindow] = (), previous: str | None = None) -> Diagnosis | None:
+def diagnose(
+    w: GpuWindow, peers: Sequence[GpuWindow] = (), previous: str | None = None, memory: VerdictMemory | None = None
+) -> Diagnosis | None:
     """Return the verdict on GPU ``w`` given the other GPUs of its job (``peers``); None before MIN_SECONDS.
 
     The verdict is the first rule of VERDICT_ORDER that holds, unless ``previous`` (the verdict this GPU was last
     given for the same job) is among the verdicts the window gives with a value moved by the margin
-    (gpuwarden.insight.margins): then it stays. The others within the margin are the Diagnosis's ``alternatives``.
+    (gpuwarden.insight.margins): then it stays. The others within the margin are the Diagnosis's ``alternatives``
+    (``memory``: where they were found last, reused while the window stays close to that one).
     """
     if w.seconds < MIN_SECONDS:
         return None
     verdict, summary = first_verdict(w, peers)
-    near = alternatives(w, peers, verdict)
+    near = memory.alternatives(w, peers, verdict) if memory is not None else alternatives(w, peers, verdict)
     if previous is not None and previous in near:
         near = [verdict, *(n for n in near if n != previous)]
         verdict, summary = previous, RULES[previous].summary(Facts(w, peers))

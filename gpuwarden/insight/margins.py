@@ -95,14 +95,59 @@ def alternatives(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> list
     return out
 
 
+#: A window whose every measured value, state share and peer activity is within this share of those the
+#: alternatives were last found for (and with the same verdict, job and peers) reuses them: a 60 s window moves
+#: about 2% a poll, and a sixth of the margin moves the line less than the estimates' own spread.
+REUSE = MARGIN / 6
+#: ... or within this much in absolute terms (ratios near 0).
+REUSE_FLOOR = 1e-3
+
+
+def _signature(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[tuple[object, ...], list[float | None]]:
+    """What the alternatives of ``w`` depend on: its job, holder and peers (compared for equality) and its measured
+    values, state shares and the peers' activities (compared within REUSE)."""
+    fixed = (w.processes, w.held, w.starting_seconds is None, tuple(p.uuid for p in peers))
+    values: list[float | None] = [getattr(w, n) for n in MEASURED]
+    values += [w.share(s) for s in SHARES]
+    for p in peers:
+        values += [p.util, p.sm]
+    return fixed, values
+
+
+def _close(a: list[float | None], b: list[float | None]) -> bool:
+    """Whether two value lists of one signature are within REUSE of each other, value by value."""
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None:
+            if x is not y:
+                return False
+        elif abs(x - y) > max(REUSE * max(abs(x), abs(y)), REUSE_FLOOR):
+            return False
+    return True
+
+
 class VerdictMemory:
     """The verdict last given to each GPU (by UUID) for the job holding it (its processes), kept so that a verdict
-    stays while the evidence is within the margin (one entry per GPU the analyzer has seen). Thread-safe: results
-    are built by scrape threads, in any order; a verdict older than the one remembered is not remembered."""
+    stays while the evidence is within the margin (one entry per GPU the analyzer has seen); and the alternatives
+    last found for each GPU, reused while its window stays within REUSE of them. Thread-safe: results are built by
+    scrape threads, in any order; a verdict older than the one remembered is not remembered."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last: dict[str, tuple[tuple[int, ...], str, float]] = {}
+        self._near: dict[str, tuple[tuple[object, ...], list[float | None], str, list[str]]] = {}
+
+    def alternatives(self, w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> list[str]:
+        """``alternatives(w, peers, verdict)``, reused from the last time for this GPU when its window is within
+        REUSE of that one's (same verdict, job and peers). Raises nothing."""
+        fixed, values = _signature(w, peers)
+        with self._lock:
+            last = self._near.get(w.uuid)
+        if last is not None and last[0] == fixed and last[2] == verdict and _close(last[1], values):
+            return list(last[3])
+        near = alternatives(w, peers, verdict)
+        with self._lock:
+            self._near[w.uuid] = (fixed, values, verdict, near)
+        return list(near)
 
     def previous(self, uuid: str, processes: tuple[int, ...]) -> str | None:
         """Return the verdict last given to GPU ``uuid`` while ``processes`` held it, None when another job did."""
