@@ -34,6 +34,9 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "serve": Command("gpuwarden.commands.serve", "run the daemon: poll the GPUs and serve /metrics"),
     "check-config": Command("gpuwarden.commands.check_config", "validate a configuration file"),
+    "check": Command(
+        "gpuwarden.commands.check", "is each GPU ready for the next job: PASS/WARN/CRITICAL (for a prolog)"
+    ),
     "diagnose": Command("gpuwarden.commands.diagnose", "why each GPU is (not) working: verdict, evidence and remedies"),
     "top": Command(
         "gpuwarden.commands.top", "the cluster's jobs and GPUs ranked by GPU-hours lost, by cause (from Prometheus)"

@@ -1,0 +1,124 @@
+"""``gpuwarden check``: is each GPU ready for the next job? For a Slurm prolog or a Kubernetes init container.
+
+One NVML read of every GPU (no daemon needed), judged by ``gpuwarden.readiness``: PASS, WARN or CRITICAL per GPU
+with the reason and the next action. Exit codes (Nagios's): 0 every GPU PASS or WARN, 1 a WARN with ``--strict``,
+2 a CRITICAL GPU (or bad flags), 3 the GPUs could not be read at all (no driver, NVML failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import TYPE_CHECKING
+
+from gpuwarden.commands import COMMANDS, EXIT_USAGE, Subparsers, die
+
+if TYPE_CHECKING:
+    from gpuwarden.model import NodeStatic, PollResult
+    from gpuwarden.readiness import GpuCheck
+
+EXIT_WARN, EXIT_CRITICAL, EXIT_UNKNOWN = 1, 2, 3
+
+
+def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register ``check`` on ``subparsers`` and return its parser."""
+    p = subparsers.add_parser("check", help=COMMANDS["check"].help, description=__doc__)
+    p.add_argument("--replay", metavar="FILE", help="judge a poll of a recorded trace instead of the GPUs")
+    p.add_argument("--poll", type=int, default=-1, metavar="N", help="with --replay: the poll to judge (default last)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a GPU is WARN")
+    p.add_argument(
+        "--gpus",
+        metavar="LIST",
+        help="NVML indices to check, comma-separated (a job's own: Slurm's $SLURM_JOB_GPUS); default all",
+    )
+    return p
+
+
+def _read(args: argparse.Namespace) -> tuple[NodeStatic, PollResult]:
+    """The node's static facts and one poll: from the trace of ``--replay``, or read from NVML now. Raises
+    SourceError (NVML) or TraceError (the trace), or IndexError for a poll the trace does not have."""
+    if args.replay is not None:
+        from pathlib import Path
+
+        from gpuwarden.trace import read_trace
+
+        header, polls = read_trace(Path(args.replay))
+        poll = polls[args.poll]
+        wanted = _indices(args.gpus)
+        if wanted is not None:
+            poll = poll.model_copy(update={"gpus": [g for g in poll.gpus if g.index in wanted]})
+        return header.node, poll
+    from gpuwarden.nvml import NvmlSource
+
+    # one read: the slow readings (ECC, row remapping, recovery action) come with the first poll; no GPM, no XID thread
+    source = NvmlSource(gpm_interval=3600.0, xid_events=False, host_min_gap=3600.0, gpu_indices=_indices(args.gpus))
+    try:
+        static = source.open()
+        return static, source.poll()
+    finally:
+        source.close()
+
+
+def _indices(text: str | None) -> list[int] | None:
+    """The NVML indices of ``--gpus`` (None: all). Raises ValueError naming a bad one."""
+    if text is None:
+        return None
+    out = []
+    for part in text.split(","):
+        if not part.strip().isdigit() or len(part.strip()) > 4:
+            raise ValueError(f"--gpus: {part.strip()[:20]!r} is not a GPU index")
+        out.append(int(part))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print each GPU's readiness; return the exit code of the worst (see the module docstring)."""
+    from gpuwarden.readiness import assess, worst
+    from gpuwarden.source import SourceError
+    from gpuwarden.trace import TraceError
+
+    started = time.monotonic()
+    try:
+        _indices(args.gpus)
+    except ValueError as exc:
+        return die(str(exc), EXIT_USAGE)
+    try:
+        static, poll = _read(args)
+    except (SourceError, TraceError, OSError) as exc:
+        return die(f"cannot check the GPUs: {exc}", EXIT_UNKNOWN)
+    except IndexError:
+        return die(f"--poll {args.poll}: the trace has no such poll", EXIT_USAGE)
+    checks = assess(static, poll)
+    level = worst(checks)
+    seconds = time.monotonic() - started
+    if args.format == "json":
+        doc = {"level": level, "seconds": round(seconds, 3), "gpus": [c.model_dump() for c in checks]}
+        print(json.dumps(doc))
+    else:
+        _print(checks, level, seconds)
+    if not checks:
+        return die("no GPU to check", EXIT_UNKNOWN)
+    if level == "CRITICAL":
+        return EXIT_CRITICAL
+    return EXIT_WARN if level == "WARN" and args.strict else 0
+
+
+def _print(checks: list[GpuCheck], level: str, seconds: float) -> None:
+    """One line per GPU (and one per finding below it), then the node's level; text from the machine escaped."""
+    from rich.console import Console
+
+    from gpuwarden.terminal import plain
+
+    console = Console(highlight=False)
+    style = {"PASS": "green", "WARN": "yellow", "CRITICAL": "bold red"}
+    for c in checks:
+        line = plain(f"GPU {c.gpu} {c.name} {c.uuid}: ")
+        line.append(c.level, style=style[c.level])
+        console.print(line)
+        for f in c.findings:
+            console.print(plain(f"  {f.level}: {f.reason} - {f.action}"))
+    summary = plain(f"{len(checks)} GPU(s), checked in {seconds:.2f} s: ")
+    summary.append(level, style=style[level])
+    console.print(summary)
