@@ -339,6 +339,15 @@ FAMILIES: tuple[Family, ...] = (
     ),
     _g("gpu_up", "1 when the GPU answered this poll, 0 when it could not be read (lost, off the bus).", "device"),
     _g(
+        "gpu_reading_unsupported",
+        "1 for each reading this GPU never answers (NVML: not supported, no permission, function not found; asked "
+        "once, then not again): reading is the GpuReading field, or field:key (docs/trace-format.md). A "
+        "health-critical one (ECC, row remapping, NVLink errors, recovery action, PCIe replays) missing is a blind "
+        "spot.",
+        "device",
+        labels=("reading",),
+    ),
+    _g(
         "gpu_devices",
         "Number of GPUs gpuwarden watches on this node; nodename: the node's name (configuration node_name, else the "
         "host name).",

@@ -228,6 +228,11 @@ class GpuReading(_Model):
     pods: list[PodAssignment] = Field(
         default_factory=list, description="containers assigned this GPU by the kubelet (empty without its socket)"
     )
+    unsupported: list[str] = Field(
+        default_factory=list,
+        description="readings this GPU never answers (NVML: not supported, no permission, function not found), by "
+        "name (field, or field:key): not asked again; a health-critical one missing is a blind spot",
+    )
     xid_events: list[XidEvent] = Field(default_factory=list, description="XID events since the last poll")
 
 

@@ -93,6 +93,8 @@ class TraceWriter:
         for g in poll.gpus:
             rec = {"type": "gpu", "poll": self._seq}
             rec.update(g.model_dump(mode="json", exclude_none=True))
+            if not rec.get("unsupported"):
+                rec.pop("unsupported", None)  # every reading answered: nothing to say (and older traces unchanged)
             lines.append(json.dumps(rec))
         try:
             self._file.write("\n".join(lines) + "\n")

@@ -83,6 +83,15 @@ def test_fake_nvml_daemon_scrape_equals_the_replay_of_the_same_trace(fake: FakeN
         live.poll_once()
     replay = replay_poller(H200X2, 5)
     a, b = samples(render(live.snapshot)), samples(render(replay.snapshot))
+    # the trace was recorded before gpuwarden kept which readings a GPU never answers; the fake NVML answers
+    # NOT_SUPPORTED for each reading the recording lacks, and the live daemon says so, reading by reading
+    unsupported = {dict(k[1])["reading"] for k in a if k[0] == "gpu_reading_unsupported"}
+    assert "temperature_memory_celsius" not in unsupported and unsupported, unsupported
+    for g in live.snapshot.poll.gpus:
+        for name in g.unsupported:
+            field, _, key = name.partition(":")
+            assert getattr(g, field) in (None, {}) or key not in getattr(g, field), name
+    a = {k: v for k, v in a.items() if k[0] != "gpu_reading_unsupported"}
     # the recorded PIDs do not run here: /proc gives the live daemon no start time, the trace has the recorded one
     assert {k[0] for k in a} == {k[0] for k in b} - {"gpu_process_start_time_seconds"}
     # process names come from /proc, where the recorded PIDs do not run; gpuwarden_* describe the daemon

@@ -174,8 +174,10 @@ def test_a_process_rank_is_read_from_its_environment(
     import os
 
     clean = {k: v for k, v in os.environ.items() if "RANK" not in k and not k.startswith(("SLURM_", "OMPI_"))}
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**clean, **env})
+    p = subprocess.Popen([sys.executable, "-c", "print('up', flush=True); import time; time.sleep(60)"],
+                         env={**clean, **env}, stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "up"  # running Python, not the fork
         inspector = ProcessInspector()
         inspector.new_poll()
         got = inspector.describe(p.pid, None)

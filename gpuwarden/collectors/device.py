@@ -1,4 +1,4 @@
-"""Identity and presence: ``gpu_info``, ``gpu_driver_info``, ``gpu_up``, ``gpu_devices``.
+"""Identity and presence: ``gpu_info``, ``gpu_driver_info``, ``gpu_up``, ``gpu_reading_unsupported``, ``gpu_devices``.
 
 Sources: static facts (nvmlDeviceGetName/UUID/PciInfo/Serial/VbiosVersion/Architecture,
 nvmlSystemGetDriverVersion, ...) and whether this poll could read the GPU at all.
@@ -42,6 +42,17 @@ def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
         for g in snap.poll.gpus:
             up.add_metric(gpu_label_values(g), 1.0 if g.up else 0.0)
     return up
+
+
+@builds("gpu_reading_unsupported")
+def reading_unsupported(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return 1 per GPU and reading it never answers (``GpuReading.unsupported``); None when every GPU answers all."""
+    out = new_values(fam)
+    if snap.poll is not None:
+        for g in snap.poll.gpus:
+            for name in g.unsupported:
+                out.add_metric([*gpu_label_values(g), name], 1.0)
+    return out if out.samples else None
 
 
 @builds("gpu_devices")

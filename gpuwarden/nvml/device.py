@@ -40,6 +40,7 @@ from gpuwarden.nvml.readings import (
     PlannedCall,
     picked,
     store,
+    unsupported_readings,
 )
 from gpuwarden.procinfo import ProcessInspector
 
@@ -132,6 +133,8 @@ class GpuPoller:
         self._slow: dict[str, Any] = {}
         self._fields = list(POLL_FIELDS)
         self._slow_fields = list(SLOW_FIELDS)
+        self._unsupported_fields: set[int] = set()  # field ids the GPU answered NOT_SUPPORTED
+        self._unsupported: tuple[tuple[int, int], list[str]] = ((-1, -1), [])  # (sizes it was made at, names)
         self._last_sample_us = int(time.time() * 1e6)
         self._last_process_sample_us = self._last_sample_us
         self._process_util: dict[int, float] = {}
@@ -165,6 +168,18 @@ class GpuPoller:
             reading.xid_events = self._xid.drain(index)
         self._holders = {p.pid: p.create_time for p in reading.processes or () if p.create_time is not None}
         return reading
+
+    def _unsupported_names(self) -> list[str]:
+        """The readings this GPU never answers (``unsupported_readings``), made again only when the set of
+        unsupported calls or field ids grew (each is learnt once: the first answer)."""
+        calls, fields = self._caller.unsupported, self._unsupported_fields
+        sizes = (len(calls), len(fields))
+        if sizes != self._unsupported[0]:
+            names = unsupported_readings(
+                lambda attr: bool(getattr(self.static, attr)), calls, fields, "nvmlDeviceGetRemappedRows" in calls
+            )
+            self._unsupported = (sizes, names)
+        return list(self._unsupported[1])
 
     def _holders_alive(self) -> list[ProcessReading] | None:
         """The processes that held the GPU at its last good read and still run (the same PID and start time, read
@@ -212,6 +227,7 @@ class GpuPoller:
             current = r.get(field)
             r[field] = {**current, **value} if isinstance(current, dict) and isinstance(value, dict) else value
         r["processes"] = self._processes()
+        r["unsupported"] = self._unsupported_names()
         if self.static.mig_enabled:
             r["mig"] = self._mig(now)
         return construct_reading(r)
@@ -278,6 +294,7 @@ class GpuPoller:
             value = field_value(fv)
             if value is not None:
                 store(r, FIELDS[fv.fieldId], value)
+        self._unsupported_fields.update(unsupported)
         return [f for f in fields if f not in unsupported] if unsupported else fields
 
     def _read_slow(self) -> None:

@@ -81,3 +81,28 @@ def store(values: dict[str, Any], reading: Reading, raw: float | int) -> None:
         values[reading.field] = value
     else:
         values.setdefault(reading.field, {})[reading.key] = value
+
+
+def reading_name(r: Reading) -> str:
+    """The name of reading ``r`` in ``GpuReading.unsupported``: its GpuReading field, with its key (``field:key``)
+    where the field holds one value per key."""
+    return r.field if r.key is None else f"{r.field}:{r.key}"
+
+
+def unsupported_readings(
+    static_has: Callable[[str], bool], calls: set[str], fields: set[int], remapped_rows: bool
+) -> list[str]:
+    """Return the names (``reading_name``) of the readings a GPU never answers, sorted: those whose NVML call is in
+    ``calls`` (the Caller's ``unsupported``: NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND) or whose field id is in
+    ``fields`` (answered NOT_SUPPORTED in nvmlDeviceGetFieldValues), among those asked of it (``static_has``: the
+    GpuStatic attribute a reading needs, ``only_if``); ``remapped_rows`` when nvmlDeviceGetRemappedRows is
+    unsupported. Raises nothing."""
+    out = {
+        reading_name(r)
+        for r in READINGS
+        if (r.only_if is None or static_has(r.only_if))
+        and ((getattr(pynvml, r.call) in fields) if r.is_field_value else (r.call_name in calls))
+    }
+    if remapped_rows:
+        out.add("remapped_rows")
+    return sorted(out)
