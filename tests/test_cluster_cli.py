@@ -276,3 +276,34 @@ def test_the_job_dashboard_finds_a_slurm_job_by_its_number(prom: dict) -> None:
 
     assert ids("4242") == {SLUID}
     assert {SLUID, "901", "902"} <= ids(".*")
+
+
+def test_suspects_become_an_exclude_list_with_hostile_node_names_left_out() -> None:
+    from gpuwarden.cluster.exclude import exclude_list
+    from gpuwarden.cluster.suspects import Suspect
+
+    found = [
+        (Suspect("10.0.0.1:10400", "1", "GPU-a", 4, ["HBM 7 °C hotter"]), "gpu-node-07"),
+        (Suspect("10.0.0.1:10400", "3", "GPU-b", 3), "gpu-node-07"),
+        (Suspect("10.0.0.2:10400", "0", "GPU-c", 3), "node-08; rm -rf /"),
+        (Suspect("10.0.0.3:10400", "2", "GPU-d", 5), "Node_09"),
+    ]
+    slurm = exclude_list(found, "slurm", "7d")
+    assert 'scontrol update NodeName=gpu-node-07,Node_09 State=DRAIN Reason="gpuwarden fail-slow suspect"' in slurm
+    assert "sbatch --exclude=gpu-node-07,Node_09" in slurm
+    assert "# gpu-node-07: GPU 1 the straggler of 4 jobs (HBM 7 °C hotter); GPU 3 the straggler of 3 jobs" in slurm
+    assert "# left out: 'node-08; rm -rf /' is not a valid slurm node name" in slurm
+    assert all(line.startswith("#") or "rm -rf" not in line for line in slurm.splitlines())
+    k8s = exclude_list(found, "k8s", "7d")
+    assert "kubectl taint nodes gpu-node-07 gpuwarden.io/fail-slow=gpu1_3:NoSchedule --overwrite" in k8s
+    assert "Node_09" not in k8s.replace("# left out: 'Node_09'", "")  # not an RFC 1123 name
+    assert exclude_list([], "slurm", "1d").endswith("# no node to exclude\n")
+
+
+def test_format_without_suspects_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuwarden.cli import build_parser
+
+    args = build_parser("top").parse_args(["top", "--prometheus", "http://127.0.0.1:9", "--format", "slurm"])
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert "give --suspects too" in err and err.count("\n") == 1

@@ -98,3 +98,14 @@ def test_top_suspects_finds_it_without_the_rules_and_says_the_evidence_is_not_on
         capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
     )  # fmt: skip
     assert text.returncode == 0 and "none: not on this node" in text.stdout and "lemon" in text.stdout
+
+
+def test_top_suspects_as_a_slurm_exclude_list(prom: dict) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "top", "--suspects", "--prometheus", prom["url"], "--range", "5m",
+         "--step", "1s", "--suspects.straggler-for", "10s", "--format", "slurm"],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert 'scontrol update NodeName=lemon State=DRAIN Reason="gpuwarden fail-slow suspect"' in res.stdout
+    assert "# lemon: GPU 1 the straggler of 3 jobs" in res.stdout

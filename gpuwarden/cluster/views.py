@@ -192,6 +192,12 @@ def suspects_view(args: argparse.Namespace) -> int:
     if got is None:
         return 1
     found, names = got
+    if getattr(args, "format", "table") != "table":
+        from gpuwarden.cluster.exclude import exclude_list
+
+        on_nodes = [(s, names.get((s.cluster, s.instance), "") or s.instance.rsplit(":", 1)[0]) for s in found]
+        print(exclude_list(on_nodes, args.format, args.range), end="")
+        return 0
     if args.json:
         doc = {"prometheus": redacted(args.prometheus), "range": args.range, "min_jobs": args.suspect_jobs,
                "straggler_for": args.straggler_for,

@@ -28,6 +28,9 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
                    help="distinct jobs a GPU must have been the straggler of (default 3)")  # fmt: skip
     p.add_argument("--suspects.straggler-for", dest="straggler_for", type=duration, default="5m",
                    help="how long the daemon must flag it its job's straggler to count (default 5m)")  # fmt: skip
+    p.add_argument("--format", choices=("table", "slurm", "k8s"), default="table",
+                   help="with --suspects: the suspects' nodes as a Slurm exclude list and drain, or Kubernetes taints "
+                   "(commands to review, not run)")  # fmt: skip
     return p
 
 
@@ -46,5 +49,8 @@ def run(args: argparse.Namespace) -> int:
     """Print the jobs and GPUs that lost the most GPU-hours (gpuwarden.cluster.views.top); 1 with one line on
     errors."""
     from gpuwarden.cluster.views import suspects_view, top
+    from gpuwarden.commands import EXIT_USAGE, die
 
+    if args.format != "table" and not args.suspects:
+        return die(f"--format {args.format} lists the fail-slow suspects' nodes: give --suspects too", EXIT_USAGE)
     return suspects_view(args) if args.suspects else top(args)
