@@ -110,6 +110,8 @@ def test_py_spy_names_the_function_a_job_spends_its_time_in(slow_job: subprocess
         )
 
     e = sampler.analyzer(poll([slow_job.pid, 1]), static)["GPU-0"]
+    if e.error is not None and "may not read" in e.error:
+        pytest.skip(f"this machine does not let py-spy read another process: {e.error}")  # not root, ptrace_scope
     assert e.error is None, e.error
     assert e.samples >= 50 and e.frames[0].function == "decode_batch" and e.frames[0].share >= 0.5, e
     assert e.frames[0].file.endswith("train.py") and "decode_batch (train.py:" in e.summary
