@@ -199,15 +199,16 @@ class CodeEvidenceSampler:
 
     def check_once(self, now: float | None = None) -> list[str]:
         """Sample every target whose process was not sampled on its GPU within ``every_seconds`` (a new job on a GPU
-        is sampled at once), one after another; return their UUIDs."""
+        is sampled at once), one after another; return their UUIDs. ``now``: the time to judge by (Unix s; default
+        the clock at each target, as sampling runs take seconds)."""
         done = []
         start = time.time() if now is None else now
         self._last = {k: t for k, t in self._last.items() if start - t < self.every}  # bounded: recent runs only
         for t in self._targets():
-            now = time.time() if now is None else now
-            if t.verdict not in TRIGGERS or now - self._last.get((t.uuid, t.pid), -1e18) < self.every:
+            at = time.time() if now is None else now
+            if t.verdict not in TRIGGERS or at - self._last.get((t.uuid, t.pid), -1e18) < self.every:
                 continue
-            self._last[(t.uuid, t.pid)] = now
+            self._last[(t.uuid, t.pid)] = at
             raw, error = self._sample(self.py_spy, t.pid, self.seconds, self.rate)
             samples, frames = top_frames(raw) if raw is not None else (0, [])
             evidence = CodeEvidence(
@@ -227,7 +228,6 @@ class CodeEvidenceSampler:
             done.append(t.uuid)
             if self._stop.is_set():
                 break
-            now = None
         return done
 
     def _run(self) -> None:
