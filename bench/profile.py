@@ -98,18 +98,7 @@ def analyzer_steady(trace: Path, interval: float, window: float = 300.0, rounds:
     for k in range(n + rounds):
         p = src.poll()
         t0 = p.timestamp if t0 is None else t0
-        shift = t0 + k * interval - p.timestamp
-        gpus = [
-            g.model_copy(
-                update={
-                    "timestamp": g.timestamp + shift,
-                    "utilization_samples": [(t + shift, v) for t, v in g.utilization_samples],
-                }
-            )
-            for g in p.gpus
-        ]
-        host = p.host.model_copy(update={"timestamp": p.host.timestamp + shift}) if p.host else None
-        poll = p.model_copy(update={"timestamp": p.timestamp + shift, "gpus": gpus, "host": host})
+        poll = p.shifted(t0 + k * interval - p.timestamp)
         start = time.perf_counter()
         analyzer(poll, static)
         if k >= n:

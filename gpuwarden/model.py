@@ -271,3 +271,19 @@ class PollResult(_Model):
     duration_seconds: float
     gpus: list[GpuReading]
     host: HostReading | None = None
+
+    def shifted(self, seconds: float) -> PollResult:
+        """Return this poll moved ``seconds`` later in time: its, its host's and every GPU's timestamp, utilization
+        samples and XID events (counters and process start times unchanged). Raises nothing."""
+        gpus = [
+            g.model_copy(
+                update={
+                    "timestamp": g.timestamp + seconds,
+                    "utilization_samples": [(t + seconds, v) for t, v in g.utilization_samples],
+                    "xid_events": [e.model_copy(update={"timestamp": e.timestamp + seconds}) for e in g.xid_events],
+                }
+            )
+            for g in self.gpus
+        ]
+        host = self.host.model_copy(update={"timestamp": self.host.timestamp + seconds}) if self.host else None
+        return self.model_copy(update={"timestamp": self.timestamp + seconds, "gpus": gpus, "host": host})

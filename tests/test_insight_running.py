@@ -120,18 +120,9 @@ def _polls(names: list[str]) -> tuple[object, list[PollResult]]:
         node = node or header.node
         base = polls[0].timestamp
         for p in polls:
-            shift = t - base
-            gpus = [
-                g.model_copy(
-                    update={
-                        "timestamp": g.timestamp + shift,
-                        "uuid": node.gpus[0].uuid,
-                        "utilization_samples": [(ts + shift, u) for ts, u in g.utilization_samples],
-                    }
-                )
-                for g in p.gpus
-            ]
-            out.append(p.model_copy(update={"timestamp": p.timestamp + shift, "gpus": gpus}))
+            moved = p.shifted(t - base)
+            gpus = [g.model_copy(update={"uuid": node.gpus[0].uuid}) for g in moved.gpus]
+            out.append(moved.model_copy(update={"gpus": gpus}))
         t = out[-1].timestamp + 1.0
     return node, out
 

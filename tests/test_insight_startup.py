@@ -21,19 +21,6 @@ from gpuwarden.model import GpuReading, NodeStatic, PollResult, ProcessReading
 from gpuwarden.trace import read_trace
 
 
-def _shifted(p: PollResult, dt: float) -> PollResult:
-    gpus = [
-        g.model_copy(
-            update={
-                "timestamp": g.timestamp + dt,
-                "utilization_samples": [(t + dt, u) for t, u in g.utilization_samples],
-            }
-        )
-        for g in p.gpus
-    ]
-    return p.model_copy(update={"timestamp": p.timestamp + dt, "gpus": gpus})
-
-
 def _starting(first: GpuReading, at: float, k: int, since: float, cpu0: float) -> GpuReading:
     """The job's first poll as it would read ``k`` seconds into a start-up that began at ``since``: no kernel, its
     processes started at ``since``, the first one's CPU growing a core a second (the others' as recorded)."""
@@ -61,7 +48,7 @@ def spliced(job: str, startup: int) -> tuple[NodeStatic, list[PollResult], int]:
     _, free = read_trace(h100("idle"))
     header, polls = read_trace(TRACES / f"{job}.jsonl.gz")
     t0 = polls[0].timestamp - startup - 10
-    out = [_shifted(p, t0 + i - p.timestamp) for i, p in enumerate(free[:10])]
+    out = [p.shifted(t0 + i - p.timestamp) for i, p in enumerate(free[:10])]
     uuid = header.node.gpus[0].uuid
     out = [p.model_copy(update={"gpus": [g.model_copy(update={"uuid": uuid}) for g in p.gpus]}) for p in out]
     first = polls[0].gpus[0]
