@@ -25,12 +25,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwarden.catalog import CLOCK_EVENT_REASONS
+from gpuwarden.insight.thresholds import HOT_MARGIN_CELSIUS  # the diagnosis's "hot", the alerts' 5 °C
 from gpuwarden.model import GpuReading, GpuStatic, NodeStatic, PollResult
 
 #: Levels, least severe first.
 LEVELS = ("PASS", "WARN", "CRITICAL")
-#: Within this many degrees Celsius of the GPU's own slowdown threshold (or HBM of its limit): WARN.
-HOT_MARGIN_CELSIUS = 5.0
 #: Memory used with no process visible above this: something holds the GPU (processes in another PID namespace).
 HELD_BYTES = 1 << 30
 #: What the driver's recovery action asks for (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values).
