@@ -316,7 +316,17 @@ def _c(name: str, help: str, collector: str, **kw: object) -> Family:
 
 #: Why the HTTP server closes or refuses a connection (gpuwarden.web.limits.HttpLimits.counts' keys; the reason label
 #: of gpuwarden_http_connections_closed_total).
-HTTP_CLOSE_REASONS = ("evicted", "refused", "head_timeout", "head_too_large", "handshake_evicted", "handshake_failed")
+HTTP_CLOSE_REASONS = (
+    "evicted",
+    "head_timeout",
+    "head_too_large",
+    "pipeline_too_deep",
+    "handshake_evicted",
+    "handshake_failed",
+    "send_timeout",
+    "unsent_over_budget",
+    "accept_failed",
+)
 
 #: Every metric family, in the order each collector yields them.
 FAMILIES: tuple[Family, ...] = (
@@ -833,9 +843,12 @@ FAMILIES: tuple[Family, ...] = (
     ),
     _c(
         "gpuwarden_http_connections_closed_total",
-        "Connections the HTTP server closed or refused to stay within its bounds, by reason: evicted (the oldest idle "
-        "connection, at the connection cap), refused, head_timeout, head_too_large, handshake_evicted (the oldest "
-        "unfinished TLS handshake, at the handshake cap), handshake_failed.",
+        "Connections the HTTP server closed to stay within its bounds, by reason: evicted (the connection waiting "
+        "longest for its request or TLS ClientHello, at the connection cap), head_timeout, head_too_large, "
+        "pipeline_too_deep, handshake_evicted (the oldest unfinished TLS handshake, at the handshake cap), "
+        "handshake_failed, send_timeout (an answer its client did not take in time), unsent_over_budget (the "
+        "answer waiting longest when all waiting answers passed their budget), accept_failed (accept found no "
+        "descriptor or memory).",
         "exporter",
         labels=("reason",),
         per_gpu=False,

@@ -132,6 +132,19 @@ class Config(BaseSettings):
     max_request_head_bytes: int = Field(
         default=65536, ge=1024, le=2**24, description="request line and headers larger than this get 431"
     )
+    max_unsent_bytes: int = Field(
+        default=8 * 2**20,
+        ge=2**20,
+        le=2**30,
+        description="bytes of answers waiting for clients that do not take them, on all connections together; past "
+        "it the connection waiting longest is closed",
+    )
+    send_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="a connection whose answer has waited this many seconds for its client to take it is closed",
+    )
     poll_interval_seconds: float = Field(default=1.0, ge=0.05, le=300, description="seconds between polls")
     slow_interval_seconds: float = Field(
         default=SLOW_INTERVAL, ge=1, le=3600, description="energy, ECC, row remap, PCIe width and replay reads"

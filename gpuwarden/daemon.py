@@ -276,6 +276,8 @@ class Daemon:
             head_timeout=self.cfg.request_head_timeout_seconds,
             keep_alive=self.cfg.keep_alive_timeout_seconds,
             max_head_bytes=self.cfg.max_request_head_bytes,
+            max_unsent_bytes=self.cfg.max_unsent_bytes,
+            send_timeout=self.cfg.send_timeout_seconds,
             counts=self.http_closed,
         )
         try:

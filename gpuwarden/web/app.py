@@ -92,6 +92,27 @@ def readiness(snap: NodeSnapshot | None, stale_after: float, now: float | None =
 _GZIP = {"content-encoding": "gzip", "vary": "Accept-Encoding"}
 
 
+class PartedResponse(Response):
+    """A Response whose body goes out in parts of ANSWER_PART_BYTES (gpuwarden.web.limits), views of the one
+    body, each sent once the connection has taken enough of the one before (uvicorn waits while the transport's
+    buffer is past its high mark): a client that does not read holds one part of an answer, not a copy of it."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the head, then the body in parts (one message where it fits in one part)."""
+        from gpuwarden.web.limits import ANSWER_PART_BYTES as PART
+
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        body = memoryview(self.body)
+        size = len(body)
+        if size <= PART or scope.get("method") == "HEAD":
+            await send({"type": "http.response.body", "body": self.body})
+            return
+        for start in range(0, size, PART):
+            await send(
+                {"type": "http.response.body", "body": body[start : start + PART], "more_body": start + PART < size}
+            )
+
+
 class DateHeaderMiddleware:
     """ASGI middleware that adds the ``Date`` header (RFC 9110, 6.6.1) to every HTTP response of ``app``.
 
@@ -196,8 +217,8 @@ def create_app(
         if body is None:
             body = await run_in_threadpool(exposition.render, None, fmt)
         if gz and body:
-            return Response(exposition.gzipped(body), headers={"content-type": fmt.content_type, **_GZIP})
-        return Response(body, headers={"content-type": fmt.content_type})
+            return PartedResponse(exposition.gzipped(body), headers={"content-type": fmt.content_type, **_GZIP})
+        return PartedResponse(body, headers={"content-type": fmt.content_type})
 
     app.add_route(telemetry_path, metrics, methods=["GET"], include_in_schema=False)
 

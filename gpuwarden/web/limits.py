@@ -1,23 +1,30 @@
 """Bounds on the HTTP port that uvicorn lacks: open connections, the time and the bytes a request head may take,
-the requests a client may pipeline.
+the requests a client may pipeline, the bytes of answers clients have not taken.
 
 uvicorn (0.54) keeps a connection that never completes a request head open for ever, reads request lines and
 headers of any size into memory (its httptools parser has no limit; h11's ``h11_max_incomplete_event_size`` applies
-to h11 only), and refuses connections only by running out of file descriptors. ``HttpLimits`` holds four bounds,
-which gpuwarden.web.listener adds to uvicorn's own httptools protocol, so the HTTP parsing stays uvicorn's:
+to h11 only), refuses connections only by running out of file descriptors, and keeps every answer a client does not
+read (asyncio pauses a writer only past 64 KiB on a socket, 512 KiB on TLS). ``HttpLimits`` holds the bounds, which
+gpuwarden.web.accept (the accept loop) and gpuwarden.web.listener add to uvicorn's own httptools protocol, so the
+HTTP parsing stays uvicorn's:
 
-- **connections**: at most ``max_connections`` open; a new connection past the cap evicts the connection that has
-  waited longest for its request head (an idle or slow client), so a scraper that connects during a flood of idle
-  connections still gets in; when every open connection is inside a request, the new one is closed;
+- **connections**: at most ``max_connections`` open, counted from accept to close; at the cap the connection that
+  has waited longest for its request head (an idle or slow client, or a TLS client yet to send its ClientHello) is
+  closed, so a scraper that connects during a flood of idle connections still gets in; when every open connection
+  is inside a request, accepting waits until one closes (new clients wait in the listen queue);
 - **head deadline**: a request head must be complete within ``head_timeout`` seconds of the connection or of its
   first byte (slowloris, idle sockets), and the next request on a kept-alive connection must start within
   ``keep_alive`` seconds of the previous response: else the connection is closed;
 - **head size**: a request line and headers over ``max_head_bytes`` get ``431`` and the connection is closed;
 - **pipelining**: a client that sends more than ``max_pipelined`` requests ahead of its answers is closed (uvicorn
-  queues every request of a read, a few KiB each, for a client that may never read an answer).
+  queues every request of a read, a few KiB each, for a client that may never read an answer);
+- **unsent answers**: each connection's write buffer pauses its writer past SEND_HIGH_WATER_BYTES (answers go out
+  in parts of ANSWER_PART_BYTES), and while a connection's answer waits for its client, its next pipelined request waits
+  too (nothing more is read or answered); a connection whose answer has waited ``send_timeout`` s is closed, and
+  when the bytes waiting on all such connections pass ``max_unsent_bytes``, the one waiting longest is closed.
 
-Each eviction, timeout or refusal is counted (``HttpLimits.counts``); logging them is left to a rate-limited
-logger (gpuwarden.logs.RateLimitFilter), as is asyncio's accept-loop error at the descriptor limit.
+Each eviction, timeout or close is counted (``HttpLimits.counts``, exported by reason); logging them is left to a
+rate-limited logger (gpuwarden.logs.RateLimitFilter).
 """
 
 from __future__ import annotations
@@ -30,11 +37,29 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+#: A connection's write buffer pauses its writer (uvicorn waits before writing more) past this many bytes, and is
+#: writable again under SEND_LOW_WATER_BYTES. Low, so that nearly every byte an idle reader holds is on a paused
+#: (stalled) connection, where the unsent-bytes budget counts it: the bytes on connections not paused are at most
+#: this much each.
+SEND_HIGH_WATER_BYTES = 4 * 1024
+SEND_LOW_WATER_BYTES = 1024
+#: The kernel's send and receive buffers of every connection (set on the listening socket, which accepted ones
+#: inherit; the kernel doubles the value for its bookkeeping). Linux grows a socket's send buffer up to 4 MiB by
+#: itself (tcp_wmem), so an answer a client never reads would wait in kernel memory, where no bound of the daemon's
+#: sees it and which a cgroup v2 memory limit charges to the daemon; small buffers keep it in the write buffers that
+#: the unsent-bytes budget counts. 32 KiB in flight is ample for an answer of 1 MB at a 1-10 ms round trip.
+SOCKET_BUFFER_BYTES = 16 * 1024
+#: Answers are sent in parts of this size (gpuwarden.web.app.PartedResponse), each once the one before has left the
+#: write buffer: a client that takes nothing holds one part (and what its socket took), not the whole answer.
+ANSWER_PART_BYTES = 16 * 1024
+
+
 @dataclass
 class HttpLimits:
-    """The bounds (see the module doc; ``backlog``: the listen backlog, see connection_cap) and what they did:
-    ``counts`` by "evicted", "head_timeout", "head_too_large", "refused". ``pending`` holds the connections
-    waiting for a request head, oldest first."""
+    """The bounds (see the module doc; ``backlog``: the listen backlog) and what they did: ``counts`` by reason
+    (catalog.HTTP_CLOSE_REASONS). ``pending`` holds the connections waiting for a request head (or a TLS ClientHello),
+    oldest first; ``handshaking`` the TLS handshakes in progress; ``stalled`` the connections whose answers wait for
+    their clients, longest first; ``open`` counts every accepted connection until it closes."""
 
     max_connections: int = 1000
     head_timeout: float = 10.0
@@ -43,17 +68,35 @@ class HttpLimits:
     backlog: int = 2048
     max_handshakes: int = 64
     max_pipelined: int = 8
+    max_unsent_bytes: int = 8 * 2**20
+    send_timeout: float = 30.0
     counts: Counter[str] = field(default_factory=Counter)
     pending: OrderedDict[Any, float] = field(default_factory=OrderedDict)
     handshaking: OrderedDict[Any, float] = field(default_factory=OrderedDict)
+    stalled: OrderedDict[Any, float] = field(default_factory=OrderedDict)
+    open: int = 0
     peak: int = 0  # the most connections open at once since memory was last given back (give_back_memory)
+
+    def keep_unsent_within_budget(self) -> int:
+        """While the bytes waiting on stalled connections exceed ``max_unsent_bytes``, close the connection that has
+        waited longest (each counted as "unsent_over_budget"); return how many were closed. One pass over the stalled
+        connections (each one's ``unsent()``), at each new stall."""
+        total = sum(conn.unsent() for conn in self.stalled)
+        closed = 0
+        while total > self.max_unsent_bytes and self.stalled:
+            oldest = next(iter(self.stalled))
+            total -= oldest.unsent()
+            self.counts["unsent_over_budget"] += 1
+            oldest.close_stalled()  # takes it out of stalled
+            closed += 1
+        return closed
 
 
 #: Descriptors kept back from the connection cap for everything else the daemon opens: NVML's device files, /proc
 #: reads, the kubelet socket, the listening socket, log and config files.
 RESERVED_DESCRIPTORS = 64
-#: uvicorn's listen backlog. asyncio accepts up to this many connections in one go before the protocols (and so the
-#: cap's evictions) see any of them: the descriptors for one such batch are kept back too.
+#: The listen backlog: connections the kernel queues while the accept loop waits (they hold no descriptor of the
+#: daemon's until accepted).
 BACKLOG = 2048
 
 
@@ -61,15 +104,14 @@ def connection_cap(wanted: int) -> tuple[int, int, str | None]:
     """The connection cap and listen backlog the process's descriptor limit allows: (cap, backlog, warning).
 
     Raises the soft ``RLIMIT_NOFILE`` towards the hard one where ``wanted`` (``max_connections``) needs it (any
-    process may). The cap is ``wanted`` when ``wanted`` + one accept batch + RESERVED_DESCRIPTORS fit the limit;
-    else what fits, with a one-line warning: a cap above the limit has new connections fail at ``accept`` (and
-    asyncio pause accepting for a second) instead of evicting idle ones. The backlog is BACKLOG, or an eighth of
-    the limit where that is smaller.
+    process may). The cap is ``wanted`` when ``wanted`` + RESERVED_DESCRIPTORS fit the limit; else what fits, with a
+    one-line warning (the accept loop, gpuwarden.web.accept, counts every connection from accept to close and stops
+    accepting at the cap, so accept never fails for want of a descriptor). The backlog is BACKLOG.
     """
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = wanted + BACKLOG + RESERVED_DESCRIPTORS
+    need = wanted + RESERVED_DESCRIPTORS
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
         try:
@@ -79,17 +121,13 @@ def connection_cap(wanted: int) -> tuple[int, int, str | None]:
             pass
     if soft == resource.RLIM_INFINITY or soft >= need:
         return wanted, BACKLOG, None
-    backlog = max(16, min(BACKLOG, soft // 8))
-    cap = max(1, soft - backlog - RESERVED_DESCRIPTORS)
-    if cap >= wanted:
-        return wanted, backlog, None
+    cap = max(1, soft - RESERVED_DESCRIPTORS)
     return (
         cap,
-        backlog,
+        BACKLOG,
         (
-            f"max_connections {wanted} does not fit the open-file limit {soft} (hard {hard}) with a listen backlog "
-            f"of {backlog} and {RESERVED_DESCRIPTORS} descriptors kept back: at most {cap} connections (raise "
-            f"LimitNOFILE or ulimit -n)"
+            f"max_connections {wanted} does not fit the open-file limit {soft} (hard {hard}) with "
+            f"{RESERVED_DESCRIPTORS} descriptors kept back: at most {cap} connections (raise LimitNOFILE or ulimit -n)"
         ),
     )
 

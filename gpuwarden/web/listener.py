@@ -5,13 +5,14 @@ methods of uvicorn's classes (pyproject pins uvicorn to the range tested; tests/
 in one line when an overridden method or its signature changes):
 
 - ``Server.main_loop``: sleep until a stop signal instead of ticking every 0.1 s (an idle daemon's CPU);
-- ``Server.startup``: with TLS, a plain TCP listener whose connections handshake through ``TlsAcceptor``: bounded
-  in number (``max_handshakes``), time (the request head deadline; asyncio's default is 60 s) and read buffer
-  (asyncio's ``SSLProtocol.max_size``, set to TLS_READ_BUFFER_BYTES);
+- ``Server.startup``: gpuwarden's accept loop (gpuwarden.web.accept.Listener) instead of asyncio's server: every
+  connection counted until closed, within the descriptor budget; with TLS, handshakes only for clients that have sent
+  their ClientHello, bounded in number (``max_handshakes``), time (the request head deadline; asyncio's default is
+  60 s) and read buffer (asyncio's ``SSLProtocol.max_size``, set to TLS_READ_BUFFER_BYTES);
 - ``Server.capture_signals``: SIGINT/SIGTERM stop gracefully and return, SIGHUP reloads the configuration;
 - ``HttpToolsProtocol`` (``connection_made``, ``data_received``, ``on_headers_complete``, ``on_response_complete``,
-  ``connection_lost``): the connection, head-time, head-size and pipelining bounds of
-  gpuwarden.web.limits.HttpLimits.
+  ``pause_writing``, ``resume_writing``, ``connection_lost``): the head-time, head-size, pipelining and unsent-bytes
+  bounds of gpuwarden.web.limits.HttpLimits.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gpuwarden.logs import RateLimitFilter
+from gpuwarden.web.accept import Listener, Slot
 from gpuwarden.web.app import DateHeaderMiddleware
-from gpuwarden.web.limits import FLOOD_CONNECTIONS, HttpLimits, give_back_memory
+from gpuwarden.web.limits import SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES, HttpLimits
 
 #: What of uvicorn this module relies on: each overridden method (or one it calls) and its parameter names, and the
 #: attributes it reads. tests/test_web_listener_contract.py checks the installed uvicorn against it.
@@ -46,7 +48,10 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "HttpToolsProtocol.data_received": ("self", "data"),
     "HttpToolsProtocol.on_headers_complete": ("self",),
     "HttpToolsProtocol.on_response_complete": ("self",),
+    "HttpToolsProtocol.pause_writing": ("self",),
+    "HttpToolsProtocol.resume_writing": ("self",),
     "HttpToolsProtocol.connection_lost": ("self", "exc"),
+    "HttpToolsProtocol._unset_keepalive_if_required": ("self",),  # called, not overridden
 }
 #: Calls uvicorn's own code makes that the overrides depend on (``Server._serve`` awaits these), and the instance
 #: attributes the protocol subclass reads (set in ``HttpToolsProtocol.__init__``).
@@ -54,6 +59,7 @@ CONTRACT_CALLS: dict[str, tuple[str, ...]] = {
     "Server._serve": ("self.startup(sockets=sockets)", "self.main_loop()"),
     "Server.serve": ("self.capture_signals()",),
     "HttpToolsProtocol.__init__": ("self.connections", "self.loop", "self.pipeline"),
+    "HttpToolsProtocol.connection_made": ("self.flow = FlowControl(transport)",),
 }
 
 
@@ -135,22 +141,20 @@ class Server(uvicorn.Server):
         await self.on_tick(0)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's start-up; with TLS, the listener accepts plain TCP and each connection does its handshake
-        through TlsAcceptor (bounded in number, time and memory) instead of asyncio's own TLS accept, which gives
-        every accepted socket a TLS state and a 256 KiB buffer before anything bounds it."""
+        """uvicorn's start-up, with gpuwarden's accept loop (gpuwarden.web.accept.Listener) in place of the server
+        asyncio would make: connections within the descriptor budget, and with TLS each handshake only after its
+        ClientHello, bounded in number and time, with a TLS_READ_BUFFER_BYTES read buffer."""
         loop = asyncio.get_running_loop()
-        if self.config.ssl is None:
-            await super().startup(sockets)
-            return
-        create = loop.create_server
         limits = self.limits
-        asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER_BYTES  # read size, and each connection's buffer
+        if self.config.ssl is not None:
+            asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER_BYTES  # read size, and each connection's buffer
 
-        def plain_server(factory: Callable[[], asyncio.Protocol], *args: Any, **kwargs: Any) -> Any:
-            context = kwargs.pop("ssl")
-            return create(lambda: TlsAcceptor(factory, context, limits), *args, **kwargs)
+        async def listen(factory: Callable[[], asyncio.Protocol], **kwargs: Any) -> Listener:
+            listener = Listener(loop, kwargs["sock"], factory, limits, kwargs.get("ssl"))
+            listener.start()
+            return listener
 
-        loop.create_server = plain_server  # type: ignore[method-assign,assignment]
+        loop.create_server = listen  # type: ignore[method-assign,assignment]
         try:
             await super().startup(sockets)
         finally:
@@ -188,101 +192,9 @@ class Server(uvicorn.Server):
 
 
 #: The TLS read buffer of each connection (asyncio's ``SSLProtocol.max_size``, 256 KiB by default, allocated whole
-#: for every TLS connection): a TLS record is at most 16 KiB and 2 KiB of overhead; a longer read takes two.
-TLS_READ_BUFFER_BYTES = 32 * 1024
-
-
-class TlsAcceptor(asyncio.Protocol):
-    """The first protocol of a TLS connection: holds the accepted TCP connection (not reading) until a handshake
-    slot is free, runs the handshake (``loop.start_tls``, within ``limits.head_timeout``), then hands the TLS
-    transport to the HTTP protocol ``factory`` makes (uvicorn's, with gpuwarden's bounds).
-
-    At most ``limits.max_handshakes`` connections hold TLS state before their handshake is done; a new connection
-    past that closes the one that has waited longest (an idle or slow client), as the connection cap does for
-    request heads. A TLS connection costs its TLS state only once it handshakes; the TLS read buffer is
-    TLS_READ_BUFFER_BYTES (asyncio's default, 256 KiB per connection, was what a flood of idle connections
-    multiplied).
-    """
-
-    def __init__(self, factory: Callable[[], asyncio.Protocol], context: Any, limits: HttpLimits) -> None:
-        self.factory, self.context, self.limits = factory, context, limits
-        self.transport: asyncio.Transport | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Hold the connection unread; start its handshake, closing the oldest unfinished one past the bound."""
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.pause_reading()  # the ClientHello stays in the socket for the TLS layer
-        handshaking = self.limits.handshaking
-        while len(handshaking) >= self.limits.max_handshakes:
-            oldest, _ = handshaking.popitem(last=False)
-            self.limits.counts["handshake_evicted"] += 1
-            oldest.abort()
-        handshaking[self] = time.monotonic()
-        self._task = asyncio.get_running_loop().create_task(self._handshake(transport))
-
-    async def _handshake(self, transport: asyncio.Transport) -> None:
-        held = _Held()  # asyncio passes on what follows the handshake before start_tls returns: held until then
-        try:
-            tls = await asyncio.get_running_loop().start_tls(
-                transport, held, self.context, server_side=True, ssl_handshake_timeout=self.limits.head_timeout
-            )
-        except (Exception, asyncio.CancelledError):  # a failed, timed-out or closed handshake: that connection only
-            self.limits.counts["handshake_failed"] += 1
-            transport.abort()
-            return
-        finally:
-            self.limits.handshaking.pop(self, None)
-        if tls is None or tls.is_closing():
-            return
-        protocol = self.factory()
-        protocol.connection_made(tls)
-        if tls.is_closing():  # refused by the connection cap
-            return
-        tls.set_protocol(protocol)
-        for chunk in held.data:
-            protocol.data_received(chunk)
-        if held.eof:
-            protocol.eof_received()
-        if held.lost:
-            protocol.connection_lost(held.error)
-
-    def abort(self) -> None:
-        """Close the connection before its handshake is done."""
-        self.limits.handshaking.pop(self, None)
-        if self._task is not None:
-            self._task.cancel()
-        if self.transport is not None:
-            self.transport.abort()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """The client left before the handshake began: forget it."""
-        self.limits.handshaking.pop(self, None)
-        if self._task is not None:
-            self._task.cancel()
-
-
-class _Held(asyncio.Protocol):
-    """What a TLS connection delivers between its handshake and the HTTP protocol taking it over."""
-
-    def __init__(self) -> None:
-        self.data: list[bytes] = []
-        self.eof = self.lost = False
-        self.error: Exception | None = None
-
-    def data_received(self, data: bytes) -> None:
-        """Keep ``data`` for the HTTP protocol."""
-        self.data.append(data)
-
-    def eof_received(self) -> bool:
-        """Note the end of the client's data; keep the connection open for the answer."""
-        self.eof = True
-        return True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """Note that the connection ended."""
-        self.lost, self.error = True, exc
+#: for every TLS connection): what one read from the socket takes. A request is a few hundred bytes; a TLS record
+#: longer than this (at most 16 KiB and its overhead) takes more than one read, the TLS layer joining them.
+TLS_READ_BUFFER_BYTES = 4 * 1024
 
 
 _431_BODY = b"request line and headers too large\n"
@@ -296,27 +208,21 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
     """Return a subclass of uvicorn's HttpToolsProtocol enforcing ``limits`` (for ``uvicorn.Config(http=...)``)."""
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
-        """uvicorn's httptools protocol with connection, head-time and head-size bounds (gpuwarden.web.limits)."""
+        """uvicorn's httptools protocol with head-time, head-size, pipelining and unsent-bytes bounds
+        (gpuwarden.web.limits); its place under the connection cap (``slot``) is given back when it closes."""
 
         _head_bytes = 0
         _head_timer: asyncio.TimerHandle | None = None
+        _send_timer: asyncio.TimerHandle | None = None
+        _deferred = False  # a response written but not yet taken by the client: what follows it waits
+        slot: Slot | None = None
+        raw_transport: asyncio.Transport | None = None  # the TCP transport under a TLS one (counted as unsent too)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            if len(self.connections) >= limits.max_connections and not self._evict():
-                limits.counts["refused"] += 1
-                transport.abort()
-                return
             super().connection_made(transport)
+            # asyncio pauses a writer past 64 KiB on a socket and 512 KiB on TLS, after a write of any size
+            transport.set_write_buffer_limits(SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES)
             self._await_head(limits.head_timeout)
-
-        def _evict(self) -> bool:
-            while limits.pending:
-                oldest, _ = limits.pending.popitem(last=False)
-                if oldest.transport is not None and not oldest.transport.is_closing():
-                    limits.counts["evicted"] += 1
-                    oldest._close_pending()
-                    return True
-            return False
 
         def _await_head(self, seconds: float) -> None:
             self._head_bytes = 0
@@ -329,16 +235,21 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
                 self._head_timer.cancel()
                 self._head_timer = None
 
-        def _close_pending(self) -> None:
+        def close_pending(self) -> bool | None:
+            """Close this connection, waiting for a request head, to make room: False (its descriptor is free once
+            the transport has closed), None when it was closing already."""
             limits.pending.pop(self, None)
             self._cancel_head_timer()
+            if self.transport.is_closing():
+                return None
             self.transport.abort()
+            return False
 
         def _head_timed_out(self) -> None:
             self._head_timer = None
             if self in limits.pending:
                 limits.counts["head_timeout"] += 1
-                self._close_pending()
+                self.close_pending()
 
         def data_received(self, data: bytes) -> None:
             if self in limits.pending:
@@ -366,19 +277,61 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
+            if self.flow.write_paused and not self.transport.is_closing():
+                # the answer waits for the client: the next pipelined request, and reading more, wait with it
+                self._deferred = True
+                return
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._await_head(limits.keep_alive)  # idle until the next request (keep-alive)
 
+        def unsent(self) -> int:
+            """Bytes written for this client and not yet taken by its socket (the TLS layer's and the TCP
+            transport's buffers)."""
+            raw = self.raw_transport
+            return self.transport.get_write_buffer_size() + (0 if raw is None else raw.get_write_buffer_size())
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self not in limits.stalled:
+                limits.stalled[self] = time.monotonic()
+                self._send_timer = self.loop.call_later(limits.send_timeout, self._send_timed_out)
+            limits.keep_unsent_within_budget()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._unstall()
+            if self._deferred:
+                self._deferred = False
+                self.on_response_complete()
+
+        def _unstall(self) -> None:
+            limits.stalled.pop(self, None)
+            if self._send_timer is not None:
+                self._send_timer.cancel()
+                self._send_timer = None
+
+        def _send_timed_out(self) -> None:
+            self._send_timer = None
+            if limits.stalled.pop(self, None) is not None:
+                limits.counts["send_timeout"] += 1
+                self.transport.abort()
+
+        def close_stalled(self) -> None:
+            """Close this connection, whose client does not take its answer (the unsent-bytes budget is spent)."""
+            self._unstall()
+            self.transport.abort()
+
         def connection_lost(self, exc: Exception | None) -> None:
             limits.pending.pop(self, None)
             self._cancel_head_timer()
-            if self.transport is not None:
-                super().connection_lost(exc)
-            limits.peak = max(limits.peak, len(self.connections) + 1)
-            if not self.connections and not limits.handshaking and limits.peak >= FLOOD_CONNECTIONS:
-                limits.peak = 0  # the flood is over: give its memory back (after the loop has freed its transports)
-                self.loop.call_later(1.0, give_back_memory)
+            self._unstall()
+            super().connection_lost(exc)
+            # uvicorn cancels its keep-alive timer only on a clean close: after a reset the timer held the protocol,
+            # its TLS state and its buffers for the keep-alive timeout (66 KB a TLS connection for 120 s)
+            self._unset_keepalive_if_required()
+            if self.slot is not None:
+                self.slot.release()
 
     return BoundedHttpToolsProtocol
 

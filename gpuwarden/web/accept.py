@@ -1,0 +1,382 @@
+"""The accept loop of the HTTP port: connections taken only while the descriptor budget holds them, and TLS
+handshakes only for clients that have sent their ClientHello.
+
+asyncio's own accept loop (``loop.create_server``) takes up to a listen backlog of connections in one go, before any
+protocol sees one, and its transports close a refused or evicted connection only a loop iteration or two later:
+a burst of connections at the open-file limit made accept fail with ``EMFILE``, whereupon asyncio stopped accepting
+for a second, scrapes included. With TLS it starts every handshake at once, so connections that never say a word
+take the handshake slots of real clients. ``Listener`` replaces it for uvicorn (gpuwarden.web.listener) with a loop
+that counts every accepted socket until it is closed (``HttpLimits.open``):
+
+- below the connection cap it accepts; at the cap it first closes the connection that has waited longest for its
+  request (``HttpLimits.pending``: an idle or slow client), and where none can be closed at once it stops accepting
+  until a connection closes, so new clients wait in the kernel's listen queue instead of failing;
+- a TLS connection waits, holding no TLS state and no transport, until its first TLS record (the ClientHello) has
+  arrived in full (peeked, not read: the handshake reads it); it is a pending connection meanwhile, closed at the
+  request-head deadline or evicted first at the cap. Only then does it take one of ``max_handshakes`` handshake
+  slots (past them the oldest handshake is closed) and asyncio's TLS handshake (``connect_accepted_socket``) within
+  what is left of the deadline.
+
+Every connection is then served by uvicorn's protocol (with gpuwarden's bounds), which reports its close back
+(``Listener.released``). Only public asyncio calls are used: ``add_reader`` on sockets no transport owns yet, and
+``connect_accepted_socket``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuwarden.web.limits import HttpLimits
+
+log = logging.getLogger(__name__)
+
+#: Connections taken from the listen queue per readiness callback, so that other work interleaves with a burst.
+ACCEPT_BATCH = 64
+#: After accept fails for want of a resource the cap did not foresee (another part of the process holding
+#: descriptors, the system's file table, kernel memory), accepting resumes after this many seconds.
+ACCEPT_RETRY_SECONDS = 0.1
+#: A TLS record header: content type (22: handshake), version, length of the record's body.
+_RECORD_HEADER = 5
+_HANDSHAKE = 0x16
+#: How often a connection whose ClientHello has begun but not ended is looked at again (its socket stays readable
+#: while the first bytes wait in it, so the readiness callback is taken off meanwhile).
+_PARTIAL_RECHECK_SECONDS = 0.05
+
+
+class Listener:
+    """Accepts connections on the listening ``sock`` for the protocol ``factory`` makes (uvicorn's, with
+    gpuwarden's bounds: gpuwarden.web.listener), within ``limits``; with an ``ssl_context``, each after its
+    ClientHello, through a handshake slot. Stands in for the ``asyncio.Server`` uvicorn keeps (``close``,
+    ``wait_closed``, ``sockets``, ``is_serving``)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        factory: Callable[[], asyncio.Protocol],
+        limits: HttpLimits,
+        ssl_context: Any = None,
+    ) -> None:
+        self.loop, self.limits = loop, limits
+        self._sock, self._factory, self._ssl = sock, factory, ssl_context
+        self._fd = sock.fileno()
+        self._accepting = False
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.sockets = [sock]
+
+    def start(self) -> None:
+        """Listen with the limits' backlog, the kernel's buffers of every connection at SOCKET_BUFFER_BYTES (accepted
+        sockets inherit them), and start accepting."""
+        from gpuwarden.web.limits import SOCKET_BUFFER_BYTES
+
+        self._sock.setblocking(False)
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            self._sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
+        self._sock.listen(self.limits.backlog)
+        self._resume()
+
+    def is_serving(self) -> bool:
+        """Whether the listener has not been closed."""
+        return not self._closed
+
+    def close(self) -> None:
+        """Stop accepting; close the connections still before or in their handshake. Served connections stay
+        (uvicorn shuts them down)."""
+        self._closed = True
+        self._pause()
+        for pending in list(self.limits.pending):
+            if isinstance(pending, _Hello):
+                pending.close()
+        for handshake in list(self.limits.handshaking):
+            handshake.abort()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        """Nothing to wait for once closed (uvicorn awaits this)."""
+
+    def _pause(self) -> None:
+        if self._accepting:
+            self.loop.remove_reader(self._fd)
+            self._accepting = False
+
+    def _resume(self) -> None:
+        if not self._accepting and not self._closed:
+            self.loop.add_reader(self._fd, self._accept)
+            self._accepting = True
+
+    def released(self) -> None:
+        """A connection this listener accepted is closed: its descriptor is free; accept again if paused there.
+        Once a flood of FLOOD_CONNECTIONS or more is gone, its memory is handed back to the system."""
+        from gpuwarden.web.limits import FLOOD_CONNECTIONS, give_back_memory
+
+        limits = self.limits
+        limits.open -= 1
+        if limits.open < limits.max_connections:
+            self._resume()
+        if limits.open == 0 and limits.peak >= FLOOD_CONNECTIONS:
+            limits.peak = 0
+            self.loop.call_later(1.0, give_back_memory)  # after the loop has freed the transports
+
+    def _make_room(self) -> bool:
+        """At the cap: close the connection waiting longest for its request. True when a descriptor is free now (a
+        connection before its handshake closes at once; a served one when its transport has closed: released())."""
+        limits = self.limits
+        while limits.pending:
+            oldest, _ = limits.pending.popitem(last=False)
+            now = oldest.close_pending()
+            if now is None:  # closing already
+                continue
+            limits.counts["evicted"] += 1
+            return now and limits.open < limits.max_connections
+        return False
+
+    def _accept(self) -> None:
+        limits = self.limits
+        for _ in range(ACCEPT_BATCH):
+            if limits.open >= limits.max_connections and not self._make_room():
+                self._pause()  # resumed by released()
+                return
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    raise
+                limits.counts["accept_failed"] += 1
+                log.warning("accept failed (%s): accepting again in %g s", exc.strerror, ACCEPT_RETRY_SECONDS)
+                self._pause()
+                self.loop.call_later(ACCEPT_RETRY_SECONDS, self._resume)
+                return
+            conn.setblocking(False)
+            limits.open += 1
+            limits.peak = max(limits.peak, limits.open)
+            slot = Slot(self)
+            if self._ssl is None:
+                self._serve(conn, functools.partial(self.protocol, slot), slot)
+            else:
+                _Hello(self, conn, slot)
+
+    def protocol(self, slot: Slot) -> asyncio.Protocol:
+        """A new HTTP protocol (uvicorn's, bounded) for the connection holding ``slot``: it releases the slot when
+        the connection is lost."""
+        protocol = self._factory()
+        protocol.slot = slot  # type: ignore[attr-defined]
+        return protocol
+
+    def _serve(self, conn: socket.socket, factory: Callable[[], asyncio.Protocol], slot: Slot) -> None:
+        task = self.loop.create_task(self._connect(conn, factory, slot))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _connect(self, conn: socket.socket, factory: Callable[[], asyncio.Protocol], slot: Slot) -> None:
+        try:
+            await self.loop.connect_accepted_socket(factory, conn)
+        except (Exception, asyncio.CancelledError):  # the listener closed, or the socket failed before its protocol
+            conn.close()
+            slot.release()
+
+    def handshake(self, conn: socket.socket, slot: Slot, deadline: float) -> None:
+        """``conn`` has sent its ClientHello: its TLS handshake, through a slot, to end by ``deadline``."""
+        self._serve(conn, functools.partial(_Handshake, self, self._ssl, slot, deadline), slot)
+
+
+class Slot:
+    """One accepted connection's place under the cap, given back once (``release``) by whoever ends it."""
+
+    __slots__ = ("listener", "held")
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.held = True
+
+    def release(self) -> None:
+        """The connection is closed: give its place back (once)."""
+        if self.held:
+            self.held = False
+            self.listener.released()
+
+
+class _Hello:
+    """A TLS connection before its ClientHello has arrived: a socket, a readiness callback and a deadline, in
+    ``limits.pending`` (evicted first at the cap, as a connection idle before its request head is)."""
+
+    def __init__(self, listener: Listener, conn: socket.socket, slot: Slot) -> None:
+        self.listener, self.conn, self.slot = listener, conn, slot
+        self.fd = conn.fileno()
+        limits = listener.limits
+        self.deadline = time.monotonic() + limits.head_timeout
+        limits.pending[self] = time.monotonic()
+        loop = listener.loop
+        loop.add_reader(self.fd, self._readable)
+        self._timer: asyncio.TimerHandle | None = loop.call_later(limits.head_timeout, self._timed_out)
+        self._recheck: asyncio.TimerHandle | None = None
+
+    def _readable(self) -> None:
+        try:
+            head = self.conn.recv(_RECORD_HEADER, socket.MSG_PEEK)
+            if len(head) == _RECORD_HEADER and head[0] == _HANDSHAKE:
+                whole = _RECORD_HEADER + int.from_bytes(head[3:5], "big")
+                head = self.conn.recv(whole, socket.MSG_PEEK)
+                if len(head) == whole:
+                    self._stop_watching()
+                    self.listener.handshake(self.conn, self.slot, self.deadline)
+                    return
+        except BlockingIOError:
+            return
+        except OSError:
+            head = b""
+        if not head:  # the client left before saying anything
+            self.close()
+        elif head[0] != _HANDSHAKE:  # not TLS
+            self.listener.limits.counts["handshake_failed"] += 1
+            self.close()
+        else:  # a ClientHello begun, not yet whole: look again shortly (the socket stays readable meanwhile)
+            self.listener.loop.remove_reader(self.fd)
+            self._recheck = self.listener.loop.call_later(_PARTIAL_RECHECK_SECONDS, self._watch)
+
+    def _watch(self) -> None:
+        self._recheck = None
+        self.listener.loop.add_reader(self.fd, self._readable)
+
+    def _stop_watching(self) -> None:
+        self.listener.limits.pending.pop(self, None)
+        self.listener.loop.remove_reader(self.fd)
+        for timer in (self._timer, self._recheck):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._recheck = None
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        if self in self.listener.limits.pending:
+            self.listener.limits.counts["head_timeout"] += 1
+            self.close()
+
+    def close_pending(self) -> bool:
+        """Close this connection to make room; its descriptor is free at once: True."""
+        self.close()
+        return True
+
+    def close(self) -> None:
+        """Close the connection before its handshake."""
+        self._stop_watching()
+        self.conn.close()
+        self.slot.release()
+
+
+class _Handshake(asyncio.Protocol):
+    """A TLS connection whose ClientHello has come: the protocol of its TCP transport (not reading) while it holds
+    a handshake slot (``limits.handshaking``; past ``max_handshakes`` the oldest is closed) and runs asyncio's
+    handshake (``loop.start_tls``) until ``deadline``; then it hands the TLS transport to a new HTTP protocol.
+
+    The TCP transport's write buffer gets the same small marks as every connection's
+    (gpuwarden.web.limits.SEND_HIGH_WATER_BYTES), so that the TLS layer's own buffer, which the HTTP protocol sees
+    and the unsent-bytes budget counts, is where an answer a client does not read waits."""
+
+    def __init__(self, listener: Listener, context: Any, slot: Slot, deadline: float) -> None:
+        self.listener, self.context, self.slot, self.deadline = listener, context, slot, deadline
+        self.transport: asyncio.Transport | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Hold the connection unread (the ClientHello stays in the socket for the TLS layer); start the handshake,
+        closing the oldest unfinished one past the bound."""
+        from gpuwarden.web.limits import SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES
+
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.pause_reading()
+        transport.set_write_buffer_limits(SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES)
+        limits = self.listener.limits
+        while len(limits.handshaking) >= limits.max_handshakes:
+            oldest, _ = limits.handshaking.popitem(last=False)
+            limits.counts["handshake_evicted"] += 1
+            oldest.abort()
+        limits.handshaking[self] = time.monotonic()
+        self._task = self.listener.loop.create_task(self._handshake(transport))
+
+    async def _handshake(self, transport: asyncio.Transport) -> None:
+        self._started = True
+        limits = self.listener.limits
+        held = _Held()  # asyncio passes on what follows the handshake before start_tls returns: held until then
+        try:
+            tls = await self.listener.loop.start_tls(
+                transport,
+                held,
+                self.context,
+                server_side=True,
+                ssl_handshake_timeout=max(0.1, self.deadline - time.monotonic()),
+            )
+        except (Exception, asyncio.CancelledError) as exc:  # failed, timed out or evicted: that connection only
+            if not isinstance(exc, asyncio.CancelledError):
+                limits.counts["handshake_failed"] += 1
+            transport.abort()
+            self.slot.release()
+            return
+        finally:
+            limits.handshaking.pop(self, None)
+        if tls is None or tls.is_closing():
+            transport.abort()
+            self.slot.release()
+            return
+        protocol = self.listener.protocol(self.slot)
+        protocol.raw_transport = transport  # type: ignore[attr-defined]
+        protocol.connection_made(tls)
+        tls.set_protocol(protocol)
+        for chunk in held.data:
+            protocol.data_received(chunk)
+        if held.eof:
+            protocol.eof_received()
+        if held.lost:
+            protocol.connection_lost(held.error)
+
+    def abort(self) -> None:
+        """Close the connection before its handshake is done."""
+        self.listener.limits.handshaking.pop(self, None)
+        if self._task is not None:
+            self._task.cancel()  # once started, the handshake closes the connection as it ends
+        if not self._started and self.transport is not None:
+            self.transport.abort()  # connection_lost gives the place back
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The connection ended before the handshake took it over: give its place back."""
+        self.listener.limits.handshaking.pop(self, None)
+        if self._task is not None:
+            self._task.cancel()
+        self.slot.release()
+
+
+class _Held(asyncio.Protocol):
+    """What a TLS connection delivers between its handshake and the HTTP protocol taking it over."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.eof = self.lost = False
+        self.error: Exception | None = None
+
+    def data_received(self, data: bytes) -> None:
+        """Keep ``data`` for the HTTP protocol."""
+        self.data.append(data)
+
+    def eof_received(self) -> bool:
+        """Note the end of the client's data; keep the connection open for the answer."""
+        self.eof = True
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Note that the connection ended."""
+        self.lost, self.error = True, exc

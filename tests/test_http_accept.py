@@ -1,0 +1,297 @@
+"""The accept loop and the unsent-answer bounds (gpuwarden.web.accept, gpuwarden.web.listener), in process: a real
+uvicorn server with gpuwarden's listener in a thread, real sockets on the loopback."""
+
+from __future__ import annotations
+
+import gc
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import uvicorn
+from pki import PKI
+from pki import make_pki as _make_pki
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gpuwarden.web import listener
+from gpuwarden.web.app import PartedResponse
+from gpuwarden.web.limits import ANSWER_PART_BYTES, HttpLimits
+
+BIG = b"x" * (40 * ANSWER_PART_BYTES)  # an answer of 640 KiB, in 40 parts
+
+
+def _app() -> Starlette:
+    async def big(request: Request) -> Response:
+        return PartedResponse(BIG, media_type="text/plain")
+
+    async def small(request: Request) -> Response:
+        return Response(b"ok\n", media_type="text/plain")
+
+    return Starlette(routes=[Route("/big", big), Route("/small", small)])
+
+
+@contextmanager
+def server(limits: HttpLimits, ssl_files: tuple[Path, Path] | None = None) -> Iterator[tuple[int, listener.Server]]:
+    """gpuwarden's listener (uvicorn with the accept loop and the bounded protocol) on a free loopback port, in a
+    thread, for the block; yields the port and the server."""
+    sock = listener.bind("127.0.0.1:0", "127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        _app(),
+        log_config=None,
+        log_level="warning",
+        http=listener.bounded_protocol(limits),
+        ssl_certfile=None if ssl_files is None else str(ssl_files[0]),
+        ssl_keyfile=None if ssl_files is None else str(ssl_files[1]),
+    )
+    srv = listener.Server(config, on_hup=None)
+    srv.limits = limits
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield port, srv
+    finally:
+        srv.should_exit = True
+        srv._wake()
+        thread.join(10)
+        sock.close()
+
+
+def _wait(condition: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _get(port: int, path: str = "/small") -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data
+
+
+def _reset(s: socket.socket) -> None:
+    """Close ``s`` with a reset (SO_LINGER 0), as a client that vanishes does."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def _protocols() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o).__name__ == "BoundedHttpToolsProtocol")
+
+
+def test_a_reset_connection_is_not_held_by_the_keep_alive_timer() -> None:
+    """uvicorn cancels its keep-alive timer on a clean close only: after a reset the timer held the protocol (and on
+    TLS its state and buffers, 66 KB) for the whole keep-alive timeout."""
+    limits = HttpLimits(keep_alive=120.0)
+    with server(limits) as (port, _):
+        before = _protocols()
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            _reset(s)
+        _wait(lambda: limits.open == 0)
+        assert _protocols() == before
+
+
+def test_at_the_cap_the_oldest_idle_connection_makes_room_and_accept_never_fails() -> None:
+    limits = HttpLimits(max_connections=8, head_timeout=30.0)
+    with server(limits) as (port, _):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(30)]
+        _wait(lambda: limits.counts["evicted"] >= 22)
+        assert _get(port).startswith(b"HTTP/1.1 200")  # the scraper gets in: one more idle one made room
+        assert limits.open <= limits.max_connections
+        assert limits.counts["accept_failed"] == 0
+        assert sum(_closed(s) for s in idle[:22]) == 22  # the oldest ones went
+        for s in idle:
+            s.close()
+        _wait(lambda: limits.open == 0)
+
+
+def test_at_the_cap_with_every_connection_busy_new_ones_wait_in_the_listen_queue() -> None:
+    """Connections inside a request are not evicted; a new one waits (not refused) until one closes."""
+    limits = HttpLimits(max_connections=4, send_timeout=60.0)
+    with server(limits) as (port, _):
+        busy = []
+        for _ in range(4):  # each asks for the big answer and reads none of it: inside a request
+            s = _small_window()
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
+            busy.append(s)
+        _wait(lambda: len(limits.stalled) == 4)
+        waiting = socket.create_connection(("127.0.0.1", port), timeout=5)  # in the kernel's queue
+        waiting.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+        waiting.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            waiting.recv(100)
+        busy.pop().close()
+        waiting.settimeout(5)
+        assert waiting.recv(100).startswith(b"HTTP/1.1 200")
+        for s in [*busy, waiting]:
+            s.close()
+
+
+def _small_window() -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(5)
+    return s
+
+
+def _closed(s: socket.socket, timeout: float = 5.0) -> bool:
+    s.settimeout(timeout)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except (ConnectionResetError, ssl.SSLError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_an_unread_answer_waits_in_parts_and_holds_back_the_next_pipelined_request() -> None:
+    """A client that asks for a 640 KiB answer three times at once and reads nothing holds one part of the first
+    answer on the daemon's side (not 640 KiB, nor three), and its other requests are not answered meanwhile."""
+    limits = HttpLimits(send_timeout=60.0)
+    with server(limits) as (port, _):
+        s = _small_window()
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n" * 3)
+        _wait(lambda: len(limits.stalled) == 1)
+        time.sleep(0.3)  # room for more to be written, were it to be
+        (conn,) = limits.stalled
+        assert conn.unsent() <= 2 * ANSWER_PART_BYTES
+        assert len(conn.pipeline) == 2  # held back, not started
+        data = b""
+        s.settimeout(5)
+        while len(data) < 3 * len(BIG) or data.count(b"HTTP/1.1 200") < 3:  # once read, all three come in full
+            chunk = s.recv(1 << 20)
+            assert chunk, "closed"
+            data += chunk
+        assert data.count(BIG[:1000]) >= 3
+        s.close()
+
+
+def test_answers_over_the_unsent_budget_close_the_connection_waiting_longest() -> None:
+    limits = HttpLimits(max_unsent_bytes=64 * 1024, send_timeout=60.0)
+    with server(limits) as (port, _):
+        held = []
+        for _ in range(12):
+            s = _small_window()
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
+            held.append(s)
+            time.sleep(0.05)
+        _wait(lambda: limits.counts["unsent_over_budget"] > 0)
+        assert sum(c.unsent() for c in list(limits.stalled)) <= 64 * 1024 + 2 * ANSWER_PART_BYTES
+        assert _closed(held[0])  # the one waiting longest went first
+        assert _get(port).startswith(b"HTTP/1.1 200")
+        for s in held:
+            s.close()
+
+
+def test_an_answer_that_waits_past_the_send_timeout_is_closed() -> None:
+    limits = HttpLimits(send_timeout=0.5)
+    with server(limits) as (port, _):
+        s = _small_window()
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
+        _wait(lambda: limits.counts["send_timeout"] == 1)
+        assert _closed(s)
+        _wait(lambda: limits.open == 0)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
+    return _make_pki(tmp_path_factory)
+
+
+def _tls_client(pki: PKI) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(pki.ca.pem))
+
+
+def test_silent_tls_connections_take_no_handshake_slot(pki: PKI) -> None:
+    """Connections that never send a ClientHello wait as pending connections (no TLS state, no slot); a real client
+    handshakes past them even with a single handshake slot."""
+    limits = HttpLimits(max_handshakes=1, head_timeout=30.0)
+    with server(limits, (pki.server.cert, pki.server.key)) as (port, _):
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(50)]
+        _wait(lambda: len(limits.pending) == 50)
+        assert not limits.handshaking
+        for _ in range(5):
+            with _tls_client(pki).wrap_socket(
+                socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="127.0.0.1"
+            ) as t:
+                t.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                assert t.recv(100).startswith(b"HTTP/1.1 200")
+        assert limits.counts["handshake_evicted"] == 0
+        for s in silent:
+            s.close()
+
+
+def test_a_connection_that_is_not_tls_is_closed_before_any_handshake(pki: PKI) -> None:
+    limits = HttpLimits()
+    with server(limits, (pki.server.cert, pki.server.key)) as (port, _):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert _closed(s)
+        _wait(lambda: limits.counts["handshake_failed"] == 1)
+        _wait(lambda: limits.open == 0)
+
+
+def test_a_client_hello_sent_a_byte_at_a_time_is_handshaken(pki: PKI) -> None:
+    """A ClientHello that arrives in pieces takes its slot once whole (looked at again until then)."""
+    limits = HttpLimits()
+    with server(limits, (pki.server.cert, pki.server.key)) as (port, _):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = _tls_client(pki).wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+        with pytest.raises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = outgoing.read()
+        for i in range(0, len(hello), 100):
+            raw.sendall(hello[i : i + 100])
+            time.sleep(0.02)
+        while True:
+            data = raw.recv(65536)
+            assert data, "the server closed the connection"
+            incoming.write(data)
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                raw.sendall(outgoing.read())
+        raw.sendall(outgoing.read())
+        tls.write(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        raw.sendall(outgoing.read())
+        answer = b""
+        while not answer:
+            data = raw.recv(65536)
+            assert data, "the server closed the connection"
+            incoming.write(data)
+            try:
+                answer = tls.read(100)
+            except ssl.SSLWantReadError:
+                pass
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert limits.counts["handshake_failed"] == 0
+        raw.close()
