@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpuwarden.cli import main
-from gpuwarden.cluster.promapi import MAX_ANSWER_BYTES
+from gpuwarden.cluster.promapi import MAX_ANSWER_BYTES, MAX_SAMPLES, Prometheus
 
 HOSTILE = "[/][link=file:///etc/passwd]x[/link]\x1b]0;pwned\x07\x1b[2J"
 
@@ -107,11 +107,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self._drip(b" ")
             return
-        if case == "huge":
+        if case in ("huge", "huge-bytes", "big"):  # tiny series past MAX_SAMPLES; 2 kB ones past the bytes; 30 MiB
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.end_headers()
+            if case == "big":
+                self._big()
+                return
             item = b'{"metric":{"instance":"x"},"value":[1,"1"]},'
+            if case == "huge-bytes":
+                item = b'{"metric":{"instance":"' + b"x" * 2000 + b'"},"value":[1,"1"]},'
             try:
                 self.wfile.write(b'{"status":"success","data":{"resultType":"vector","result":[')
                 for _ in range(2 * MAX_ANSWER_BYTES // len(item) // 1000 + 1):
@@ -126,6 +131,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _big(self) -> None:
+        """A valid answer of 30 MiB (under MAX_ANSWER_BYTES) in 90,000 series (under MAX_SAMPLES), each with the
+        labels of a GPU's counter and a unique instance, written as it goes."""
+        self.wfile.write(b'{"status":"success","data":{"resultType":"vector","result":[')
+        labels = ',"cluster":"c1","job_id":"12345","cause":"input_cpu","gpu":"3","pad":"' + "p" * 170 + '"'
+        for i in range(90_000):
+            item = '%s{"metric":{"__name__":"gpu_idle_seconds_total","instance":"node%d:10400"%s},"value":[1,"%d.5"]}'
+            self.wfile.write((item % ("," if i else "", i, labels, i)).encode())
+        self.wfile.write(b"]}}")
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +158,25 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return rc, out, err
 
 
-@pytest.mark.parametrize("case", [*ANSWERS, "huge"])
+def test_a_valid_answer_of_30_mib_is_parsed_within_a_memory_bound(server: str) -> None:
+    """90,000 series in 30 MiB, under both caps: every sample is read while Python's allocations peak under 80 MiB
+    (the answer joined whole and parsed by json.loads peaked at 640 MB for its tree; now it is parsed chunk by chunk
+    as read, each label name and value kept once). tracemalloc counts the allocations, the same on any machine."""
+    import tracemalloc
+
+    client = Prometheus(f"{server}/big", timeout=120)
+    tracemalloc.start()
+    try:
+        samples = client.query("gpu_idle_seconds_total")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        client.close()
+    assert len(samples) == 90_000 and samples[7].value == 7.5 and samples[7].labels["instance"] == "node7:10400"
+    assert peak < 80 * 2**20, peak / 2**20
+
+
+@pytest.mark.parametrize("case", [*ANSWERS, "huge", "huge-bytes"])
 @pytest.mark.parametrize(
     "command", [["top"], ["top", "--json"], ["report", "--job", HOSTILE], ["report", "--json", "--job", "x"]]
 )
@@ -159,6 +192,8 @@ def test_every_answer_is_output_or_one_line(
     if rc == 0 and "--json" in command:
         json.loads(out, parse_constant=lambda token: pytest.fail(f"{token} is not JSON"))
     if case == "huge":
+        assert rc == 1 and f"more than {MAX_SAMPLES} series" in err
+    if case == "huge-bytes":
         assert rc == 1 and f"more than {MAX_ANSWER_BYTES} bytes" in err
     if case in ("hostile-labels", "infinite") and command == ["top"]:
         assert rc == 0 and "[/][link" in out  # the markup shown as text (the table may fold the rest)

@@ -2,19 +2,22 @@
 speak too: ``top`` and ``report`` ask any of them.
 
 Only instant queries are used; ranges are written into the PromQL (subqueries), so one request answers one
-question and the answer is a plain vector.
+question and the answer is a plain vector. The answer is parsed as it arrives (ijson's push parser over each
+chunk read), so neither its bytes nor a tree of all its JSON are ever held: what stays is the samples, at most
+MAX_SAMPLES of them.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import ssl
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import monotonic
+from typing import Any
 
 import httpx
+import ijson  # type: ignore[import-untyped]
 
 from gpuwarden.terminal import visible
 from gpuwarden.urls import redacted
@@ -25,7 +28,7 @@ class PrometheusError(Exception):
     one line meant for the user."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     """One series of an instant vector: its labels and value (a finite float: NaN and infinite samples are dropped)."""
 
@@ -34,8 +37,13 @@ class Sample:
 
 
 #: The largest answer read (bytes): a fleet's vector of a few thousand series is a few MB; past this the answer is
-#: refused rather than held (a 100 MB answer parsed whole took ~1 GB).
+#: refused rather than read on (a 100 MB answer parsed whole took ~1 GB).
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
+#: The most series one answer may hold: the queries of ``top`` and ``report`` give one series per GPU, job or node of
+#: the fleet (a fleet of 10,000 GPUs: 10,000); past this the answer is refused. Each sample kept costs about 300
+#: bytes, so an answer stays within about 30 MB whatever it sends (a 30 MiB answer of tiny series, parsed whole by
+#: json.loads, took 640 MB).
+MAX_SAMPLES = 100_000
 
 
 @dataclass(frozen=True)
@@ -115,45 +123,33 @@ class Prometheus:
         if time is not None:
             params["time"] = f"{time:.3f}"
         target = f"{redacted(self.base)}/api/v1/query"  # as printed: never the password
-        status, raw = self._post(target, params)
-        if status in (401, 403):
-            raise PrometheusError(f"{target} refused the request (HTTP {status}): credentials in the URL?")
-        try:
-            body = json.loads(raw, parse_constant=_not_json)
-        except (ValueError, RecursionError):
-            raise PrometheusError(f"{target} answered HTTP {status}, not the Prometheus API") from None
-        if not isinstance(body, dict) or "status" not in body:
+        status, answer = self._post(target, params)
+        if answer.invalid or answer.status is None:
             raise PrometheusError(f"{target} answered HTTP {status}, not the Prometheus API")
-        if body.get("status") != "success":
-            raise PrometheusError(f"{target}: {visible(str(body.get('error', f'HTTP {status}'))[:300])}")
-        data = body.get("data")
-        data = data if isinstance(data, dict) else {}
-        kind, result = data.get("resultType"), data.get("result")
-        try:
-            if kind == "scalar" and isinstance(result, list):
-                return [Sample({}, v) for v in (_value(result),) if math.isfinite(v)]
-            if kind != "vector" or not isinstance(result, list):
-                raise PrometheusError(f"{target} answered a {visible(str(kind)[:40])}, not a vector")
-            out = []
-            for r in result:
-                value = _value(r["value"])
-                labels = r.get("metric", {})
-                if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
-                    raise ValueError("labels")
-                if math.isfinite(value):
-                    out.append(Sample(dict(labels), value))
-            return out
-        except (KeyError, TypeError, ValueError, IndexError):
-            raise PrometheusError(f"{target} answered a malformed vector") from None
+        if answer.status != "success":
+            error = answer.error if answer.error is not None else f"HTTP {status}"
+            raise PrometheusError(f"{target}: {visible(error[:300])}")
+        if answer.kind == "scalar" and answer.result_is_list:
+            try:
+                value = _value(answer.scalar)
+            except ValueError:
+                raise PrometheusError(f"{target} answered a malformed vector") from None
+            return [Sample({}, value)] if math.isfinite(value) else []
+        if answer.kind != "vector" or not answer.result_is_list:
+            raise PrometheusError(f"{target} answered a {visible(str(answer.kind)[:40])}, not a vector")
+        if answer.malformed or answer.scalar:
+            raise PrometheusError(f"{target} answered a malformed vector")
+        return answer.samples
 
-    def _post(self, target: str, params: dict[str, str]) -> tuple[int, bytes]:
-        """POST the query; return (HTTP status, body) read within the deadline and MAX_ANSWER_BYTES. The exchange
+    def _post(self, target: str, params: dict[str, str]) -> tuple[int, Answer]:
+        """POST the query; return (HTTP status, the answer parsed as read) within the deadline, MAX_ANSWER_BYTES and
+        MAX_SAMPLES. The exchange
         runs in a thread the caller waits on until the deadline: httpx's timeouts bound each read, not the whole
         request, so a server that drips its status line and headers a byte at a time would outlast them."""
         left = self._deadline - monotonic()
         if left <= 0:
             raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
-        answer: list[tuple[int, bytes] | BaseException] = []
+        answer: list[tuple[int, Answer] | BaseException] = []
 
         def exchange() -> None:
             try:
@@ -170,27 +166,30 @@ class Prometheus:
             raise answer[0]
         return answer[0]
 
-    def _exchange(self, target: str, params: dict[str, str], left: float) -> tuple[int, bytes]:
-        """The request itself: (HTTP status, body); raises PrometheusError (one line)."""
-        chunks, size = [], 0
+    def _exchange(self, target: str, params: dict[str, str], left: float) -> tuple[int, Answer]:
+        """The request itself: (HTTP status, the answer parsed chunk by chunk as it is read); raises PrometheusError
+        (one line)."""
+        size = 0
         try:
             with self._client.stream("POST", "/api/v1/query", data=params, timeout=left) as resp:
+                if resp.status_code in (401, 403):
+                    raise PrometheusError(
+                        f"{target} refused the request (HTTP {resp.status_code}): credentials in the URL?"
+                    )
+                parser = AnswerParser()
                 for chunk in resp.iter_bytes():
                     size += len(chunk)
                     if size > MAX_ANSWER_BYTES:
                         raise PrometheusError(f"{target} answered more than {MAX_ANSWER_BYTES} bytes")
                     if monotonic() > self._deadline:
                         raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
-                    chunks.append(chunk)
-                return resp.status_code, b"".join(chunks)
+                    if not parser.feed(chunk):
+                        raise PrometheusError(f"{target} answered more than {MAX_SAMPLES} series")
+                return resp.status_code, parser.close()
         except httpx.TimeoutException:
             raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s") from None
         except httpx.HTTPError as exc:
             raise PrometheusError(f"cannot reach {target}: {visible(exc) or type(exc).__name__}") from None
-
-
-def _not_json(token: str) -> float:
-    raise ValueError(f"{token} is not JSON")
 
 
 def _value(pair: object) -> float:
@@ -198,3 +197,136 @@ def _value(pair: object) -> float:
     if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], str):
         raise ValueError("not a sample")
     return float(pair[1])
+
+
+@dataclass
+class Answer:
+    """An answer of ``/api/v1/query`` as AnswerParser read it: its ``status``, ``error`` and ``resultType``
+    (``kind``; None where absent or not text), whether ``data.result`` is a list, its finite vector samples, and its
+    bare values (a scalar's pair; in a vector, malformed). ``invalid``: not JSON, or not an object at the top;
+    ``malformed``: a vector item that is not ``{"metric": {name: text}, "value": [time, "text"]}``."""
+
+    status: str | None = None
+    error: str | None = None
+    kind: str | None = None
+    result_is_list: bool = False
+    samples: list[Sample] = field(default_factory=list)
+    scalar: list[Any] = field(default_factory=list)
+    invalid: bool = False
+    malformed: bool = False
+
+
+class AnswerParser:
+    """Parses an answer of ``/api/v1/query`` from its chunks as they arrive (ijson's push parser: events for each
+    chunk fed), keeping only the finite samples of a vector (NaN and infinite values are not readings: dropped), with
+    each label name and value kept once however many samples repeat it. Never raises: ``feed`` returns False past
+    MAX_SAMPLES, ``close`` the Answer (marked invalid or malformed as it was)."""
+
+    _ITEM = "data.result.item"
+    _METRIC = "data.result.item.metric"
+    _PAIR = "data.result.item.value"
+
+    def __init__(self) -> None:
+        self.answer = Answer()
+        self._events = ijson.sendable_list()
+        self._coro = ijson.parse_coro(self._events, use_float=True)
+        self._strings: dict[str, str] = {}
+        self._in_result = False
+        self._labels: dict[str, str] | None = None
+        self._key: str | None = None
+        self._pair: list[Any] | None = None
+        self._top_checked = False
+
+    def feed(self, chunk: bytes) -> bool:
+        """Parse ``chunk``; False once the answer holds more than MAX_SAMPLES samples."""
+        if self.answer.invalid:
+            return True
+        try:
+            self._coro.send(chunk)
+        except ijson.JSONError:
+            self.answer.invalid = True
+        return self._take()
+
+    def close(self) -> Answer:
+        """The end of the answer: the Answer read."""
+        if not self.answer.invalid:
+            try:
+                self._coro.close()
+            except ijson.JSONError:
+                self.answer.invalid = True
+            self._take()
+        return self.answer
+
+    def _intern(self, text: str) -> str:
+        return self._strings.setdefault(text, text)
+
+    def _take(self) -> bool:
+        answer = self.answer
+        for prefix, event, value in self._events:
+            if not self._top_checked:
+                self._top_checked = True
+                if event != "start_map":  # a list, a number, text: not the API's object
+                    answer.invalid = True
+            if prefix == "status" and event == "string":
+                answer.status = value
+            elif prefix == "error" and event == "string":
+                answer.error = value
+            elif prefix == "data.resultType" and event == "string":
+                answer.kind = value
+            elif prefix == "data.result":
+                if event == "start_array":
+                    self._in_result, answer.result_is_list = True, True
+                elif event == "end_array":
+                    self._in_result = False
+            elif self._in_result and not answer.malformed:
+                self._item(prefix, event, value)
+        del self._events[:]
+        return len(answer.samples) <= MAX_SAMPLES
+
+    def _item(self, prefix: str, event: str, value: Any) -> None:
+        """One event inside ``data.result``: a vector item's parts, or a bare value (a scalar's pair)."""
+        answer = self.answer
+        if prefix == self._ITEM:
+            if event == "start_map":
+                self._labels, self._pair = None, None
+            elif event == "end_map":
+                self._sample()
+            elif event in ("number", "string") and len(answer.scalar) < 2:
+                answer.scalar.append(value)
+            elif event != "map_key":
+                answer.malformed = True
+        elif prefix == self._METRIC:
+            if event == "start_map":
+                self._labels = {}
+            elif event == "map_key":
+                self._key = self._intern(value)
+            elif event != "end_map":
+                answer.malformed = True
+        elif prefix.startswith(self._METRIC + "."):
+            if event == "string" and self._labels is not None and self._key is not None:
+                self._labels[self._key] = self._intern(value)
+            else:
+                answer.malformed = True
+        elif prefix == self._PAIR:
+            if event == "start_array":
+                self._pair = []
+            elif event != "end_array":
+                answer.malformed = True
+        elif prefix == self._PAIR + ".item":
+            if self._pair is not None and event in ("number", "string") and len(self._pair) < 2:
+                self._pair.append(value)
+            else:
+                answer.malformed = True
+        # other keys of an item (Prometheus may add some) are passed over
+
+    def _sample(self) -> None:
+        """The end of a vector item: keep its sample if whole and finite."""
+        try:
+            value = _value(self._pair)
+        except (ValueError, TypeError):
+            self.answer.malformed = True
+            return
+        if self._labels is None:
+            self._labels = {}
+        if math.isfinite(value):
+            self.answer.samples.append(Sample(self._labels, value))
