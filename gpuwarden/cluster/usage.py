@@ -143,6 +143,20 @@ class Usage:
         return ""
 
 
+@dataclass
+class IdleFacts:
+    """One job over a range, as the reclaim ladder weighs it (``Accounting.idle_facts``): seconds held (its GPUs'
+    accounted seconds but free, while it held them), of which reclaimable idle, the GPUs ((instance, gpu) in its
+    cluster), the reasons the daemons gave for them, its kind and names (namespace, pod, slurm_job_id: '' unknown)."""
+
+    held_seconds: float = 0.0
+    reclaimable_seconds: float = 0.0
+    gpus: set[tuple[str, str]] = field(default_factory=set)
+    reasons: set[str] = field(default_factory=set)
+    kind: str = ""
+    names: dict[str, str] = field(default_factory=dict)
+
+
 #: The labels a per-GPU, per-job sample must carry.
 _GPU_JOB = ("instance", "gpu", "job_id")
 #: Counters are summed, and jobs given their share of a GPU, at steps this long or shorter (a longer step is cut into
@@ -352,6 +366,41 @@ class Accounting:
                     u.reasons[reason] = u.reasons.get(reason, 0.0) + s.value
         self._price(out.values())
         return dict(out)
+
+    def idle_facts(self, reclaimable: tuple[str, ...]) -> dict[JobKey, IdleFacts]:
+        """What the reclaim ladder (gpuwarden.reclaim) asks of each job over the range: the seconds it held its GPUs
+        (every state but free, while it held them), how many of those went to the ``reclaimable`` idle causes (e.g.
+        held_idle, paused), the GPUs, the reasons the daemons gave for them, and the job's names from gpu_job_info
+        at the range's end (namespace, pod, slurm_job_id, where a daemon knew them)."""
+        if self._fine is not self:
+            self._fine._reasons = self._gpu_reasons()
+            return self._fine.idle_facts(reclaimable)
+        out: dict[JobKey, IdleFacts] = {}
+        held = self._gpu_increase("gpu_state_seconds_total", 'state!="free"')
+        for s in self.samples(self._per_job(held, by="instance, gpu, job_id, job_scope, job_kind"), *_GPU_JOB):
+            f = out.setdefault(self._job_key(s.labels), IdleFacts(kind=s.labels.get("job_kind", "")))
+            f.held_seconds += s.value
+            f.gpus.add((s.labels["instance"], s.labels["gpu"]))
+        if reclaimable:
+            causes = "|".join(re.escape(c) for c in reclaimable)
+            idle = self._gpu_increase("gpu_idle_seconds_total", f'cause=~"{causes}"')
+            for s in self.samples(self._per_job(idle), "job_id"):
+                if self._job_key(s.labels) in out:
+                    out[self._job_key(s.labels)].reclaimable_seconds += s.value
+        seen = {r for reasons in self._gpu_reasons().values() for r in reasons}
+        for reason in sorted(seen):
+            flagged = f"{self._at_step('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
+            for s in self.samples(self._per_job(flagged), "job_id"):
+                if s.value > 0 and self._job_key(s.labels) in out:
+                    out[self._job_key(s.labels)].reasons.add(reason)
+        info = f"last_over_time({self.metric('gpu_job_info')}[{self._range_ms}ms])"
+        q = f"max by ({self._c}instance, job_id, job_scope, namespace, pod, slurm_job_id) ({info})"
+        for s in self.samples(q, "job_id"):
+            named = out.get(self._job_key(s.labels))
+            if named is not None:
+                for name in ("namespace", "pod", "slurm_job_id"):
+                    named.names[name] = named.names.get(name) or s.labels.get(name, "")
+        return out
 
     def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
         """``jobs()`` of one id, with energy added: all of it, above the idle floor by lost cause, and above it while

@@ -45,6 +45,10 @@ COMMANDS: dict[str, Command] = {
         "gpuwarden.commands.report",
         "one job's efficiency summary (from Prometheus): GPU-hours held, effective, lost by cause, energy",
     ),
+    "reclaim": Command(
+        "gpuwarden.commands.reclaim",
+        "notify, warn and reclaim jobs that hold GPUs idle, gated on the why (from Prometheus; dry run by default)",
+    ),
     "collectors": Command("gpuwarden.commands.collectors", "list collectors and their default state"),
     "record": Command("gpuwarden.commands.record", "record a trace of raw NVML readings (JSON Lines)"),
 }
