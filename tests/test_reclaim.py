@@ -272,3 +272,36 @@ def test_the_example_policy_loads_and_runs_dry() -> None:
     policy = load_policy(Path(__file__).parent.parent / "deploy" / "reclaim-policy.example.yml")
     assert policy.dry_run and [s.name for s in policy.steps] == ["notify", "warn", "reclaim"]
     assert policy.steps[2].command == ["scontrol", "requeue", "{slurm_job_id}"]
+
+
+def test_the_controller_logs_counts_and_serves_each_decision(caplog: pytest.LogCaptureFixture) -> None:
+    import httpx
+    from helpers import free_port
+
+    from gpuwarden.reclaim.controller import Controller, ReclaimMetrics
+
+    policy = Policy.model_validate(POLICY)
+    metrics = ReclaimMetrics(policy, True, ("cluster",))
+    ticks = iter([_facts()] * 31 + [_facts(reasons=("input_starved",))])
+
+    class Fed(Controller):
+        def facts(self, at: float) -> dict[JobKey, IdleFacts]:
+            return {JOB: next(ticks)}
+
+    controller = Fed(policy, connect=lambda: None, dry_run=True, metrics=metrics)  # type: ignore[arg-type,return-value]
+    port = free_port()
+    metrics.serve(f"127.0.0.1:{port}")
+    with caplog.at_level("INFO", logger="gpuwarden.reclaim"):
+        for m in range(1, 32):
+            controller.evaluate(m * 60.0)
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert 'gpuwarden_reclaim_decisions_total{outcome="dry_run",step="reclaim"} 1.0' in text
+        assert 'gpuwarden_reclaim_job_step{cluster="c1",instance="",job_id="4242",step="reclaim"} 1.0' in text
+        assert "gpuwarden_reclaim_dry_run 1.0" in text and "gpuwarden_reclaim_evaluations_total 31.0" in text
+        controller.evaluate(32 * 60.0)  # it works again
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert 'gpuwarden_reclaim_decisions_total{outcome="reset",step="reset"} 1.0' in text
+    assert "gpuwarden_reclaim_job_step{" not in text
+    lines = [r for r in caplog.records if r.name == "gpuwarden.reclaim"]
+    assert [getattr(r, "step", None) for r in lines] == ["notify", "warn", "reclaim", "reset"]
+    assert all(getattr(r, "evidence", "") for r in lines) and getattr(lines[-1], "outcome", "") == "reset"
