@@ -89,14 +89,21 @@ def parse_exposition(body: bytes) -> ExpositionStats:
 class Scraper:
     """GETs one path of one loopback server over a keep-alive connection, timing each answer."""
 
-    def __init__(self, host: str, port: int, path: str = "/metrics", timeout: float = 10.0) -> None:
-        self.host, self.port, self.path, self.timeout = host, port, path, timeout
+    def __init__(self, host: str, port: int, path: str = "/metrics", timeout: float = 10.0, tls: bool = False) -> None:
+        self.host, self.port, self.path, self.timeout, self.tls = host, port, path, timeout, tls
         self._conn: http.client.HTTPConnection | None = None
 
     def get(self) -> tuple[float, int, bytes]:
         """Return (seconds, status, body) of one GET; reconnects once when the kept-alive connection is gone."""
         for attempt in (0, 1):
-            if self._conn is None:
+            if self._conn is None and self.tls:  # a throw-away certificate: not verified
+                import ssl
+
+                unverified = ssl._create_unverified_context()  # noqa: S323
+                self._conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=unverified)
+                self._conn.connect()
+                self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            elif self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
                 self._conn.connect()
                 self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -215,13 +222,14 @@ def measure(
     scrape_interval: float,
     warmup: float = 3.0,
     host: str = "127.0.0.1",
+    tls: bool = False,
 ) -> Measurement:
     """Scrape ``host:port/metrics`` every ``scrape_interval`` s for ``duration`` s after ``warmup`` s; measure ``pid``.
 
     A scrape is *fresh* when gpuwarden's ``gpuwarden_polls_total`` moved since the previous scrape (it paid for a
     render); exporters without that counter count every scrape as fresh.
     """
-    scraper = Scraper(host, port)
+    scraper = Scraper(host, port, tls=tls)
     deadline = time.monotonic() + warmup
     while time.monotonic() < deadline:  # warm up: the first renders, imports, caches
         try:

@@ -155,6 +155,7 @@ CUMULATIVE: tuple[Cumulative, ...] = (
     Cumulative("gpu", "clock_event_seconds_total", keyed=True),
     Cumulative("gpu", "ecc_errors_total", integer=True, keyed=True),
     Cumulative("gpu", "nvlink_errors_total", integer=True, keyed=True),
+    Cumulative("gpu", "nvlink_link_errors_total", integer=True, keyed=True),
     Cumulative("gpu", "remapped_rows", integer=True, keyed=True, keys=REMAPPED_ROWS[:2]),
     Cumulative("process", "cpu_seconds_total"),
     Cumulative("process", "cgroup_cpu_seconds_total"),
@@ -514,6 +515,50 @@ FAMILIES: tuple[Family, ...] = (
         labels=("type",),
         reading="nvlink_errors_total",
         only_if="nvlink_link_count",
+    ),
+    # nvlink: each link and the fabric
+    _g(
+        "gpu_nvlink_link_up",
+        "1 when the NVLink link is active (or asleep), 0 when it is inactive (nvmlDeviceGetNvLinkState), by link.",
+        "nvlink",
+        labels=("link",),
+        reading="nvlink_link_up",
+        only_if="nvlink_link_count",
+    ),
+    _c(
+        "gpu_nvlink_link_errors_total",
+        "NVLink errors of each link since the driver loaded, by type: replay, recovery, crc_flit, crc_data, ecc_data "
+        "(nvmlDeviceGetNvLinkErrorCounter); on Blackwell recovery_successful, recovery_failed (link recovery events), "
+        "effective_errors, symbol_errors (NVML_FI_DEV_NVLINK_COUNT_*). Read every 10 slow reads (300 s by default).",
+        "nvlink",
+        labels=("link", "type"),
+        shows="nvlink_link_errors_total",
+    ),
+    _g(
+        "gpu_fabric_state",
+        "The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV): 1 for its state (not_started, "
+        "in_progress, completed), 0 for the others; no series where the GPU has no fabric.",
+        "nvlink",
+        labels=("state",),
+        shows="fabric",
+    ),
+    Family(
+        "gpu_fabric_info",
+        "info",
+        "The GPU's NVLink fabric (value 1): the registration's status (NVML's error name, success), its clique id, "
+        "cluster UUID and health summary (healthy, unhealthy, limited_capacity, not_supported).",
+        "nvlink",
+        labels=("status", "clique_id", "cluster_uuid", "health_summary"),
+        shows="fabric",
+    ),
+    _g(
+        "gpu_fabric_health_problem",
+        "1 when a check of the fabric's health mask reports a problem, 0 when it reports none, by check "
+        "(degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery); checks the GPU does not "
+        "report have no series.",
+        "nvlink",
+        labels=("check",),
+        shows="fabric",
     ),
     # gpm
     _g(
@@ -903,6 +948,9 @@ COLLECTORS: dict[str, CollectorInfo] = {
         CollectorInfo("mig", True, "MIG mode, and memory and GPM activity per MIG device"),
         CollectorInfo(
             "pcie", True, "PCIe link generation/width, RX/TX bytes per second (GPM), replay errors; NVLink CRC errors"
+        ),
+        CollectorInfo(
+            "nvlink", True, "Each NVLink link: up or not, errors by type (replay, recovery, CRC, ...); the fabric"
         ),
         CollectorInfo("power", True, "Power draw, enforced/default power limits, energy counter"),
         CollectorInfo("processes", True, "Compute process count and GPU memory per process (top N per GPU)"),

@@ -166,6 +166,21 @@ class XidEvent(_Model):
     xid: int
 
 
+class FabricReading(_Model):
+    """A GPU's NVLink fabric (nvmlDeviceGetGpuFabricInfoV, v3): its registration state (not_started, in_progress,
+    completed), the registration's status (NVML's error name: success, ...), its clique and cluster, the health
+    mask's checks that the GPU reports (check -> True when it reports a problem: degraded_bandwidth, route_recovery,
+    route_unhealthy, access_timeout_recovery) and its summary (healthy, unhealthy, limited_capacity, not_supported).
+    None on the reading where the GPU has no fabric (state not supported)."""
+
+    state: str
+    status: str
+    clique_id: int = 0
+    cluster_uuid: str = ""
+    health: dict[str, bool] = Field(default_factory=dict)
+    health_summary: str = "not_supported"
+
+
 class GpuReading(_Model):
     """One poll of one GPU, in base units. ``up`` is False when the GPU could not be read at all
     (lost, fallen off the bus), in which case every reading is ``None`` and ``error`` says why, except
@@ -216,8 +231,20 @@ class GpuReading(_Model):
         "peer-to-peer, 4 drain and reset",
     )
     nvlink_errors_total: dict[str, int] = Field(
-        default_factory=dict, description="NVLink CRC errors over all links: crc_flit, crc_data"
+        default_factory=dict,
+        description="NVLink CRC errors over all links: crc_flit, crc_data (NVML's totals, or the sum of the per-link "
+        "counters where NVML has no total)",
     )
+    nvlink_link_up: dict[str, int] = Field(
+        default_factory=dict, description="link index -> 1 active (or asleep), 0 inactive (nvmlDeviceGetNvLinkState)"
+    )
+    nvlink_link_errors_total: dict[str, int] = Field(
+        default_factory=dict,
+        description="'LINK:TYPE' -> errors since the driver loaded: replay, recovery, crc_flit, crc_data, ecc_data "
+        "(nvmlDeviceGetNvLinkErrorCounter), recovery_successful, recovery_failed, effective_errors, symbol_errors "
+        "(Blackwell's NVML_FI_DEV_NVLINK_COUNT_* per link); read every 10 slow reads (300 s by default)",
+    )
+    fabric: FabricReading | None = Field(default=None, description="the GPU's NVLink fabric; None: it has none")
     gpm: dict[str, float] = Field(default_factory=dict)
     ecc_errors_total: dict[str, int] = Field(default_factory=dict)
     remapped_rows: dict[str, int] = Field(default_factory=dict)

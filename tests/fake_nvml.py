@@ -86,6 +86,9 @@ FUNCTIONS = (
     "nvmlDeviceGetFieldValues",
     "nvmlDeviceGetSamples",
     "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetGpuFabricInfoV",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetMaxMigDeviceCount",
@@ -121,6 +124,14 @@ def _nvml_number(r: GpuReading, reading: Reading) -> int | None:
     if value is None:
         return None
     return int(value) if reading.integer else round(value / reading.scale)
+
+
+def _link_field(r: GpuReading, fid: int, link: int) -> int | None:
+    """A recorded per-link field-value counter (gpuwarden.nvml.nvlink.FIELD_COUNTERS), None if absent."""
+    from gpuwarden.nvml.nvlink import FIELD_COUNTERS
+
+    kind = next((k for k, name in FIELD_COUNTERS.items() if getattr(pynvml, name, None) == fid), None)
+    return None if kind is None else r.nvlink_link_errors_total.get(f"{link}:{kind}")
 
 
 class _Device:
@@ -442,9 +453,17 @@ class FakeNvml:
         dev = self._dev("nvmlDeviceGetFieldValues", handle)
         r = dev.current
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-        for i, fid in enumerate(field_ids):
+        for i, asked in enumerate(field_ids):
             fv = values[i]
-            fv.fieldId = fid
+            fid, scope = asked if isinstance(asked, tuple) else (asked, 0)
+            fv.fieldId, fv.scopeId = fid, scope
+            if isinstance(asked, tuple):  # a per-link counter (Blackwell's): from the recording where it has one
+                number = _link_field(r, fid, scope)
+                fv.timestamp = int(time.time() * 1e6)
+                fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if number is None else pynvml.NVML_SUCCESS
+                fv.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                fv.value.ullVal = number or 0
+                continue
             fv.timestamp = int(time.time() * 1e6)
             number: float | None = None
             if fid == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
@@ -486,6 +505,43 @@ class FakeNvml:
         if not rows:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return rows["corrected"], rows["uncorrected"], rows["pending"], rows["failure"]
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        """The recorded state of ``link`` (1 active, 0 inactive); NOT_SUPPORTED where the recording has none."""
+        up = self._dev("nvmlDeviceGetNvLinkState", handle).current.nvlink_link_up
+        if str(link) not in up:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.NVML_NVLINK_STATE_ACTIVE if up[str(link)] else pynvml.NVML_NVLINK_STATE_INACTIVE
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
+        """The recorded count of one of ``link``'s data-link error counters; NOT_SUPPORTED where absent."""
+        from gpuwarden.nvml.nvlink import ERROR_COUNTERS
+
+        errors = self._dev("nvmlDeviceGetNvLinkErrorCounter", handle).current.nvlink_link_errors_total
+        kind = next((k for k, name in ERROR_COUNTERS.items() if getattr(pynvml, name) == counter), None)
+        if kind is None or f"{link}:{kind}" not in errors:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return errors[f"{link}:{kind}"]
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, info: Any) -> int:
+        """Fill the (by reference) nvmlGpuFabricInfo_v3 struct from the recorded fabric; NOT_SUPPORTED without."""
+        from gpuwarden.nvml.nvlink import FABRIC_CHECKS, FABRIC_STATES, FABRIC_SUMMARIES
+
+        fabric = self._dev("nvmlDeviceGetGpuFabricInfoV", handle).current.fabric
+        if fabric is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        target = info._obj
+        target.state = {v: k for k, v in FABRIC_STATES.items()}[fabric.state]
+        target.status = pynvml.NVML_SUCCESS if fabric.status == "success" else pynvml.NVML_ERROR_UNKNOWN
+        target.cliqueId = fabric.clique_id
+        raw = bytes.fromhex(fabric.cluster_uuid.replace("-", "")) or bytes(16)
+        ctypes.memmove(target.clusterUuid, raw, 16)
+        mask = 0
+        for name, ok in fabric.health.items():
+            mask |= (1 if ok else 2) << getattr(pynvml, FABRIC_CHECKS[name])
+        target.healthMask = mask
+        target.healthSummary = {v: k for k, v in FABRIC_SUMMARIES.items()}[fabric.health_summary]
+        return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         """``nvmlFriendlyObject`` per recorded process: pid, usedGpuMemory, instance ids."""

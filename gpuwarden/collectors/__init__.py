@@ -12,6 +12,7 @@ from gpuwarden.collectors import (  # noqa: F401 - imported for registration
     gpm,
     insight,
     mig,
+    nvlink,
     processes,
     xid,
 )

@@ -7,6 +7,7 @@ once and then skipped, a failing one is counted by (call, error) for
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -84,3 +85,25 @@ class Caller:
                 return None
             self.errors[(name, error_name(exc))] += 1
             return None
+
+
+def field_value(fv: Any) -> float | int | None:
+    """Return the number held by one nvmlFieldValue_t according to its valueType, None if unknown (or a double
+    that is NaN or infinite)."""
+    vt, v = fv.valueType, fv.value
+    if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        d = float(v.dVal)
+        return d if math.isfinite(d) else None
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return int(v.uiVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return int(v.ulVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        return int(v.ullVal)
+    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return int(v.sllVal)
+    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
+        return int(v.siVal)
+    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
+        return int(v.usVal)
+    return None

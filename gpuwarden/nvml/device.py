@@ -19,7 +19,6 @@ costs, and why each cadence was chosen, is measured in docs/performance.md.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -28,9 +27,10 @@ from pydantic_core import PydanticUndefined
 
 from gpuwarden.config import GPM_INTERVAL, SLOW_INTERVAL
 from gpuwarden.model import GpuReading, GpuStatic, MigReading, ProcessReading
-from gpuwarden.nvml.calls import Caller, GpuLost, decode, error_name
+from gpuwarden.nvml.calls import Caller, GpuLost, decode, error_name, field_value
 from gpuwarden.nvml.events import XidWatcher
 from gpuwarden.nvml.gpm import GpmSampler
+from gpuwarden.nvml.nvlink import LINK_COUNTER_SLOW_READS, LinkReader
 from gpuwarden.nvml.readings import (
     FIELDS,
     POLL_CALLS,
@@ -77,28 +77,6 @@ def construct_reading(values: dict[str, Any]) -> GpuReading:
             full[name] = factory()  # type: ignore[call-arg]
     full.update(values)
     return GpuReading.model_construct(_fields_set=set(values), **full)
-
-
-def field_value(fv: Any) -> float | int | None:
-    """Return the number held by one nvmlFieldValue_t according to its valueType, None if unknown (or a double
-    that is NaN or infinite)."""
-    vt, v = fv.valueType, fv.value
-    if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        d = float(v.dVal)
-        return d if math.isfinite(d) else None
-    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-        return int(v.uiVal)
-    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
-        return int(v.ulVal)
-    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
-        return int(v.ullVal)
-    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
-        return int(v.sllVal)
-    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
-        return int(v.siVal)
-    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
-        return int(v.usVal)
-    return None
 
 
 class GpuPoller:
@@ -152,6 +130,11 @@ class GpuPoller:
         self._mig_gpm: dict[int, GpmSampler] = {}
         self._memory_v2 = True
         self._holders: dict[int, float] = {}  # pid -> start time of the processes at the last good read
+        self._links: LinkReader | None = None
+        if static.nvlink_link_count:  # each GPU's link counters at its own offset: 8 GPUs an eighth apart
+            interval = LINK_COUNTER_SLOW_READS * slow_interval
+            offset = (static.index * interval / 8) % interval
+            self._links = LinkReader(handle, caller, static.nvlink_link_count, interval, offset)
 
     def read(self, now: float) -> GpuReading:
         """Return this poll's reading of the GPU (``now`` is the poll's Unix time)."""
@@ -179,7 +162,12 @@ class GpuPoller:
                 lambda attr: bool(getattr(self.static, attr)), calls, fields, "nvmlDeviceGetRemappedRows" in calls
             )
             self._unsupported = (sizes, names)
-        return list(self._unsupported[1])
+        names = list(self._unsupported[1])
+        if self._links is not None:
+            if self._links.errors:  # NVLink errors are reported per link (and their CRC totals summed from them)
+                names = [n for n in names if not n.startswith("nvlink_errors_total:")]
+            names = sorted(names + self._links.unsupported())
+        return names
 
     def _holders_alive(self) -> list[ProcessReading] | None:
         """The processes that held the GPU at its last good read and still run (the same PID and start time, read
@@ -221,11 +209,17 @@ class GpuPoller:
         self._fields = self._read_fields(self._fields, r)
         r["gpm"] = self._read_gpm(now, self._gpm)
         if now >= self._next_slow:
-            self._read_slow()
+            self._read_slow(now)
             self._next_slow = now + self._slow_interval
         for field, value in self._slow.items():  # carried between slow reads
             current = r.get(field)
             r[field] = {**current, **value} if isinstance(current, dict) and isinstance(value, dict) else value
+        if self._links is not None:
+            r["nvlink_link_up"] = dict(self._links.up)
+            r["nvlink_link_errors_total"] = dict(self._links.errors)
+            r["fabric"] = self._links.fabric
+            if not r.get("nvlink_errors_total") and self._links.totals():  # NVML has no total here: the links' sum
+                r["nvlink_errors_total"] = self._links.totals()
         r["processes"] = self._processes()
         r["unsupported"] = self._unsupported_names()
         if self.static.mig_enabled:
@@ -297,8 +291,10 @@ class GpuPoller:
         self._unsupported_fields.update(unsupported)
         return [f for f in fields if f not in unsupported] if unsupported else fields
 
-    def _read_slow(self) -> None:
+    def _read_slow(self, now: float) -> None:
         c, h = self._caller.call, self._handle
+        if self._links is not None:
+            self._links.read_slow(now)
         slow: dict[str, Any] = {}
         self._slow_fields = self._read_fields(self._slow_fields, slow)
         self._read_calls(SLOW_CALLS, slow)
