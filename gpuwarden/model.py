@@ -232,8 +232,8 @@ class GpuReading(_Model):
     )
     nvlink_errors_total: dict[str, int] = Field(
         default_factory=dict,
-        description="NVLink CRC errors over all links: crc_flit, crc_data (NVML's totals, or the sum of the per-link "
-        "counters where NVML has no total)",
+        description="NVLink CRC errors over all links: crc_flit, crc_data (NVML's totals; Hopper GPUs that lack them "
+        "report per link: nvlink_link_errors_total)",
     )
     nvlink_link_up: dict[str, int] = Field(
         default_factory=dict, description="link index -> 1 active (or asleep), 0 inactive (nvmlDeviceGetNvLinkState)"

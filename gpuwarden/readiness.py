@@ -9,7 +9,9 @@ CRITICAL (the job should not start here)
 - the driver asks for a recovery (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION > 0) - GpuRecoveryActionNeeded;
 - a row remap failed (nvmlDeviceGetRemappedRows) - GpuRowRemapFailure;
 - uncorrectable ECC errors since the driver loaded (volatile counter) - GpuUncorrectableEccErrors;
-- the GPU at or above its own slowdown temperature before any work (cooling).
+- the GPU at or above its own slowdown temperature before any work (cooling);
+- the GPU's NVLink fabric not registered (state not ``completed``) - GpuFabricNotReady: it is not in its NVLink
+  domain.
 
 WARN (the job can start; the node needs a look)
 - a row remap pending (applied at the next reset) - GpuRowRemapPending;
@@ -17,7 +19,9 @@ WARN (the job can start; the node needs a look)
 - a hardware slowdown or power-brake clock event active - GpuHardwareSlowdown;
 - the PCIe link narrower than its maximum width - GpuPcieLinkDegraded (the link's generation drops at idle to save
   power, so only the width counts);
-- processes hold the GPU, or memory is used with none visible: an earlier job's leftovers.
+- processes hold the GPU, or memory is used with none visible: an earlier job's leftovers;
+- NVLink links inactive while others of the GPU are active - GpuNvlinkLinkDown (a GPU whose links are all inactive
+  may not use NVLink at all: not judged); a fabric health check reporting a problem - GpuFabricUnhealthy.
 """
 
 from __future__ import annotations
@@ -110,6 +114,37 @@ def _findings(g: GpuReading, s: GpuStatic | None) -> list[Finding]:
             )
         )
     out.extend(_holders(g))
+    out.extend(_nvlink(g))
+    return out
+
+
+def _nvlink(g: GpuReading) -> list[Finding]:
+    """Findings of the GPU's NVLink links and fabric (nvmlDeviceGetNvLinkState, nvmlDeviceGetGpuFabricInfoV)."""
+    out = []
+    f = g.fabric
+    if f is not None and f.state != "completed":
+        out.append(
+            Finding(
+                level="CRITICAL",
+                reason=f"the NVLink fabric is {f.state.replace('_', ' ')} (registration status {f.status})",
+                action="check the fabric manager (nvidia-fabricmanager) or IMEX service and the NVSwitch trays; "
+                "restart it, then reset the GPU if the state stays",
+            )
+        )
+    if f is not None and any(f.health.values()):
+        problems = ", ".join(sorted(c.replace("_", " ") for c, bad in f.health.items() if bad))
+        out.append(Finding(level="WARN", reason=f"the NVLink fabric reports {problems}",
+                           action="the fabric manager's log names the link or switch; plan service"))  # fmt: skip
+    down = sorted((int(link) for link, up in g.nvlink_link_up.items() if not up))
+    if down and len(down) < len(g.nvlink_link_up):
+        links = ", ".join(str(link) for link in down)
+        out.append(
+            Finding(
+                level="WARN",
+                reason=f"NVLink link(s) {links} inactive, {len(g.nvlink_link_up) - len(down)} active",
+                action="nvidia-smi nvlink -s; drain and reset the GPU; a link that stays down needs service",
+            )
+        )
     return out
 
 

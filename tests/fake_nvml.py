@@ -457,14 +457,13 @@ class FakeNvml:
             fv = values[i]
             fid, scope = asked if isinstance(asked, tuple) else (asked, 0)
             fv.fieldId, fv.scopeId = fid, scope
-            if isinstance(asked, tuple):  # a per-link counter (Blackwell's): from the recording where it has one
-                number = _link_field(r, fid, scope)
-                fv.timestamp = int(time.time() * 1e6)
-                fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if number is None else pynvml.NVML_SUCCESS
-                fv.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                fv.value.ullVal = number or 0
-                continue
             fv.timestamp = int(time.time() * 1e6)
+            if isinstance(asked, tuple):  # a per-link counter (Blackwell's): from the recording where it has one
+                link_count = _link_field(r, fid, scope)
+                fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if link_count is None else pynvml.NVML_SUCCESS
+                fv.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                fv.value.ullVal = link_count or 0
+                continue
             number: float | None = None
             if fid == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
                 number = dev.static.nvlink_link_count

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.cli import build_parser
-from gpuwarden.model import GpuReading, GpuStatic, NodeStatic, PollResult, ProcessReading
+from gpuwarden.model import FabricReading, GpuReading, GpuStatic, NodeStatic, PollResult, ProcessReading
 from gpuwarden.readiness import assess, worst
 
 TRACES = Path(__file__).parent / "data" / "traces"
@@ -29,6 +29,7 @@ def cli(argv: list[str]) -> int:
         ("derived-h100-health", [], 2, "CRITICAL", ["uncorrectable ECC", "slowdown at 89", "row remap is pending"]),
         ("derived-8gpu-lost", ["--gpus", "3"], 2, "CRITICAL", ["cannot be read (gpu_is_lost)"]),
         ("derived-8gpu-lost", ["--gpus", "0,1"], 0, "WARN", ["process(es) hold the GPU"]),
+        ("h200x2-nvlink", [], 0, "PASS", []),  # 18 active links each, fabric completed
     ],
 )
 def test_recorded_polls_get_their_level_and_exit_code(
@@ -78,6 +79,20 @@ def _node(**gpu: object) -> tuple[NodeStatic, PollResult]:
         ({"pcie_width": 16, "pcie_generation": 1}, "PASS", ""),  # the generation drops at idle
         ({"memory_used_bytes": 20 << 30}, "WARN", "20.0 GiB used with no process visible"),
         ({"up": False, "error": "gpu_is_lost"}, "CRITICAL", "cannot be read"),
+        ({"fabric": FabricReading(state="in_progress", status="success")}, "CRITICAL", "fabric is in progress"),
+        ({"fabric": FabricReading(state="not_started", status="not_ready")}, "CRITICAL", "(registration status not_"),
+        (
+            {
+                "fabric": FabricReading(
+                    state="completed", status="success", health={"route_unhealthy": True, "degraded_bandwidth": False}
+                )
+            },
+            "WARN",
+            "fabric reports route unhealthy",
+        ),  # fmt: skip
+        ({"fabric": FabricReading(state="completed", status="success")}, "PASS", ""),
+        ({"nvlink_link_up": {"0": 1, "1": 0, "2": 1, "3": 0}}, "WARN", "link(s) 1, 3 inactive, 2 active"),
+        ({"nvlink_link_up": {"0": 0, "1": 0}}, "PASS", ""),  # no link active: NVLink not in use here
     ],
 )
 def test_each_rule(gpu: dict[str, object], level: str, reason: str) -> None:

@@ -145,6 +145,7 @@ def traffic(seconds: float) -> str:
         "torch.cuda.synchronize(); print(r, 'all-reduces', n, 'of 1 GiB in', round(time.time() - t0, 1), 's')\n"
         "d.destroy_process_group()\n"
     )
+    pynvml.nvmlInit()
     gpus = pynvml.nvmlDeviceGetCount()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the machine's own torch and its packages
     env.update(SECONDS_=str(seconds), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",

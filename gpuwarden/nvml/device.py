@@ -164,7 +164,7 @@ class GpuPoller:
             self._unsupported = (sizes, names)
         names = list(self._unsupported[1])
         if self._links is not None:
-            if self._links.errors:  # NVLink errors are reported per link (and their CRC totals summed from them)
+            if self._links.errors:  # NVLink errors are reported per link: no blind spot without NVML's totals
                 names = [n for n in names if not n.startswith("nvlink_errors_total:")]
             names = sorted(names + self._links.unsupported())
         return names
@@ -218,8 +218,6 @@ class GpuPoller:
             r["nvlink_link_up"] = dict(self._links.up)
             r["nvlink_link_errors_total"] = dict(self._links.errors)
             r["fabric"] = self._links.fabric
-            if not r.get("nvlink_errors_total") and self._links.totals():  # NVML has no total here: the links' sum
-                r["nvlink_errors_total"] = self._links.totals()
         r["processes"] = self._processes()
         r["unsupported"] = self._unsupported_names()
         if self.static.mig_enabled:

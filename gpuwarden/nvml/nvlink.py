@@ -4,20 +4,25 @@ came up looks like before it is an outage.
 Measured on two H200 (NVLink 4, 18 links each, driver 580.159.04, tools/nvlink_probe.py): the field values that sum
 CRC errors over all links (NVML_FI_DEV_NVLINK_CRC_*_ERROR_COUNT_TOTAL, what ``gpu_nvlink_errors_total`` read) and the
 per-link ``_L<n>`` fields answer NOT_SUPPORTED there, while ``nvmlDeviceGetNvLinkErrorCounter`` answers per link for
-replay, recovery, CRC flit, CRC data and ECC data errors (each call 0.4-0.5 ms: 90 calls, 40 ms, for 18 links), and
+replay, recovery, CRC flit, CRC data and ECC data errors (each call 0.4-1 ms: 90 calls, 40-100 ms, for 18 links), and
 ``nvmlDeviceGetNvLinkState`` a few microseconds. Blackwell's counters of link recovery events and of effective and
 symbol errors (``NVML_FI_DEV_NVLINK_COUNT_*``, field values read with ``scopeId`` = the link) answer NOT_SUPPORTED on
 Hopper; they are asked once and kept where they answer. So:
 
 - every slow read (``slow_interval``): each link's state (nvmlDeviceGetNvLinkState), and the fabric
   (nvmlDeviceGetGpuFabricInfoV, v3: state, registration status, clique, cluster UUID, health mask and summary);
-- every LINK_COUNTER_SLOW_READS slow reads, each GPU at its own offset so that a node's GPUs do not read at once: each
-  active link's error counters, one nvmlDeviceGetNvLinkErrorCounter call per link and counter, and Blackwell's in
-  one field-value batch per link. A counter type that answers NOT_SUPPORTED is asked no more.
+- at the first slow read, then every LINK_COUNTER_SLOW_READS slow reads, each GPU at its own offset so that a node's
+  GPUs do not read together after the first: each active link's error counters, one nvmlDeviceGetNvLinkErrorCounter
+  call per link and counter, and Blackwell's in one field-value batch per link. A counter type that answers
+  NOT_SUPPORTED is asked no more.
 
-The CRC totals that ``gpu_nvlink_errors_total`` shows are summed from the per-link counters where NVML has no total
-(``totals``). Sources: NVML API reference, "NvLink Methods" and "Field Value Enums"; the fabric's states and health
-mask from nvml.h (NVML_GPU_FABRIC_STATE_*, NVML_GPU_FABRIC_HEALTH_MASK_*).
+Where NVML has no totals, NVLink errors are still watched, per link: the coverage (``gpu_reading_unsupported``) does not
+call them missing. The totals are not summed from the links: on the H200s a sustained all-reduce grew the CRC data and
+ECC data counters by about 65 a second per GPU with no replay and no recovery (errors the link corrected), which
+``GpuNvlinkErrors``, made for NVML's CRC totals, would take for a failing link.
+
+Sources: NVML API reference, "NvLink Methods" and "Field Value Enums"; the fabric's states and health mask from nvml.h
+(NVML_GPU_FABRIC_STATE_*, NVML_GPU_FABRIC_HEALTH_MASK_*).
 """
 
 from __future__ import annotations
@@ -120,11 +125,12 @@ class LinkReader:
                 up[str(link)] = 0 if int(state) == pynvml.NVML_NVLINK_STATE_INACTIVE else 1
         self.up = up
         self.fabric = self._read_fabric()
-        if self._next_counters is None:
-            self._next_counters = now + self._offset
-        if now >= self._next_counters:
+        if self._next_counters is None or now >= self._next_counters:
+            first = self._next_counters is None
             self._read_counters()
-            self._next_counters = now + self._interval
+            # read at once the first time (the GPU's counters, and its CRC totals, known from the start), then each
+            # GPU at its own offset into the interval
+            self._next_counters = now + (self._offset or self._interval if first else self._interval)
 
     def _read_fabric(self) -> FabricReading | None:
         info = pynvml.c_nvmlGpuFabricInfo_v3_t()
@@ -166,15 +172,6 @@ class LinkReader:
         self._counters_read = True
         if errors or not self.errors:
             self.errors = errors
-
-    def totals(self) -> dict[str, int]:
-        """CRC flit and data errors summed over the links ({} where the per-link counters do not answer)."""
-        out: dict[str, int] = {}
-        for key, value in self.errors.items():
-            kind = key.partition(":")[2]
-            if kind in ("crc_flit", "crc_data"):
-                out[kind] = out.get(kind, 0) + value
-        return out
 
     def unsupported(self) -> list[str]:
         """The link readings this GPU never answers: ``nvlink_link_errors_total`` when no counter type answers (every
