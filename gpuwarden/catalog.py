@@ -359,6 +359,13 @@ FAMILIES: tuple[Family, ...] = (
         labels=("reading",),
     ),
     _g(
+        "gpu_reading_failing",
+        "1 for each reading whose last read on this GPU failed, by reading and NVML error (timeout, unknown, ...), "
+        "until a read succeeds: the reading is missing, or stale where its last good value is carried.",
+        "device",
+        labels=("reading", "error"),
+    ),
+    _g(
         "gpu_devices",
         "Number of GPUs gpuwarden watches on this node; nodename: the node's name (configuration node_name, else the "
         "host name).",

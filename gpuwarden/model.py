@@ -260,6 +260,11 @@ class GpuReading(_Model):
         description="readings this GPU never answers (NVML: not supported, no permission, function not found), by "
         "name (field, or field:key): not asked again; a health-critical one missing is a blind spot",
     )
+    failing: dict[str, str] = Field(
+        default_factory=dict,
+        description="readings whose last read failed (NVML timeout, unknown error, ...), by name as in unsupported -> "
+        "NVML's error name, until a read succeeds: missing this poll, or stale (a slow reading keeps its last value)",
+    )
     xid_events: list[XidEvent] = Field(default_factory=list, description="XID events since the last poll")
 
 

@@ -511,3 +511,44 @@ def test_wait_for_nvml_process_serves_source_down_without_a_driver() -> None:
     assert code == 0 and took < 5, err
     warnings = [line for line in err.splitlines() if "NVML unavailable" in line]
     assert len(warnings) == 1 and "retrying" in warnings[0]  # one line, not one per retry
+
+
+def test_a_reading_that_fails_is_said_per_gpu_until_it_reads_again(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that times out on one GPU (not unsupported: asked again every poll) is named on that GPU's
+    ``gpu_reading_failing{reading, error}`` while it fails, with a field of the batch that came back with an error;
+    once it reads again the series goes. The other GPU says nothing."""
+    power = pynvml.nvmlDeviceGetPowerUsage
+    fields = pynvml.nvmlDeviceGetFieldValues
+    failing = {"on": True}
+    second = fake.devices[1].static.uuid
+
+    def on_gpu1(handle: object) -> bool:
+        return failing["on"] and fake.nvmlDeviceGetUUID(handle) == second
+
+    def power_usage(handle: object) -> object:
+        if on_gpu1(handle):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return power(handle)
+
+    def field_values(handle: object, ids: list) -> object:
+        values = fields(handle, ids)
+        for fv in values:
+            if on_gpu1(handle) and fv.fieldId == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+                fv.nvmlReturn = pynvml.NVML_ERROR_UNKNOWN
+        return values
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", power_usage)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", field_values)
+    live = nvml_poller()
+    live.start(thread=False)
+    live.poll_once()
+    text = render(live.snapshot)
+    got = {(dict(k[1])["gpu"], dict(k[1])["reading"], dict(k[1])["error"]) for k in samples(text)
+           if k[0] == "gpu_reading_failing"}  # fmt: skip
+    assert got == {("1", "power_usage_watts", "timeout"), ("1", "temperature_memory_celsius", "unknown")}
+    assert "power_usage_watts" not in live.snapshot.poll.gpus[1].unsupported  # asked again, not given up
+    failing["on"] = False
+    live.poll_once()
+    assert not [k for k in samples(render(live.snapshot)) if k[0] == "gpu_reading_failing"]

@@ -1,4 +1,5 @@
-"""Identity and presence: ``gpu_info``, ``gpu_driver_info``, ``gpu_up``, ``gpu_reading_unsupported``, ``gpu_devices``.
+"""Identity and presence: ``gpu_info``, ``gpu_driver_info``, ``gpu_up``, ``gpu_reading_unsupported``,
+``gpu_reading_failing``, ``gpu_devices``.
 
 Sources: static facts (nvmlDeviceGetName/UUID/PciInfo/Serial/VbiosVersion/Architecture,
 nvmlSystemGetDriverVersion, ...) and whether this poll could read the GPU at all.
@@ -52,6 +53,17 @@ def reading_unsupported(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -
         for g in snap.poll.gpus:
             for name in g.unsupported:
                 out.add_metric([*gpu_label_values(g), name], 1.0)
+    return out if out.samples else None
+
+
+@builds("gpu_reading_failing")
+def reading_failing(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    """Return 1 per GPU, reading and error whose last read failed (``GpuReading.failing``); None when none did."""
+    out = new_values(fam)
+    if snap.poll is not None:
+        for g in snap.poll.gpus:
+            for name, error in g.failing.items():
+                out.add_metric([*gpu_label_values(g), name, error], 1.0)
     return out if out.samples else None
 
 

@@ -55,12 +55,14 @@ class Caller:
 
     ``unsupported`` holds the names of calls that answered NOT_SUPPORTED / NO_PERMISSION /
     FUNCTION_NOT_FOUND; they are not asked again. ``errors`` is shared across devices and counts
-    other failures by (call name, error name).
+    other failures by (call name, error name). ``failing`` holds this device's calls whose last attempt failed
+    otherwise (call name -> error name), until one succeeds.
     """
 
     def __init__(self, errors: Counter[tuple[str, str]]) -> None:
         self.errors = errors
         self.unsupported: set[str] = set()
+        self.failing: dict[str, str] = {}
 
     def call(self, name: str, fn: Callable[..., T], *args: Any, quiet: frozenset[int] = frozenset()) -> T | None:
         """Return ``fn(*args)``, or None when it is unsupported or failed.
@@ -71,7 +73,7 @@ class Caller:
         if name in self.unsupported:
             return None
         try:
-            return fn(*args)
+            answer = fn(*args)
         except pynvml.NVMLError as exc:
             code = getattr(exc, "value", None)
             if code in _LOST:
@@ -82,9 +84,14 @@ class Caller:
                 self.unsupported.add(name)
                 if code == pynvml.NVML_ERROR_NO_PERMISSION:
                     self.errors[(name, error_name(exc))] += 1
+                self.failing.pop(name, None)
                 return None
             self.errors[(name, error_name(exc))] += 1
+            self.failing[name] = error_name(exc)
             return None
+        if self.failing:
+            self.failing.pop(name, None)
+        return answer
 
 
 def field_value(fv: Any) -> float | int | None:

@@ -38,6 +38,7 @@ from gpuwarden.nvml.readings import (
     SLOW_CALLS,
     SLOW_FIELDS,
     PlannedCall,
+    failing_readings,
     picked,
     store,
     unsupported_readings,
@@ -112,6 +113,7 @@ class GpuPoller:
         self._fields = list(POLL_FIELDS)
         self._slow_fields = list(SLOW_FIELDS)
         self._unsupported_fields: set[int] = set()  # field ids the GPU answered NOT_SUPPORTED
+        self._failing_fields: dict[int, str] = {}  # field id -> error of its last read, while it fails
         self._unsupported: tuple[tuple[int, int], list[str]] = ((-1, -1), [])  # (sizes it was made at, names)
         self._last_sample_us = int(time.time() * 1e6)
         self._last_process_sample_us = self._last_sample_us
@@ -220,6 +222,8 @@ class GpuPoller:
             r["fabric"] = self._links.fabric
         r["processes"] = self._processes()
         r["unsupported"] = self._unsupported_names()
+        if self._caller.failing or self._failing_fields:
+            r["failing"] = failing_readings(self._caller.failing, self._failing_fields)
         if self.static.mig_enabled:
             r["mig"] = self._mig(now)
         return construct_reading(r)
@@ -276,13 +280,20 @@ class GpuPoller:
             return fields
         values = self._caller.call("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, self._handle, fields)
         if values is None:
+            error = self._caller.failing.get("nvmlDeviceGetFieldValues")
+            if error is not None:  # the batch failed whole: each of its fields is failing
+                self._failing_fields.update(dict.fromkeys(fields, error))
             return fields
         unsupported = []
         for fv in values:
             if fv.nvmlReturn != pynvml.NVML_SUCCESS:
                 if fv.nvmlReturn in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
                     unsupported.append(fv.fieldId)
+                else:
+                    self._failing_fields[fv.fieldId] = error_name(pynvml.NVMLError(fv.nvmlReturn))
                 continue
+            if self._failing_fields:
+                self._failing_fields.pop(fv.fieldId, None)
             value = field_value(fv)
             if value is not None:
                 store(r, FIELDS[fv.fieldId], value)

@@ -106,3 +106,45 @@ def unsupported_readings(
     if remapped_rows:
         out.add("remapped_rows")
     return sorted(out)
+
+
+#: Calls that are not declared readings -> the readings they give (GpuReading fields), for ``failing_readings``.
+_CALL_READINGS: dict[str, tuple[str, ...]] = {
+    "nvmlDeviceGetMemoryInfo_v2": ("memory_used_bytes",),
+    "nvmlDeviceGetMemoryInfo": ("memory_used_bytes",),
+    "nvmlDeviceGetSamples": ("utilization_samples",),
+    "nvmlDeviceGetRemappedRows": ("remapped_rows",),
+    "nvmlDeviceGetComputeRunningProcesses": ("processes",),
+    "nvmlGpmSampleGet": ("gpm",),
+    "nvmlGpmMetricsGet": ("gpm",),
+    "nvmlDeviceGetNvLinkState": ("nvlink_link_up",),
+    "nvmlDeviceGetGpuFabricInfoV": ("fabric",),
+    "nvmlDeviceGetFieldValues(nvlink links)": ("nvlink_link_errors_total",),
+}
+_PLANNED_READINGS: dict[str, tuple[str, ...]] = {
+    call.name: tuple(reading_name(r) for r in call.readings) for call in (*POLL_CALLS, *SLOW_CALLS)
+}
+
+
+def failing_readings(failing_calls: dict[str, str], failing_fields: dict[int, str]) -> dict[str, str]:
+    """The readings a GPU's last attempt failed to read (reading name as ``reading_name`` -> NVML error name), from
+    its Caller's ``failing`` calls and the field ids whose last value came with an error: what is missing or stale
+    (a slow reading carries its last good value) now, not what the GPU never answers (``unsupported_readings``).
+    A call that gives no declared reading is named by itself. Raises nothing."""
+    out: dict[str, str] = {}
+    for call, error in failing_calls.items():
+        if call == "nvmlDeviceGetFieldValues":
+            continue  # a batch that failed whole: its fields are named below by the poller
+        base = call.partition("(")[0]
+        names = (
+            _PLANNED_READINGS.get(call)
+            or _CALL_READINGS.get(call)
+            or (("nvlink_link_errors_total",) if base == "nvmlDeviceGetNvLinkErrorCounter" else (call,))
+        )
+        for name in names:
+            out[name] = error
+    for fid, error in failing_fields.items():
+        reading = FIELDS.get(fid)
+        if reading is not None:
+            out[reading_name(reading)] = error
+    return dict(sorted(out.items()))
