@@ -25,10 +25,12 @@ WANTED = ("gpu_up", "gpu_state_seconds_total", "gpu_idle_seconds_total", "gpu_di
 
 
 def replayed(trace: Path, labels: dict[str, str], start: float, seconds: float, every: float = 15.0,
-             wanted: tuple[str, ...] = WANTED) -> dict[tuple[str, str], list[tuple[float, str]]]:  # fmt: skip
+             wanted: tuple[str, ...] = WANTED, node_name: str | None = None
+             ) -> dict[tuple[str, str], list[tuple[float, str]]]:  # fmt: skip
     """The samples of ``wanted`` series of ``trace`` replayed for ``seconds`` of recorded time, rendered every
     ``every`` seconds, moved to begin at ``start`` (Unix seconds): (name, label text with ``labels`` added) -> [(time,
-    value)]."""
+    value)]. ``node_name``: the node's name on ``gpu_devices`` (the daemon's ``node_name``; default the recording
+    machine's host name)."""
     poller = Poller(ReplaySource(trace, timing="recorded"), 1.0, analyzers={"insight": InsightAnalyzer().prepare})
     poller.start(thread=False)
     extra = ",".join(f'{k}="{v}"' for k, v in labels.items())
@@ -42,7 +44,7 @@ def replayed(trace: Path, labels: dict[str, str], start: float, seconds: float, 
         now = snap.poll.timestamp
         first = now if first is None else first
         if now - first >= due:
-            text = Exposition(Held(snap), collectors, CollectOptions()).render().decode()
+            text = Exposition(Held(snap), collectors, CollectOptions(node_name=node_name)).render().decode()
             for line in text.splitlines():
                 m = SAMPLE.match(line)
                 if m is None or m.group(1) not in wanted:

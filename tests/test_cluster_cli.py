@@ -279,15 +279,17 @@ def test_the_job_dashboard_finds_a_slurm_job_by_its_number(prom: dict) -> None:
 
 
 def test_suspects_become_an_exclude_list_with_hostile_node_names_left_out() -> None:
-    from gpuwarden.cluster.exclude import exclude_list
+    from gpuwarden.cluster.exclude import exclude_list, from_suspects
     from gpuwarden.cluster.suspects import Suspect
 
-    found = [
-        (Suspect("10.0.0.1:10400", "1", "GPU-a", 4, ["HBM 7 °C hotter"]), "gpu-node-07"),
-        (Suspect("10.0.0.1:10400", "3", "GPU-b", 3), "gpu-node-07"),
-        (Suspect("10.0.0.2:10400", "0", "GPU-c", 3), "node-08; rm -rf /"),
-        (Suspect("10.0.0.3:10400", "2", "GPU-d", 5), "Node_09"),
-    ]
+    found = from_suspects(
+        [
+            (Suspect("10.0.0.1:10400", "1", "GPU-a", 4, ["HBM 7 °C hotter"]), "gpu-node-07"),
+            (Suspect("10.0.0.1:10400", "3", "GPU-b", 3), "gpu-node-07"),
+            (Suspect("10.0.0.2:10400", "0", "GPU-c", 3), "node-08; rm -rf /"),
+            (Suspect("10.0.0.3:10400", "2", "GPU-d", 5), "Node_09"),
+        ]
+    )
     slurm = exclude_list(found, "slurm", "7d")
     assert 'scontrol update NodeName=gpu-node-07,Node_09 State=DRAIN Reason="gpuwarden fail-slow suspect"' in slurm
     assert "sbatch --exclude=gpu-node-07,Node_09" in slurm
@@ -306,4 +308,4 @@ def test_format_without_suspects_is_one_line_and_exit_2(capsys: pytest.CaptureFi
     args = build_parser("top").parse_args(["top", "--prometheus", "http://127.0.0.1:9", "--format", "slurm"])
     assert args.run(args) == 2
     err = capsys.readouterr().err
-    assert "give --suspects too" in err and err.count("\n") == 1
+    assert "give one of them" in err and err.count("\n") == 1

@@ -193,10 +193,10 @@ def suspects_view(args: argparse.Namespace) -> int:
         return 1
     found, names = got
     if getattr(args, "format", "table") != "table":
-        from gpuwarden.cluster.exclude import exclude_list
+        from gpuwarden.cluster.exclude import exclude_list, from_suspects
 
         on_nodes = [(s, names.get((s.cluster, s.instance), "") or s.instance.rsplit(":", 1)[0]) for s in found]
-        print(exclude_list(on_nodes, args.format, args.range), end="")
+        print(exclude_list(from_suspects(on_nodes), args.format, args.range), end="")
         return 0
     if args.json:
         doc = {"prometheus": redacted(args.prometheus), "range": args.range, "min_jobs": args.suspect_jobs,
@@ -219,6 +219,57 @@ def suspects_view(args: argparse.Namespace) -> int:
     ]
     optional: list[Column] = [("uuid", False, lambda r: r[0].uuid)]
     title = f"Fail-slow suspects: the straggler of {args.suspect_jobs}+ jobs, last {args.range}"
+    _print(console, _fitted(title, required, optional, rows, console.width))
+    return 0
+
+
+def quality_view(args: argparse.Namespace) -> int:
+    """``gpuwarden top --quality``: print every GPU's quality tier, score and reasons (gpuwarden.cluster.quality),
+    worst first; with ``--format slurm|k8s`` the nodes of the GPUs that need service as an exclude list. Exit 1 with
+    one line on errors."""
+    from gpuwarden.cluster.quality import quality
+
+    got = _ask(args, "top", lambda acc: (quality(acc, args.straggler_for, args.suspect_jobs), acc.node_names()))
+    if got is None:
+        return 1
+    found, names = got
+
+    def node(q: Any) -> str:
+        return names.get((q.cluster, q.instance), "") or q.instance.rsplit(":", 1)[0]
+
+    if getattr(args, "format", "table") != "table":
+        from gpuwarden.cluster.exclude import SERVICE_TAINT_KEY, Listed, exclude_list
+
+        listed = [Listed(node(q), q.gpu, f"GPU {q.gpu}: " + ", ".join(t for tier, t in q.reasons if tier == "service"))
+                  for q in found if q.tier == "service"]  # fmt: skip
+        text = exclude_list(listed, args.format, args.range, what="GPUs that need service",
+                            drain_reason="gpuwarden: a GPU needs service", taint_key=SERVICE_TAINT_KEY)  # fmt: skip
+        print(text, end="")
+        return 0
+    if args.json:
+        doc = {"prometheus": redacted(args.prometheus), "range": args.range,
+               "gpus": [{"instance": q.instance, "node": names.get((q.cluster, q.instance), ""), "gpu": q.gpu,
+                         "uuid": q.uuid, "tier": q.tier, "score": round(q.score, 3),
+                         "reasons": [{"tier": t, "reason": r} for t, r in q.reasons]} for q in found]}  # fmt: skip
+        print(_json(doc))
+        return 0
+    console = _console()
+    listed_gpus = [q for q in found if q.reasons]
+    good = len(found) - len(listed_gpus)
+    if not listed_gpus:
+        _print(console, plain(f"All {good} GPU(s) good over the last {args.range}: no error, link, clock or fail-slow "
+                              "sign."))  # fmt: skip
+        return 0
+    rows = [(q, _node(names, q.cluster, q.instance)) for q in listed_gpus]
+    required: list[Column] = [
+        ("node", False, lambda r: r[1]),
+        ("GPU", True, lambda r: r[0].gpu),
+        ("tier", False, lambda r: r[0].tier),
+        ("score", True, lambda r: f"{r[0].score:.2f}"),
+        ("reasons", False, lambda r: "; ".join(t for _, t in r[0].reasons)),
+    ]
+    optional: list[Column] = [("uuid", False, lambda r: r[0].uuid)]
+    title = f"GPU quality across jobs, last {args.range}: {len(listed_gpus)} to look at, {good} good"
     _print(console, _fitted(title, required, optional, rows, console.width))
     return 0
 

@@ -24,13 +24,16 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
     p.add_argument("--suspects", action="store_true",
                    help="instead: the GPUs that held back several jobs (fail-slow suspects) with their node-local "
                    "evidence; use a long --range, e.g. 7d")  # fmt: skip
+    p.add_argument("--quality", action="store_true",
+                   help="instead: every GPU's quality across the jobs it ran (service, watch, good) with the reasons: "
+                   "errors, links, clocks, fail-slow; use a long --range, e.g. 7d")  # fmt: skip
     p.add_argument("--suspects.min-jobs", dest="suspect_jobs", type=_positive_int, default=3, metavar="N",
                    help="distinct jobs a GPU must have been the straggler of (default 3)")  # fmt: skip
     p.add_argument("--suspects.straggler-for", dest="straggler_for", type=duration, default="5m",
                    help="how long the daemon must flag it its job's straggler to count (default 5m)")  # fmt: skip
     p.add_argument("--format", choices=("table", "slurm", "k8s"), default="table",
-                   help="with --suspects: the suspects' nodes as a Slurm exclude list and drain, or Kubernetes taints "
-                   "(commands to review, not run)")  # fmt: skip
+                   help="with --suspects: the suspects' nodes, with --quality the nodes of GPUs that need service, as "
+                   "a Slurm exclude list and drain, or Kubernetes taints (commands to review, not run)")  # fmt: skip
     return p
 
 
@@ -48,9 +51,14 @@ def _positive_int(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     """Print the jobs and GPUs that lost the most GPU-hours (gpuwarden.cluster.views.top); 1 with one line on
     errors."""
-    from gpuwarden.cluster.views import suspects_view, top
+    from gpuwarden.cluster.views import quality_view, suspects_view, top
     from gpuwarden.commands import EXIT_USAGE, die
 
-    if args.format != "table" and not args.suspects:
-        return die(f"--format {args.format} lists the fail-slow suspects' nodes: give --suspects too", EXIT_USAGE)
+    if args.suspects and args.quality:
+        return die("--suspects and --quality are two views: give one", EXIT_USAGE)
+    if args.format != "table" and not (args.suspects or args.quality):
+        return die(f"--format {args.format} lists the fail-slow suspects' nodes (--suspects) or those of GPUs that "
+                   "need service (--quality): give one of them", EXIT_USAGE)  # fmt: skip
+    if args.quality:
+        return quality_view(args)
     return suspects_view(args) if args.suspects else top(args)
