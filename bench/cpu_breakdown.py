@@ -47,7 +47,7 @@ STEPS: list[tuple[str, str | None, str, str]] = [
     ("gpuwarden.insight.analyzer", "InsightAnalyzer", "prepare", "poll: insight accounting (every poll)"),
     ("gpuwarden.insight.analyzer", None, "build_result", "insight: result built (when first read)"),
     ("gpuwarden.exposition", "Exposition", "render", "render: the exposition (collectors + text)"),
-    ("gpuwarden.exposition", "FamilyTexts", "render", "render: text of the families that changed"),
+    ("gpuwarden.series", "TextWriter", "render", "render: the text (kept name-and-labels, values formatted)"),
     ("gpuwarden.exposition", "Exposition", "cached", "scrape: look-up of the ready text"),
 ]
 

@@ -1,4 +1,4 @@
-"""Rendering a snapshot as the Prometheus exposition, through prometheus_client, once per snapshot and format.
+"""Rendering a snapshot as the Prometheus exposition, once per snapshot and format.
 
 ``families()`` runs every enabled collector over a snapshot and adds ``gpuwarden_scrape_collector_success`` /
 ``_duration_seconds`` per collector (as node_exporter does): a failing collector is visible and does not take the
@@ -13,10 +13,11 @@ finds the text ready and only sends bytes; it renders ahead only on the last pol
 one render per scrape, not fifteen. When polls come faster than once per ``min_age`` (1 s), the rendered text is
 reused for up to ``min_age``: rendering at most once a second bounds the CPU a fast poll costs.
 
-The text is written by prometheus_client's own encoders: the exposition format is the library's job, not ours. They
-are called per metric family, and only for the families that changed since the previous render (``FamilyTexts``):
-between two polls of a GPU most families are unchanged (identity, limits, thresholds, counters that did not move),
-and their text is reused.
+The text is written by gpuwarden.series.TextWriter, one per format, byte for byte what prometheus_client's encoders
+write (tests/test_exposition_cache.py and tests/test_golden_expositions.py hold it; prometheus_client's parser,
+``promtool check metrics`` and an OpenMetrics parser read it back in tests/test_exposition_format.py): each series'
+name-and-labels text is made once and kept, each value formatted per render. The format is still negotiated by
+prometheus_client (``choose_encoder``), which names the content types.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 from gpuwarden.catalog import FAMILY
 from gpuwarden.collectors import CollectOptions, collect
-from gpuwarden.collectors.registry import new_family
+from gpuwarden.collectors.registry import new_values
+from gpuwarden.series import Series, TextWriter
 from gpuwarden.snapshot import NodeSnapshot, SnapshotHolder
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,10 @@ def negotiate(accept: str | None) -> Format:
 PLAIN = negotiate(None)
 
 
-def families(snap: NodeSnapshot, collectors: list[str], options: CollectOptions) -> Iterator[Metric]:
+def families(snap: NodeSnapshot, collectors: list[str], options: CollectOptions) -> Iterator[Series]:
     """Yield every enabled collector's families for ``snap``, then per-collector success and duration."""
-    success = new_family(FAMILY["gpuwarden_scrape_collector_success"])
-    duration = new_family(FAMILY["gpuwarden_scrape_collector_duration_seconds"])
-    assert isinstance(success, GaugeMetricFamily) and isinstance(duration, GaugeMetricFamily)
+    success = new_values(FAMILY["gpuwarden_scrape_collector_success"])
+    duration = new_values(FAMILY["gpuwarden_scrape_collector_duration_seconds"])
     for name in collectors:
         start = time.perf_counter()
         try:
@@ -89,59 +89,6 @@ def families(snap: NodeSnapshot, collectors: list[str], options: CollectOptions)
         duration.add_metric([name], time.perf_counter() - start)
     yield success
     yield duration
-
-
-class _One:
-    """A collector of one metric family: what an encoder is given to render that family alone."""
-
-    __slots__ = ("family",)
-
-    def __init__(self, family: Metric) -> None:
-        self.family = family
-
-    def collect(self) -> list[Metric]:
-        """Return the family."""
-        return [self.family]
-
-
-class FamilyTexts:
-    """Renders a sequence of metric families with one format's encoder, reusing the text of each family that is
-    equal (name, help, type, unit and samples: ``Metric.__eq__``) to the same-named family of the previous call.
-
-    ``render(families)`` returns the same bytes as the encoder over a collector yielding ``families`` (the text
-    formats are the concatenation of each family's block, OpenMetrics closed by one ``# EOF``;
-    tests/test_exposition_cache.py checks it on every poll of real recordings). Not thread-safe: the caller holds
-    a lock.
-    """
-
-    def __init__(self, fmt: Format = PLAIN) -> None:
-        self.format = fmt
-        self._previous: dict[str, tuple[Metric, bytes]] = {}
-        self.rendered = 0  # families rendered by the last call (the others were reused)
-
-    def render(self, metrics: Iterator[Metric] | list[Metric]) -> bytes:
-        """Return the exposition of ``metrics`` in this format (UTF-8 bytes)."""
-        previous = self._previous
-        current: dict[str, tuple[Metric, bytes]] = {}
-        parts: list[bytes] = []
-        rendered = 0
-        encode, strip = self.format.encoder, self.format.openmetrics
-        for fam in metrics:
-            old = previous.get(fam.name)
-            if old is not None and old[0] == fam:
-                text = old[1]
-            else:
-                text = encode(_One(fam))
-                if strip:
-                    text = text.removesuffix(_OPENMETRICS_EOF)
-                rendered += 1
-            current[fam.name] = (fam, text)
-            parts.append(text)
-        if strip:
-            parts.append(_OPENMETRICS_EOF)
-        self._previous = current
-        self.rendered = rendered
-        return b"".join(parts)
 
 
 #: After a scrape, render ahead at every poll for at most this long while the next one is not known to be due
@@ -193,7 +140,7 @@ class Exposition:
         self.options = options
         # per content type: (snapshot seq, source_up, monotonic render time, text)
         self._cache: dict[str, tuple[int, bool, float, bytes]] = {}
-        self._texts: dict[str, FamilyTexts] = {}
+        self._texts: dict[str, TextWriter] = {}
         self._gz: dict[int, tuple[bytes, bytes]] = {}  # id(text) -> (text, its gzip), one per format at most
 
     def reconfigure(self, collectors: list[str], options: CollectOptions) -> None:
@@ -204,7 +151,7 @@ class Exposition:
             self._cache = {}
             self._texts = {}
 
-    def families(self, snap: NodeSnapshot) -> Iterator[Metric]:
+    def families(self, snap: NodeSnapshot) -> Iterator[Series]:
         """Yield the families of ``snap`` that a render would encode (the enabled collectors' and per collector)."""
         return families(snap, self.collectors, self.options)
 
@@ -294,7 +241,7 @@ class Exposition:
                 return body
             texts = self._texts.get(fmt.content_type)
             if texts is None:
-                texts = self._texts[fmt.content_type] = FamilyTexts(fmt)
+                texts = self._texts[fmt.content_type] = TextWriter(fmt.openmetrics)
             body = texts.render(self.families(snap))
             self._cache[fmt.content_type] = (snap.seq, snap.source_up, self._clock(), body)
             return body

@@ -199,41 +199,69 @@ class _All(Collector):
         return self._families
 
 
-@pytest.mark.parametrize("name", ["h200x2-ddp_straggler", "h100-compute_bound", "derived-8gpu"])
-def test_reused_family_texts_equal_a_full_generate_latest_at_every_poll(name: str) -> None:
-    """The exposition renders only the families that changed (FamilyTexts) and reuses the others' text; at every
-    poll of real recordings it is byte for byte what prometheus_client's generate_latest gives over all families
-    (but for the collector durations, which differ between two renders), and most families are reused."""
+@pytest.mark.parametrize("name", ["h200x2-ddp_straggler", "h100-compute_bound", "derived-8gpu", "h200x2-nvlink"])
+@pytest.mark.parametrize("om", [False, True], ids=["text", "openmetrics"])
+def test_the_writer_is_byte_for_byte_prometheus_clients_encoder_at_every_poll(name: str, om: bool) -> None:
+    """gpuwarden's TextWriter (series' name-and-labels text kept, values formatted per render) writes, at every poll
+    of real recordings, in both formats, exactly what prometheus_client's own encoder writes over the same families
+    (but for the collector durations, which differ between two renders)."""
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    from gpuwarden.exposition import negotiate
+
+    fmt = negotiate("application/openmetrics-text; version=1.0.0") if om else PLAIN
+    encode = om_latest if om else generate_latest
     p = Poller(ReplaySource(trace(name), timing="recorded"), 1.0, analyzers=build_analyzers(Config()))
     exp = Exposition(p, select_collectors(), CollectOptions())
     p.start(thread=False)
-    rendered = families = 0
     for _ in range(40):
         p.poll_once()
-        ours = exp.render()
-        families += ours.count(b"# TYPE ")
-        rendered += exp._texts[PLAIN.content_type].rendered
-        assert _without_durations(ours) == _without_durations(generate_latest(_All(exp, p.snapshot)))
-    assert rendered < families / 2
+        ours = exp.render(fmt=fmt)
+        assert _without_durations(ours) == _without_durations(encode(_All(exp, p.snapshot)))
 
 
-def test_a_family_that_changes_back_and_forth_is_rendered_each_time() -> None:
-    from prometheus_client.core import GaugeMetricFamily
+def test_hostile_label_values_and_help_text_are_escaped_as_prometheus_client_escapes_them() -> None:
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-    from gpuwarden.exposition import FamilyTexts
+    from gpuwarden.series import Series, TextWriter
 
-    texts = FamilyTexts()
+    hostile = 'a\\b"c\nd\x1b[2J\u00e9{}=,'
+    gauge = Series("x_ratio", 'X "quoted" \\ and\nmore.', "gauge", ("gpu", "name"))
+    gauge.add_metric(["0", hostile], 0.5)
+    gauge.add_metric(["1", ""], float("nan"))
+    counter = Series("y", "Y.", "counter", ("gpu",))
+    counter.add_metric(["0"], 1e21)
+    info = Series("z", "Z.", "info", ("gpu",))
+    info.add_metric(["0"], {"version": hostile, "b": "1"})
 
-    def fam(v: float) -> GaugeMetricFamily:
-        g = GaugeMetricFamily("x_ratio", "X.", labels=["gpu"])
-        g.add_metric(["0"], v)
+    class All:
+        def collect(self) -> list:  # noqa: ANN401
+            return [gauge, counter, info]
+
+    for om, encode in ((False, generate_latest), (True, om_latest)):
+        writer = TextWriter(om)
+        assert writer.render(All().collect()) == encode(All()), om
+        assert writer.render(All().collect()) == encode(All()), om  # and again, from its kept text
+
+
+def test_a_series_gone_from_the_exposition_is_forgotten() -> None:
+    from gpuwarden.series import Series, TextWriter
+
+    writer = TextWriter(False)
+
+    def fam(*pids: str) -> Series:
+        g = Series("p_bytes", "P.", "gauge", ("pid",))
+        for pid in pids:
+            g.add_metric([pid], 1.0)
         return g
 
-    assert texts.render([fam(0.5)]) == b'# HELP x_ratio X.\n# TYPE x_ratio gauge\nx_ratio{gpu="0"} 0.5\n'
-    assert texts.render([fam(0.5)]).endswith(b" 0.5\n") and texts.rendered == 0
-    assert texts.render([fam(0.25)]).endswith(b" 0.25\n") and texts.rendered == 1
-    assert texts.render([fam(0.5)]).endswith(b" 0.5\n") and texts.rendered == 1
-    assert texts.render([]) == b""
+    assert (
+        writer.render([fam("1", "2")])
+        == b'# HELP p_bytes P.\n# TYPE p_bytes gauge\np_bytes{pid="1"} 1.0\np_bytes{pid="2"} 1.0\n'
+    )
+    writer.render([fam("2", "3")])
+    assert len(writer._prefixes) == 2  # pid 1's text went with it
+    assert writer.render([]) == b""
 
 
 def test_two_scrapers_in_two_formats_are_both_rendered_ahead() -> None:

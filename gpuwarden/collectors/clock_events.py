@@ -6,15 +6,14 @@ cumulative duration counters (NVML_FI_DEV_CLOCKS_EVENT_REASON_*) are declared re
 
 from __future__ import annotations
 
-from prometheus_client.core import Metric
-
 from gpuwarden.catalog import CLOCK_EVENT_REASONS, Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values, readings
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_clock_event_reason_active")
-def reason_active(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def reason_active(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return 0/1 per clock event reason and GPU (every reason NVML names), None when no GPU reports the mask."""
     active = new_values(fam)
     for g in readings(snap):
@@ -22,4 +21,4 @@ def reason_active(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metr
             labels = gpu_label_values(g)
             for bit, name in CLOCK_EVENT_REASONS.items():
                 active.add_metric([*labels, name], 1.0 if g.clock_event_reasons & bit else 0.0)
-    return active if active.samples else None
+    return active if active else None

@@ -7,18 +7,16 @@ nvmlSystemGetDriverVersion, ...) and whether this poll could read the GPU at all
 
 from __future__ import annotations
 
-from prometheus_client.core import InfoMetricFamily, Metric
-
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, new_values
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_info")
-def gpu_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def gpu_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return one info sample per GPU with its identity labels (unknown values left out; minor number 0 kept)."""
     info = new_family(fam)
-    assert isinstance(info, InfoMetricFamily)
     for s in snap.static.gpus:
         values = {k: getattr(s, k) for k in fam.labels}
         info.add_metric(gpu_label_values(s), {k: str(v) for k, v in values.items() if v is not None and v != ""})
@@ -26,17 +24,16 @@ def gpu_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
 
 
 @builds("gpu_driver_info")
-def driver_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def driver_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return the node's driver, NVML and CUDA driver versions as one info sample."""
     info = new_family(fam)
-    assert isinstance(info, InfoMetricFamily)
     values = {k: getattr(snap.static, k) for k in fam.labels}
     info.add_metric([], {k: v for k, v in values.items() if v})
     return info
 
 
 @builds("gpu_up")
-def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return 1 per GPU that answered the last poll, 0 per GPU that did not (empty before the first poll)."""
     up = new_values(fam)
     if snap.poll is not None:
@@ -46,29 +43,29 @@ def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
 
 
 @builds("gpu_reading_unsupported")
-def reading_unsupported(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def reading_unsupported(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return 1 per GPU and reading it never answers (``GpuReading.unsupported``); None when every GPU answers all."""
     out = new_values(fam)
     if snap.poll is not None:
         for g in snap.poll.gpus:
             for name in g.unsupported:
                 out.add_metric([*gpu_label_values(g), name], 1.0)
-    return out if out.samples else None
+    return out if out else None
 
 
 @builds("gpu_reading_failing")
-def reading_failing(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def reading_failing(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return 1 per GPU, reading and error whose last read failed (``GpuReading.failing``); None when none did."""
     out = new_values(fam)
     if snap.poll is not None:
         for g in snap.poll.gpus:
             for name, error in g.failing.items():
                 out.add_metric([*gpu_label_values(g), name, error], 1.0)
-    return out if out.samples else None
+    return out if out else None
 
 
 @builds("gpu_devices")
-def gpu_devices(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def gpu_devices(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return the number of GPUs watched, labelled with the node's name (``CollectOptions.node_name``, else the host
     name), which stays when the daemon restarts under another ``instance``."""
     count = new_values(fam)

@@ -7,8 +7,6 @@ declared families of ``gpuwarden.catalog``. A lost GPU keeps its last counters a
 
 from __future__ import annotations
 
-from prometheus_client.core import Metric
-
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import (
     CollectOptions,
@@ -17,11 +15,12 @@ from gpuwarden.collectors.registry import (
     health_readings,
     new_values,
 )
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_ecc_errors_total")
-def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the ECC counters split into labels ``type`` (corrected, uncorrected) and ``counter``."""
     errors = new_values(fam)
     for g in health_readings(snap):
@@ -29,15 +28,15 @@ def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric 
         for key, value in sorted(g.ecc_errors_total.items()):
             etype, _, ctype = key.partition("_")
             errors.add_metric([*labels, etype, ctype], value)
-    return errors if errors.samples else None
+    return errors if errors else None
 
 
 @builds("gpu_remapped_rows_total")
-def remapped_rows(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def remapped_rows(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the rows remapped for corrected and for uncorrected errors (label ``type``)."""
     rows = new_values(fam)
     for g in health_readings(snap):
         for t in ("corrected", "uncorrected"):
             if t in g.remapped_rows:
                 rows.add_metric([*gpu_label_values(g), t], g.remapped_rows[t])
-    return rows if rows.samples else None
+    return rows if rows else None

@@ -8,29 +8,28 @@ from __future__ import annotations
 import platform
 
 from prometheus_client import ProcessCollector
-from prometheus_client.core import InfoMetricFamily, Metric
 
 from gpuwarden import __version__
 from gpuwarden.catalog import HTTP_CLOSE_REASONS, Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family, new_values
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
-def _info(fam: Family, values: dict[str, str]) -> Metric:
+def _info(fam: Family, values: dict[str, str]) -> Series:
     info = new_family(fam)
-    assert isinstance(info, InfoMetricFamily)
     info.add_metric([], values)
     return info
 
 
-def _value(fam: Family, value: float) -> Metric:
+def _value(fam: Family, value: float) -> Series:
     metric = new_values(fam)
     metric.add_metric([], value)
     return metric
 
 
 @builds("gpuwarden_build_info")
-def build_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def build_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return gpuwarden's version, Python's and nvidia-ml-py's."""
     return _info(
         fam,
@@ -43,7 +42,7 @@ def build_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
 
 
 @builds("gpuwarden_gpu_hour_price")
-def gpu_hour_price(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def gpu_hour_price(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the configured price of one GPU-hour with its currency, None when no price is configured."""
     if opts.price_per_gpu_hour is None:
         return None
@@ -53,69 +52,72 @@ def gpu_hour_price(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Met
 
 
 @builds("gpuwarden_source_info")
-def source_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def source_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return the source (nvml or replay) and what describes it (the trace's name)."""
     return _info(fam, {"source": snap.source, **snap.extra_info})
 
 
 @builds("gpuwarden_source_up")
-def source_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def source_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return 1 when the last poll of the source succeeded."""
     return _value(fam, 1.0 if snap.source_up else 0.0)
 
 
 @builds("gpuwarden_polls_total")
-def polls(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def polls(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return the polls completed."""
     return _value(fam, snap.polls_total)
 
 
 @builds("gpuwarden_poll_failures_total")
-def poll_failures(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def poll_failures(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return the polls that failed as a whole."""
     return _value(fam, snap.poll_failures_total)
 
 
 @builds("gpuwarden_poll_interval_seconds")
-def poll_interval(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def poll_interval(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return the configured poll interval, in seconds."""
     return _value(fam, snap.interval_seconds)
 
 
 @builds("gpuwarden_poll_duration_seconds")
-def poll_duration(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def poll_duration(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the duration of the last poll, in seconds (absent before the first)."""
     return _value(fam, snap.poll.duration_seconds) if snap.poll is not None else None
 
 
 @builds("gpuwarden_last_poll_success_timestamp_seconds")
-def last_success(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def last_success(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the Unix time of the last successful poll (absent before the first)."""
     return _value(fam, snap.last_success_timestamp) if snap.last_success_timestamp is not None else None
 
 
 @builds("gpuwarden_config_last_reload_successful")
-def reload_successful(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def reload_successful(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return 1 when the last reload applied (or there was none), 0 when it was refused."""
     return _value(fam, 1.0 if snap.reload_successful else 0.0)
 
 
 @builds("gpuwarden_config_last_reload_success_timestamp_seconds")
-def reload_timestamp(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def reload_timestamp(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return when the configuration last loaded, Unix seconds."""
     return _value(fam, snap.reload_success_timestamp) if snap.reload_success_timestamp is not None else None
 
 
 _PROCESS = ProcessCollector(registry=None)
-_process_cache: tuple[int, dict[str, Metric]] = (-1, {})
+_process_cache: tuple[int, dict[str, Series]] = (-1, {})
 
 
-def _process_family(snap: NodeSnapshot, fam: Family) -> Metric | None:
+def _process_family(snap: NodeSnapshot, fam: Family) -> Series | None:
     """The ``process_*`` family ``fam`` from prometheus_client's ProcessCollector (/proc/self), read once a render."""
     global _process_cache
     seq, families = _process_cache
     if seq != snap.seq:
-        families = {f.name: f for f in _PROCESS.collect()}
+        families = {}
+        for f in _PROCESS.collect():
+            series = families[f.name] = Series(f.name, f.documentation, f.type)
+            series.rows.extend((tuple(s.labels), tuple(s.labels.values()), float(s.value)) for s in f.samples)
         _process_cache = (snap.seq, families)
     return families.get(fam.base_name)
 
@@ -132,7 +134,7 @@ for _name in (
 
 
 @builds("gpuwarden_nvml_errors_total")
-def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric:
+def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     """Return the NVML failures by call and error (the family is there, empty, while there are none)."""
     errors = new_values(fam)
     for (call, err), n in sorted(snap.errors.items()):
@@ -141,7 +143,7 @@ def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
 
 
 @builds("gpuwarden_http_connections_closed_total")
-def http_closed(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def http_closed(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the HTTP server's closed and refused connections by reason (HttpLimits.counts), every reason from 0;
     None without a server (a collector test, a replay rendered in-process)."""
     if opts.http_closed is None:

@@ -7,11 +7,10 @@ follow DCGM's profiling fields (SM activity = DCGM_FI_PROF_SM_ACTIVE, SM occupan
 
 from __future__ import annotations
 
-from prometheus_client.core import Metric
-
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values, readings
 from gpuwarden.insight.ofu import flop_utilization
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 #: label value of ``pipe`` -> key of GpuReading.gpm
@@ -24,18 +23,18 @@ PIPES = (
 
 
 @builds("gpu_pipe_activity_ratio")
-def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the FP16, FP32, FP64 and integer pipe activities (0-1) of each GPU that has them."""
     pipes = new_values(fam)
     for g in readings(snap):
         for pipe, key in PIPES:
             if key in g.gpm:
                 pipes.add_metric([*gpu_label_values(g), pipe], g.gpm[key])
-    return pipes if pipes.samples else None
+    return pipes if pipes else None
 
 
 @builds("gpu_flop_utilization_ratio")
-def flop_utilization_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def flop_utilization_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return each GPU's OFU (gpuwarden.insight.ofu.flop_utilization), where GPM gives its tensor activity."""
     statics = {s.index: s for s in snap.static.gpus}
     ofu = new_values(fam)
@@ -43,4 +42,4 @@ def flop_utilization_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family
         value = flop_utilization(g, statics.get(g.index))
         if value is not None:
             ofu.add_metric(gpu_label_values(g), value)
-    return ofu if ofu.samples else None
+    return ofu if ofu else None

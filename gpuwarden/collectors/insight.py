@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client.core import InfoMetricFamily, Metric
-
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family, new_values
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.reasons import REASONS
 from gpuwarden.insight.result import GpuInsight, InsightResult, snapshot_insight
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -45,7 +44,7 @@ def _result(snap: NodeSnapshot) -> InsightResult | None:
 Samples = Callable[[GpuInsight], Iterable[tuple[list[str], float]]]
 
 
-def _per_gpu(snap: NodeSnapshot, fam: Family, samples: Samples, doc: str | None = None) -> Metric | None:
+def _per_gpu(snap: NodeSnapshot, fam: Family, samples: Samples, doc: str | None = None) -> Series | None:
     """Return ``fam`` with each GPU's ``samples`` (GPU labels first), None before the first analysis or without
     any sample. ``doc`` is a help text other than the declared one."""
     res = _result(snap)
@@ -56,23 +55,23 @@ def _per_gpu(snap: NodeSnapshot, fam: Family, samples: Samples, doc: str | None 
     for g in res.gpus:
         for labels, value in samples(g):
             add([str(g.gpu), g.uuid, *labels], value)
-    return metric if metric.samples else None
+    return metric if metric else None
 
 
 @builds("gpu_state_seconds_total")
-def state_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def state_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the seconds each GPU spent in each state (every state, 0 included)."""
     return _per_gpu(snap, fam, lambda g: (([s], g.state_seconds_total.get(s, 0.0)) for s in STATES))
 
 
 @builds("gpu_idle_seconds_total")
-def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the seconds each GPU idled by cause (every cause, 0 included)."""
     return _per_gpu(snap, fam, lambda g: (([c], g.idle_seconds_total.get(c, 0.0)) for c in IDLE_CAUSES))
 
 
 @builds("gpu_held_idle_energy_joules_total")
-def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the joules each GPU drew above its idle floor while held idle (GpuInsight.held_idle_energy_joules_total:
     power minus the lowest power seen since start, times the held-idle seconds of each poll interval)."""
     return _per_gpu(
@@ -83,14 +82,14 @@ def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> M
 
 
 @builds("gpu_peer_wait_seconds_total")
-def peer_wait_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def peer_wait_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the busy seconds each GPU spent waiting in a collective on another GPU of its job
     (GpuInsight.peer_wait_seconds_total)."""
     return _per_gpu(snap, fam, lambda g: [([], g.peer_wait_seconds_total)])
 
 
 @builds("gpu_peer_wait_energy_joules_total")
-def peer_wait_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def peer_wait_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the joules each GPU drew above its idle floor while waiting on a peer
     (GpuInsight.peer_wait_energy_joules_total). Absent for a GPU that reports no power."""
     return _per_gpu(
@@ -101,7 +100,7 @@ def peer_wait_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> M
 
 
 @builds("gpu_idle_energy_joules_total")
-def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the joules each GPU drew above its idle floor while idle, by cause (every cause, 0 included;
     GpuInsight.idle_energy_joules_total: power minus the lowest power seen, times each poll interval's idle seconds
     of the cause). Absent for a GPU that reports no power."""
@@ -117,7 +116,7 @@ def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
 
 
 @builds("gpu_starved_ratio")
-def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return each GPU's starved share of the analyzer window (help text names the window)."""
     res = _result(snap)
     doc = fam.help.format(window=f"{res.window_seconds:g}") if res is not None else None
@@ -125,7 +124,7 @@ def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metr
 
 
 @builds("gpu_diagnosis")
-def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return 1 for each GPU's verdict and findings and 0 for every other reason of the fixed set."""
 
     def samples(g: GpuInsight) -> list[tuple[list[str], float]]:
@@ -138,13 +137,13 @@ def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric |
 
 
 @builds("gpu_job_shortfall_ratio")
-def job_shortfall(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def job_shortfall(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return each GPU's shortfall against the busiest GPU of its job (GPUs of jobs on 2+ GPUs)."""
     return _per_gpu(snap, fam, lambda g: [] if g.shortfall_ratio is None else [([], g.shortfall_ratio)])
 
 
 @builds("gpu_node_imbalance_ratio")
-def node_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def node_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the node's imbalance (absent with fewer than 2 GPUs)."""
     res = _result(snap)
     if res is None or res.node_imbalance_ratio is None:
@@ -155,7 +154,7 @@ def node_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Met
 
 
 @builds("gpu_job_imbalance_ratio")
-def job_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def job_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the imbalance of each job on 2 or more GPUs."""
     res = _result(snap)
     if res is None:
@@ -164,17 +163,16 @@ def job_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metr
     for j in res.jobs:
         if j.imbalance_ratio is not None:
             job.add_metric([j.job, j.job_kind], j.imbalance_ratio)
-    return job if job.samples else None
+    return job if job else None
 
 
 @builds("gpu_process_job_info")
-def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the job of each GPU process (the ``max_processes_per_gpu`` largest by GPU memory per GPU)."""
     res = _result(snap)
     if res is None:
         return None
     info = new_family(fam)
-    assert isinstance(info, InfoMetricFamily)
     per_gpu: dict[str, int] = {}
     for p in sorted(res.processes, key=lambda p: (p.gpu, -(p.gpu_memory_bytes or 0), p.pid)):
         n = per_gpu.get(p.uuid, 0)
@@ -199,11 +197,11 @@ def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
                 "local_rank": "" if p.local_rank is None else str(p.local_rank),
             },
         )
-    return info if info.samples else None
+    return info if info else None
 
 
 @builds("gpu_job_info")
-def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return one series per GPU and job holding it (its processes merged; Kubernetes names from any of them)."""
     res = _result(snap)
     if res is None:
@@ -222,7 +220,6 @@ def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | 
         elif p.container:
             labels["container"] = p.container
     info = new_family(fam)
-    assert isinstance(info, InfoMetricFamily)
     for (gpu, uuid, _, _), labels in jobs.items():
         info.add_metric([str(gpu), uuid], labels)
-    return info if info.samples else None
+    return info if info else None

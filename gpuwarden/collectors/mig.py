@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client.core import Metric
-
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import (
     Builder,
@@ -20,11 +18,12 @@ from gpuwarden.collectors.registry import (
     readings,
 )
 from gpuwarden.model import MigReading
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
 def _mig_family(get: Callable[[MigReading], float | None]) -> Builder:
-    def build(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+    def build(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
         metric = new_values(fam)
         for g in readings(snap):
             for m in g.mig:
@@ -33,7 +32,7 @@ def _mig_family(get: Callable[[MigReading], float | None]) -> Builder:
                     ci = "" if m.compute_instance_id is None else str(m.compute_instance_id)
                     labels = [*gpu_label_values(g), m.uuid, str(m.gpu_instance_id), ci]
                     metric.add_metric(labels, value)
-        return metric if metric.samples else None
+        return metric if metric else None
 
     build.__doc__ = "Return one sample per MIG device that has the value, None when none has."
     return build

@@ -7,8 +7,6 @@ last link counters (``health_readings``): what the link did before the GPU went 
 
 from __future__ import annotations
 
-from prometheus_client.core import InfoMetricFamily, Metric
-
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import (
     CollectOptions,
@@ -19,6 +17,7 @@ from gpuwarden.collectors.registry import (
     new_values,
     readings,
 )
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 #: The fabric states a series is given for (not_supported: no fabric, no series).
@@ -26,7 +25,7 @@ FABRIC_STATES = ("not_started", "in_progress", "completed")
 
 
 @builds("gpu_nvlink_link_errors_total")
-def link_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def link_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return each link's error counters, keys ``LINK:TYPE`` split into the labels ``link`` and ``type``."""
     errors = new_values(fam)
     for g in health_readings(snap):
@@ -34,7 +33,7 @@ def link_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
         for key, value in sorted(g.nvlink_link_errors_total.items(), key=lambda kv: _order(kv[0])):
             link, _, kind = key.partition(":")
             errors.add_metric([*labels, link, kind], value)
-    return errors if errors.samples else None
+    return errors if errors else None
 
 
 def _order(key: str) -> tuple[int, str]:
@@ -43,36 +42,35 @@ def _order(key: str) -> tuple[int, str]:
 
 
 @builds("gpu_fabric_state")
-def fabric_state(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def fabric_state(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return 1 for the fabric's state and 0 for the other states, per GPU with a fabric."""
     states = new_values(fam)
     for g in readings(snap):
         if g.fabric is not None:
             for state in FABRIC_STATES:
                 states.add_metric([*gpu_label_values(g), state], 1.0 if g.fabric.state == state else 0.0)
-    return states if states.samples else None
+    return states if states else None
 
 
 @builds("gpu_fabric_info")
-def fabric_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def fabric_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the fabric's registration status, clique, cluster and health summary, per GPU with a fabric."""
     info = new_family(fam)
-    assert isinstance(info, InfoMetricFamily)
     for g in readings(snap):
         f = g.fabric
         if f is not None:
             fabric = {"status": f.status, "clique_id": str(f.clique_id), "cluster_uuid": f.cluster_uuid,
                       "health_summary": f.health_summary}  # fmt: skip
             info.add_metric(gpu_label_values(g), fabric)
-    return info if info.samples else None
+    return info if info else None
 
 
 @builds("gpu_fabric_health_problem")
-def fabric_health(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def fabric_health(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return 1 per health check that reports a problem, 0 per check that reports none."""
     checks = new_values(fam)
     for g in readings(snap):
         if g.fabric is not None:
             for check, problem in sorted(g.fabric.health.items()):
                 checks.add_metric([*gpu_label_values(g), check], 1.0 if problem else 0.0)
-    return checks if checks.samples else None
+    return checks if checks else None

@@ -7,26 +7,25 @@ many processes cannot blow up cardinality; the series of an ended process disapp
 
 from __future__ import annotations
 
-from prometheus_client.core import InfoMetricFamily, Metric
-
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, new_values, readings
 from gpuwarden.model import GpuReading, ProcessReading
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_compute_processes")
-def process_count(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def process_count(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the number of compute processes per GPU where the process list was read."""
     count = new_values(fam)
     for g in readings(snap):
         if g.processes is not None:
             count.add_metric(gpu_label_values(g), len(g.processes))
-    return count if count.samples else None
+    return count if count else None
 
 
 @builds("gpu_process_memory_used_bytes")
-def process_memory(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def process_memory(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the GPU memory of the ``max_processes_per_gpu`` largest processes of each GPU, in bytes."""
     mem = new_values(fam)
     for g in readings(snap):
@@ -35,7 +34,7 @@ def process_memory(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Met
         labels = gpu_label_values(g)
         for p in largest(g, opts):
             mem.add_metric([*labels, str(p.pid), p.name or ""], p.gpu_memory_bytes or 0)
-    return mem if mem.samples else None
+    return mem if mem else None
 
 
 def largest(g: GpuReading, opts: CollectOptions) -> list[ProcessReading]:
@@ -47,7 +46,7 @@ def largest(g: GpuReading, opts: CollectOptions) -> list[ProcessReading]:
 
 
 @builds("gpu_process_start_time_seconds")
-def process_start(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def process_start(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the start time (Unix seconds, ProcessReading.create_time from psutil) of the processes of
     gpu_process_memory_used_bytes whose start /proc gave."""
     start = new_values(fam)
@@ -56,14 +55,13 @@ def process_start(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metr
         for p in largest(g, opts):
             if p.create_time is not None:
                 start.add_metric([*labels, str(p.pid), p.name or ""], p.create_time)
-    return start if start.samples else None
+    return start if start else None
 
 
 @builds("gpu_pod_info")
-def pod_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def pod_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return one series per container the kubelet assigned each GPU (GpuReading.pods, from pod-resources List)."""
     info = new_family(fam)
-    assert isinstance(info, InfoMetricFamily)
     for g in readings(snap):
         for a in g.pods:
             info.add_metric(
@@ -71,7 +69,7 @@ def pod_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | 
                 {"namespace": a.namespace, "pod": a.pod, "container": a.container, "device_id": a.device_id,
                  "resource": a.resource},
             )  # fmt: skip
-    return info if info.samples else None
+    return info if info else None
 
 
 def process_shares(g: GpuReading) -> dict[int, float]:
@@ -91,7 +89,7 @@ def process_shares(g: GpuReading) -> dict[int, float]:
 
 
 @builds("gpu_process_sm_utilization_ratio")
-def process_utilization(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def process_utilization(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return each process's share of its GPU (process_shares) for the ``max_processes_per_gpu`` largest processes
     by GPU memory, as gpu_process_memory_used_bytes."""
     util = new_values(fam)
@@ -104,4 +102,4 @@ def process_utilization(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -
         for p in procs[: opts.max_processes_per_gpu]:
             if p.pid in shares:
                 util.add_metric([*labels, str(p.pid), p.name or ""], shares[p.pid])
-    return util if util.samples else None
+    return util if util else None

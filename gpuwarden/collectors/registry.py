@@ -3,8 +3,8 @@
 A family whose declaration names a reading (``gpuwarden.catalog.Family.reading`` or ``static``) is built here,
 with no code of its collector's own; a hand-written family is built by the function its collector module
 registers with ``@builds(family name)``. Either way the name, type, help and labels come from the catalogue.
-Collectors never call NVML and keep no state: they turn the latest NodeSnapshot into fresh prometheus_client
-metric families on every render. Learned from node_exporter (one file per domain, ``--collector.NAME``).
+Collectors never call NVML and keep no state: they turn the latest NodeSnapshot into fresh metric families
+(gpuwarden.series.Series) on every render. Learned from node_exporter (one file per domain, ``--collector.NAME``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
-
 from gpuwarden.catalog import COLLECTORS, FAMILIES, FAMILY, GPU_LABELS, Family
 from gpuwarden.model import GpuReading, GpuStatic
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -33,7 +32,7 @@ class CollectOptions:
 
 
 #: Builds one hand-written family from the snapshot; None leaves the family out of this render.
-Builder = Callable[[NodeSnapshot, CollectOptions, Family], Metric | None]
+Builder = Callable[[NodeSnapshot, CollectOptions, Family], Series | None]
 
 _BUILDERS: dict[str, Builder] = {}
 _BY_COLLECTOR: dict[str, tuple[Family, ...]] = {
@@ -60,7 +59,7 @@ def builds(name: str) -> Callable[[Builder], Builder]:
     return wrap
 
 
-def collect(name: str, snap: NodeSnapshot, opts: CollectOptions) -> Iterator[Metric]:
+def collect(name: str, snap: NodeSnapshot, opts: CollectOptions) -> Iterator[Series]:
     """Yield collector ``name``'s families for ``snap``, in catalogue order. A declared family with no sample is
     left out (an unsupported reading is absent, never 0); a builder decides for its own family."""
     for fam in _BY_COLLECTOR[name]:
@@ -81,27 +80,24 @@ def missing_builders() -> list[str]:
     ]
 
 
-def new_family(fam: Family, doc: str | None = None) -> Metric:
-    """Return an empty prometheus_client family for the declaration ``fam`` (``doc`` overrides its help).
+def new_family(fam: Family, doc: str | None = None) -> Series:
+    """Return an empty family for the declaration ``fam`` (``doc`` overrides its help).
 
     Gauges and counters take ``fam.all_labels``; an info family takes the GPU labels (its own labels are the keys
     of each sample's value).
     """
     text = fam.help if doc is None else doc
     if fam.type == "info":
-        return InfoMetricFamily(fam.base_name, text, labels=list(GPU_LABELS) if fam.per_gpu else None)
-    if fam.type == "counter":
-        return CounterMetricFamily(fam.base_name, text, labels=list(fam.all_labels))
-    return GaugeMetricFamily(fam.base_name, text, labels=list(fam.all_labels))
+        return Series(fam.base_name, text, "info", GPU_LABELS if fam.per_gpu else ())
+    return Series(fam.base_name, text, fam.type, fam.all_labels)
 
 
-def new_values(fam: Family, doc: str | None = None) -> GaugeMetricFamily | CounterMetricFamily:
-    """``new_family`` of a gauge or counter declaration, typed as what it is: a family whose ``add_metric`` takes
-    the label values and one number. Raises ValueError for an info declaration."""
-    metric = new_family(fam, doc)
-    if not isinstance(metric, GaugeMetricFamily | CounterMetricFamily):
+def new_values(fam: Family, doc: str | None = None) -> Series:
+    """``new_family`` of a gauge or counter declaration: a family whose ``add_metric`` takes the label values and
+    one number. Raises ValueError for an info declaration."""
+    if fam.type == "info":
         raise ValueError(f"{fam.name} is an info family: it takes a mapping of labels per sample")
-    return metric
+    return new_family(fam, doc)
 
 
 #: Collectors whose families keep a lost GPU's last readings (``health_readings``): memory errors and remaps.
@@ -135,7 +131,7 @@ def health_readings(snap: NodeSnapshot) -> Iterator[GpuReading]:
             yield last
 
 
-def declared(snap: NodeSnapshot, fam: Family) -> Metric | None:
+def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
     """Return the family of a declared field for every GPU that has it, or None when no GPU has it.
 
     ``fam.reading`` reads the up GPUs' ``GpuReading`` field, ``fam.static`` each GPU's ``GpuStatic`` field; a
@@ -163,4 +159,4 @@ def declared(snap: NodeSnapshot, fam: Family) -> Metric | None:
             value = value.get(fam.key)
         if value is not None:
             add(gpu_label_values(g), float(value))
-    return metric if metric.samples else None
+    return metric if metric else None

@@ -10,10 +10,9 @@ action changed.
 
 from __future__ import annotations
 
-from prometheus_client.core import Metric
-
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values
+from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 #: XID codes exported at 0 before they ever occur.
@@ -21,7 +20,7 @@ CRITICAL_XIDS = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
 
 
 @builds("gpu_xid_errors_total")
-def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the XID count per code and GPU since start (the critical codes at 0 before they occur)."""
     total = new_values(fam)
     for g in snap.poll.gpus if snap.poll is not None else ():
@@ -29,14 +28,14 @@ def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric 
         for code in sorted(set(CRITICAL_XIDS) | set(seen)):
             t = seen.get(code)
             total.add_metric([*gpu_label_values(g), str(code)], t.count if t else 0)
-    return total if total.samples else None
+    return total if total else None
 
 
 @builds("gpu_xid_last_event_timestamp_seconds")
-def xid_last(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric | None:
+def xid_last(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the Unix time of the last XID of each code that occurred, per GPU."""
     last = new_values(fam)
     for g in snap.poll.gpus if snap.poll is not None else ():
         for code, t in sorted(snap.xid.get(g.index, {}).items()):
             last.add_metric([*gpu_label_values(g), str(code)], t.last_timestamp)
-    return last if last.samples else None
+    return last if last else None
