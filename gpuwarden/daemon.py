@@ -9,10 +9,8 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-from fastapi import FastAPI
 
 from gpuwarden.catalog import select_collectors
 from gpuwarden.collectors import CollectOptions
@@ -22,7 +20,7 @@ from gpuwarden.logs import setup as setup_logs
 from gpuwarden.poller import Analyzer, Poller
 from gpuwarden.source import Source
 from gpuwarden.web import listener
-from gpuwarden.web.app import create_app, diagnosis_route
+from gpuwarden.web.app import JsonRoute, create_app, diagnosis_route
 from gpuwarden.web.gate import AuthGate
 from gpuwarden.web.limits import HttpLimits, connection_cap
 
@@ -123,7 +121,7 @@ class Daemon:
     def __init__(
         self,
         cfg: Config,
-        extra_routes: Callable[[FastAPI], list[str]] | None = None,
+        extra_routes: Sequence[JsonRoute] | None = None,
         reload: Callable[[], Config] | None = None,
         hup_pending: threading.Event | None = None,
     ) -> None:
@@ -170,7 +168,7 @@ class Daemon:
             self.poller,
             self.exposition,
             cfg.stale_after,
-            extra_routes or diagnosis_route(self.poller),
+            [diagnosis_route(self.poller)] if extra_routes is None else extra_routes,
             telemetry_path=cfg.telemetry_path,
         )
         # the users' hashes are checked (and the dummy hash made) here, before the daemon says it is ready

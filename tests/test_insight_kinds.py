@@ -117,7 +117,7 @@ def test_api_shows_the_health_findings() -> None:
     from gpuwarden.web.app import create_app, diagnosis_route
 
     p = replay_poller(HEALTH, 20, analyzers={"insight": InsightAnalyzer().prepare})
-    app = create_app(p, Exposition(p, select_collectors(), CollectOptions()), 1e9, diagnosis_route(p))
+    app = create_app(p, Exposition(p, select_collectors(), CollectOptions()), 1e9, [diagnosis_route(p)])
     body = TestClient(app).get("/api/v1/diagnosis").json()
     [gpu] = body["gpus"]
     d = gpu["diagnosis"]

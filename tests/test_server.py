@@ -123,3 +123,35 @@ def test_gzip_follows_the_accept_encoding_weights() -> None:
         r = client.get("/metrics", headers={"Accept-Encoding": header})
         assert r.status_code == 200 and "gpu_up" in r.text
         assert (r.headers.get("content-encoding") == "gzip") is gz, header
+
+
+def test_fastapi_is_imported_only_for_the_api_reference() -> None:
+    """Serving /metrics, the JSON routes and the pages leaves FastAPI unimported (its memory is not paid by a daemon
+    nobody browses); the first /openapi.json imports it and answers the schema of the same routes."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = f"""
+import json, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from conftest import replay_poller, trace
+from starlette.testclient import TestClient
+from gpuwarden.catalog import select_collectors
+from gpuwarden.collectors import CollectOptions
+from gpuwarden.exposition import Exposition
+from gpuwarden.web.app import create_app
+p = replay_poller(trace("h100-idle"), 2)
+client = TestClient(create_app(p, Exposition(p, select_collectors(), CollectOptions()), 5.0))
+codes = [client.get(u).status_code for u in ("/metrics", "/api/v1/gpus", "/", "/healthz", "/readyz")]
+before = "fastapi" in sys.modules
+schema = client.get("/openapi.json").json()
+print(json.dumps({{"codes": codes, "before": before, "after": "fastapi" in sys.modules,
+                   "paths": sorted(schema["paths"])}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["codes"] == [200, 200, 200, 200, 200]
+    assert got["before"] is False and got["after"] is True
+    assert {"/api/v1/gpus", "/healthz", "/readyz"} <= set(got["paths"])

@@ -1,4 +1,5 @@
-"""The HTTP face of the daemon (FastAPI): /metrics, /, /healthz, /readyz, /api/v1/gpus.
+"""The HTTP face of the daemon (Starlette; FastAPI only for the API reference): /metrics, /, /healthz, /readyz,
+/api/v1/gpus, /api/v1/diagnosis, /docs, /openapi.json.
 
 Every handler reads the latest NodeSnapshot published by the poller; none calls NVML, so a scrape is
 answered at once even while a poll hangs.
@@ -7,21 +8,28 @@ answered at once even while a poll hangs.
 from __future__ import annotations
 
 import html
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from email.utils import formatdate
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request, Response
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuwarden import __version__
 from gpuwarden.exposition import Exposition, respond
 from gpuwarden.model import GpuReading, GpuStatic
 from gpuwarden.snapshot import NodeSnapshot, SnapshotHolder
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 class GpuDocument(BaseModel):
@@ -165,9 +173,8 @@ def node_page(telemetry_path: str = "/metrics") -> str:
     )
 
 
-def add_page(app: FastAPI, telemetry_path: str) -> None:
-    """Serve the node page at ``/`` and its assets under ``/page/`` (read once, from the package), each with
-    PAGE_CSP."""
+def page_routes(telemetry_path: str) -> list[Route]:
+    """The node page at ``/`` and its assets under ``/page/`` (read once, from the package), each with PAGE_CSP."""
     from importlib.resources import files
 
     page = node_page(telemetry_path)
@@ -183,35 +190,54 @@ def add_page(app: FastAPI, telemetry_path: str) -> None:
             return Response("not found\n", status_code=404, media_type="text/plain")
         return Response(assets[name], headers={"content-type": _PAGE_TYPES[name], **csp})
 
-    app.add_route("/", landing, methods=["GET"], include_in_schema=False)
-    app.add_route("/page/{name}", asset, methods=["GET"], include_in_schema=False)
+    return [Route("/", landing, methods=["GET"]), Route("/page/{name}", asset, methods=["GET"])]
+
+
+@dataclass(frozen=True)
+class JsonRoute:
+    """A JSON endpoint: ``path``, its ``summary`` and ``model`` for the API reference, and ``answer()``, the
+    document to serve (a ``model``), or None before the first snapshot (503 ``{"detail": "no snapshot yet"}``)."""
+
+    path: str
+    summary: str
+    model: type[BaseModel]
+    answer: Callable[[], BaseModel | None]
+
+
+def _json(document: BaseModel, status: int = 200) -> Response:
+    """``document`` as FastAPI would answer it for its response model: its JSON (by field name, every field)."""
+    return JSONResponse(document.model_dump(mode="json"), status_code=status)
+
+
+def _endpoint(route: JsonRoute) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        document = route.answer()
+        if document is None:
+            return JSONResponse({"detail": "no snapshot yet"}, status_code=503)
+        return _json(document)
+
+    return endpoint
 
 
 def create_app(
     holder: SnapshotHolder,
     exposition: Exposition,
     stale_after: float,
-    extra_routes: Callable[[FastAPI], list[str]] | None = None,
+    extra: Sequence[JsonRoute] = (),
     telemetry_path: str = "/metrics",
-) -> FastAPI:
-    """Return the FastAPI app serving the latest snapshot of ``holder`` (the poller), the exposition at
-    ``telemetry_path``.
+) -> Starlette:
+    """Return the app serving the latest snapshot of ``holder`` (the poller): the exposition at ``telemetry_path``,
+    /healthz, /readyz, /api/v1/gpus and the ``extra`` JSON routes (e.g. /api/v1/diagnosis: ``diagnosis_route``), the
+    node page at ``/``; and the API reference at /docs and /openapi.json.
 
-    ``extra_routes(app)`` may add routes (e.g. /api/v1/diagnosis); ``/`` serves the node page (``add_page``).
+    Plain Starlette routes: FastAPI (7.8 MiB of a daemon's memory, and its per-request dependency solving) is loaded
+    only for the API reference, the first time /docs or /openapi.json is asked for (``ApiReference``), which
+    describes the same routes with the same models.
     """
-    app = FastAPI(
-        title="gpuwarden",
-        version=__version__,
-        description="NVIDIA GPU monitoring daemon: Prometheus metrics and JSON readings.",
-        docs_url=None,  # FastAPI's pages load Swagger UI and ReDoc from CDNs: blank on an air-gapped node
-        redoc_url=None,
-    )
-    add_docs(app)
 
     async def metrics(request: Request) -> Response:
-        # A plain Starlette route (no FastAPI dependency solving or response validation). The
-        # poll thread renders ahead, so the text is usually ready: send it from the event loop. Otherwise
-        # render in a worker thread, never blocking the loop.
+        # The poll thread renders ahead, so the text is usually ready: send it from the event loop. Otherwise render
+        # in a worker thread, never blocking the loop.
         headers = request.headers
         body, fmt, gz = respond(exposition, headers.get("accept"), headers.get("accept-encoding"))
         if body is None:
@@ -220,38 +246,90 @@ def create_app(
             return PartedResponse(exposition.gzipped(body), headers={"content-type": fmt.content_type, **_GZIP})
         return PartedResponse(body, headers={"content-type": fmt.content_type})
 
-    app.add_route(telemetry_path, metrics, methods=["GET"], include_in_schema=False)
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/healthz", summary="Liveness: the process answers")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get(
-        "/readyz",
-        summary="Readiness: the source answered and the last poll is fresh",
-        response_model=Readiness,
-        responses={503: {"model": Readiness}},
-    )
-    def readyz() -> Any:
+    async def readyz(request: Request) -> Response:
         r = readiness(holder.snapshot, stale_after)
-        return JSONResponse(r.model_dump(), status_code=200 if r.ready else 503)
+        return _json(r, 200 if r.ready else 503)
 
-    @app.get(
-        "/api/v1/gpus",
-        summary="Static facts and the latest reading of every GPU",
-        response_model=GpusDocument,
-        responses={503: {"description": "no snapshot yet"}},
-    )
-    def gpus() -> Any:
+    def gpus() -> GpusDocument | None:
         snap = holder.snapshot
-        if snap is None:
-            return JSONResponse({"detail": "no snapshot yet"}, status_code=503)
-        return gpus_document(snap, stale_after)
+        return None if snap is None else gpus_document(snap, stale_after)
 
-    if extra_routes is not None:
-        extra_routes(app)
-    add_page(app, telemetry_path)
-    return app
+    json_routes = [JsonRoute("/api/v1/gpus", "Static facts and the latest reading of every GPU", GpusDocument, gpus),
+                   *extra]  # fmt: skip
+    reference = ApiReference(json_routes)
+    routes: list[BaseRoute] = [
+        Route(telemetry_path, metrics, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        *(Route(r.path, _endpoint(r), methods=["GET"]) for r in json_routes),
+        *page_routes(telemetry_path),
+        Route("/openapi.json", reference, methods=["GET"]),
+        Route("/docs", reference, methods=["GET"]),
+        Route("/docs/assets/{file:path}", reference, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+class ApiReference:
+    """The API reference (/openapi.json, and Swagger UI 5 at /docs with its files under /docs/assets), from a FastAPI
+    app built the first time one of them is asked for: FastAPI and fastapi-swagger are imported then, not before.
+    The FastAPI app declares the daemon's JSON routes with their models (its OpenAPI schema describes what the
+    Starlette routes answer) and serves nothing else."""
+
+    def __init__(self, routes: Sequence[JsonRoute]) -> None:
+        self._routes = list(routes)
+        self._app: Any = None
+        self._lock = threading.Lock()
+
+    def _build(self) -> FastAPI:
+        from fastapi import FastAPI
+
+        app = FastAPI(
+            title="gpuwarden",
+            version=__version__,
+            description="NVIDIA GPU monitoring daemon: Prometheus metrics and JSON readings.",
+            docs_url=None,  # FastAPI's pages load Swagger UI and ReDoc from CDNs: blank on an air-gapped node
+            redoc_url=None,
+        )
+        add_docs(app)
+
+        def healthz() -> dict[str, str]:
+            return {"status": "ok"}
+
+        app.get("/healthz", summary="Liveness: the process answers")(healthz)
+
+        def readyz() -> Readiness:
+            raise NotImplementedError  # described only: the Starlette route answers
+
+        app.get(
+            "/readyz",
+            summary="Readiness: the source answered and the last poll is fresh",
+            response_model=Readiness,
+            responses={503: {"model": Readiness}},
+        )(readyz)
+        for route in self._routes:
+            app.get(route.path, summary=route.summary, response_model=route.model,
+                    responses={503: {"description": "no snapshot yet"}})(_described(route))  # fmt: skip
+        return app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve /openapi.json, /docs or a file under /docs/assets from the FastAPI app (built on first use)."""
+        if self._app is None:
+            with self._lock:
+                if self._app is None:
+                    self._app = self._build()
+        await self._app(scope, receive, send)
+
+
+def _described(route: JsonRoute) -> Callable[[], Any]:
+    def endpoint() -> Any:
+        return route.answer()
+
+    endpoint.__name__ = route.path.strip("/").replace("/", "_")
+    return endpoint
 
 
 def add_docs(app: FastAPI) -> None:
@@ -278,23 +356,12 @@ def add_docs(app: FastAPI) -> None:
         )
 
 
-def diagnosis_route(holder: SnapshotHolder) -> Callable[[FastAPI], list[str]]:
-    """Return an ``extra_routes`` hook adding ``GET /api/v1/diagnosis`` (a DiagnosisDocument)."""
+def diagnosis_route(holder: SnapshotHolder) -> JsonRoute:
+    """The ``GET /api/v1/diagnosis`` route (a DiagnosisDocument), for ``create_app(extra=...)``."""
     from gpuwarden.insight.document import DiagnosisDocument, diagnosis_document
 
-    def add(app: FastAPI) -> list[str]:
-        @app.get(
-            "/api/v1/diagnosis",
-            summary="Verdict, evidence and remedies for every GPU",
-            response_model=DiagnosisDocument,
-            responses={503: {"description": "no snapshot yet"}},
-        )
-        def diagnosis() -> Any:
-            snap = holder.snapshot
-            if snap is None:
-                return JSONResponse({"detail": "no snapshot yet"}, status_code=503)
-            return diagnosis_document(snap)
+    def answer() -> DiagnosisDocument | None:
+        snap = holder.snapshot
+        return None if snap is None else diagnosis_document(snap)
 
-        return ["/api/v1/diagnosis"]
-
-    return add
+    return JsonRoute("/api/v1/diagnosis", "Verdict, evidence and remedies for every GPU", DiagnosisDocument, answer)
