@@ -30,7 +30,7 @@ from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob,
 from gpuwarden.insight.rules import copies_data
 from gpuwarden.insight.startup import StartUp, begins, startup_causes
 from gpuwarden.insight.thresholds import POWER_REASONS, SEVERE_REASONS
-from gpuwarden.insight.windows import GpuCapture, Interval, Running, finite, mergeable, merged, terms
+from gpuwarden.insight.windows import GpuCapture, Interval, Packed, Running, finite, mergeable, merged, pack, terms
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult, ProcessReading
 
 __all__ = ["DeferredInsight", "InsightAnalyzer", "InsightResult", "insight_result"]
@@ -138,6 +138,7 @@ class _GpuState:
     peer_wait_seconds: float = 0.0  # kernel seconds spent waiting in a collective on a peer of the job
     peer_wait_joules: float = 0.0  # the energy above the idle floor of those seconds
     last_iv: Interval | None = None  # the newest interval in the windows (polls faster than a second merge into it)
+    last_packed: Packed | None = None  # it as the windows hold it (windows.pack)
     last_terms: list[tuple[int, int]] = field(default_factory=list)  # its terms (windows.terms)
     startup: StartUp | None = None  # the job's start-up while it lasts (gpuwarden.insight.startup)
 
@@ -351,7 +352,7 @@ class InsightAnalyzer:
         state = self._state(g)
         state.step = None  # a GPU down waits on nobody, and nobody waits on it
         start, state.last_ts = state.last_ts, g.timestamp
-        state.last_iv = None  # the windows' newest interval no longer ends where the next one starts
+        state.last_iv = state.last_packed = None  # the windows' newest interval no longer ends where the next starts
         if start is None or not 0 < g.timestamp - start <= st.MAX_INTERVAL_SECONDS:
             return
         secs = {"lost": g.timestamp - start}
@@ -497,18 +498,20 @@ class InsightAnalyzer:
             severe=clocks.severe,
             reasons=clocks.reasons,
         )
-        last = state.last_iv
-        if last is not None and mergeable(last, iv):  # polls faster than GRANULARITY_SECONDS
+        last, last_packed = state.last_iv, state.last_packed
+        if last is not None and last_packed is not None and mergeable(last, iv):  # polls faster than GRANULARITY
             iv = merged(last, iv)
-            added = terms(iv)
+            packed = pack(iv)
+            added = terms(packed)
             for running in (state.node, state.job, state.diag):
-                if not running.replace_last(last, iv, state.last_terms, added):
-                    running.push(iv, added)
+                if not running.replace_last(last_packed, packed, state.last_terms, added):
+                    running.push(packed, added)
         else:
-            added = terms(iv)
+            packed = pack(iv)
+            added = terms(packed)
             for running in (state.node, state.job, state.diag):
-                running.push(iv, added)
-        state.last_iv, state.last_terms = iv, added
+                running.push(packed, added)
+        state.last_iv, state.last_packed, state.last_terms = iv, packed, added
         _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from gpuwarden.insight import states as st
 from gpuwarden.insight.attribution import JobRef
@@ -40,6 +41,51 @@ class Interval:
     mem_total: int | None
     health: Health
     startup: float | None = None  # in the job's start-up: its age at the interval's end (s); None: steady
+
+
+#: An interval as a window holds it: a plain tuple of numbers, strings and tuples of them (see ``pack``). The
+#: garbage collector stops tracking such a tuple at the first collection that meets it, so a window of hundreds of
+#: intervals per GPU adds nothing to the objects every full collection walks (an ``Interval`` with its frozensets
+#: and ``Health`` stays tracked: four objects per GPU per second, tens of thousands at 64 GPUs).
+Packed = tuple[Any, ...]
+
+(_P_END, _P_SECONDS, _P_UTIL, _P_HOLDER, _P_PIDS, _P_MEANS, _P_CLOCK, _P_THROTTLE, _P_SEVERE, _P_REASONS,
+ _P_POWER_LIMIT, _P_MEM_USED, _P_MEM_TOTAL, _P_HEALTH, _P_STARTUP, _P_STATES) = range(16)  # fmt: skip
+_HEALTH_FIELDS = tuple(f.name for f in fields(Health))
+
+
+def pack(iv: Interval) -> Packed:
+    """Return ``iv`` as a window holds it: a flat tuple (PIDs and reasons sorted, the health's fields in order, the
+    state seconds in ``states.STATES`` order with None for a state the interval does not name); ``unpack`` gives
+    back an equal Interval."""
+    h = iv.health
+    return (
+        iv.end, iv.seconds, iv.util_seconds, iv.holder, tuple(sorted(iv.pids)), tuple(iv.means), iv.clock_ratio,
+        iv.throttle, iv.severe, tuple(sorted(iv.reasons)), iv.power_limit, iv.mem_used, iv.mem_total,
+        tuple(getattr(h, n) for n in _HEALTH_FIELDS), iv.startup, tuple(iv.states.get(k) for k in st.STATES),
+    )  # fmt: skip
+
+
+def unpack(p: Packed) -> Interval:
+    """Return the Interval that ``pack`` made ``p`` from (equal to it, field by field)."""
+    return Interval(
+        end=p[_P_END],
+        seconds=p[_P_SECONDS],
+        states={k: v for k, v in zip(st.STATES, p[_P_STATES], strict=True) if v is not None},
+        util_seconds=p[_P_UTIL],
+        holder=p[_P_HOLDER],
+        pids=frozenset(p[_P_PIDS]),
+        means=p[_P_MEANS],
+        clock_ratio=p[_P_CLOCK],
+        throttle=p[_P_THROTTLE],
+        severe=p[_P_SEVERE],
+        reasons=frozenset(p[_P_REASONS]),
+        power_limit=p[_P_POWER_LIMIT],
+        mem_used=p[_P_MEM_USED],
+        mem_total=p[_P_MEM_TOTAL],
+        health=Health(*p[_P_HEALTH]),
+        startup=p[_P_STARTUP],
+    )
 
 
 # Slots of a window's sums: seconds per state, then the other sums, then a (value x seconds, seconds) pair per
@@ -121,30 +167,31 @@ def finite(x: float | None) -> float | None:
     return x if x is None or math.isfinite(x) else None
 
 
-def terms(iv: Interval) -> list[tuple[int, int]]:
-    """Return the (slot, exact integer) terms ``iv`` adds to a window's sums, zeros left out.
+def terms(p: Packed) -> list[tuple[int, int]]:
+    """Return the (slot, exact integer) terms the interval ``p`` (``pack``) adds to a window's sums, zeros left out.
 
     Computed when the interval enters the windows (once for all three) and again when it leaves one: keeping
     them would cost about 4 KiB an interval held.
     """
-    out = [(_STATE_SLOT[k], _exact(v)) for k, v in iv.states.items() if v]
-    w = iv.seconds
-    if iv.util_seconds:
-        out.append((_UTIL_SECONDS, _exact(iv.util_seconds)))
+    out = [(_STATE_SLOT[k], _exact(v)) for k, v in zip(st.STATES, p[_P_STATES], strict=True) if v]
+    w = p[_P_SECONDS]
+    if p[_P_UTIL]:
+        out.append((_UTIL_SECONDS, _exact(p[_P_UTIL])))
     if w:
+        throttle = p[_P_THROTTLE]
         ew = _exact(w)
         out.append((_SECONDS, ew))
         if w > 0:
-            for slot, v in zip(_MEAN_SLOT, iv.means, strict=True):
+            for slot, v in zip(_MEAN_SLOT, p[_P_MEANS], strict=True):
                 if v is not None:
                     out.append((slot, _exact(v * w)))
                     out.append((slot + 1, ew))
-            if iv.throttle and iv.clock_ratio is not None:
-                out.append((_CLOCK_NUM, _exact(iv.clock_ratio * w)))
+            if throttle and p[_P_CLOCK] is not None:
+                out.append((_CLOCK_NUM, _exact(p[_P_CLOCK] * w)))
                 out.append((_CLOCK_DEN, ew))
-        if iv.throttle:
+        if throttle:
             out.append((_THROTTLED, ew))
-        if iv.severe:
+        if p[_P_SEVERE]:
             out.append((_SEVERE, ew))
     return out
 
@@ -159,21 +206,21 @@ class _Agg:
         self.sums = [0] * _SLOTS
         self.reasons: Counter[str] = Counter()
 
-    def add(self, iv: Interval, terms: list[tuple[int, int]]) -> None:
-        """Add ``iv``, whose terms are ``terms`` (``terms(iv)``), to the sums."""
+    def add(self, p: Packed, terms: list[tuple[int, int]]) -> None:
+        """Add the interval ``p`` (``pack``), whose terms are ``terms`` (``terms(p)``), to the sums."""
         sums = self.sums
         for slot, v in terms:
             sums[slot] += v
-        if iv.throttle and iv.reasons:
-            self.reasons.update(iv.reasons)
+        if p[_P_THROTTLE] and p[_P_REASONS]:
+            self.reasons.update(p[_P_REASONS])
 
-    def remove(self, iv: Interval, known: list[tuple[int, int]] | None = None) -> None:
-        """Remove ``iv``, added before, from the sums (``known``: its terms, when at hand)."""
+    def remove(self, p: Packed, known: list[tuple[int, int]] | None = None) -> None:
+        """Remove the interval ``p``, added before, from the sums (``known``: its terms, when at hand)."""
         sums = self.sums
-        for slot, v in known if known is not None else terms(iv):
+        for slot, v in known if known is not None else terms(p):
             sums[slot] -= v
-        if iv.throttle and iv.reasons:
-            self.reasons.subtract(iv.reasons)
+        if p[_P_THROTTLE] and p[_P_REASONS]:
+            self.reasons.subtract(p[_P_REASONS])
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +230,7 @@ class Captured:
 
     sums: list[int]
     reasons: dict[str, int]
-    last: Interval | None
+    last: Packed | None  # the latest interval (``pack``)
 
     def window(self, index: int, uuid: str, job: JobRef | None) -> GpuWindow:
         """The GpuWindow of the intervals summed; equals the from-scratch computation to float rounding
@@ -191,13 +238,13 @@ class Captured:
         sums, last = self.sums, self.last
         one = 1 << _SHIFT
         total = sums[_SECONDS]
-        held_job = job is not None and last is not None and last.holder == "job"
+        held_job = job is not None and last is not None and last[_P_HOLDER] == "job"
         return GpuWindow(
             index=index,
             uuid=uuid,
             seconds=sum(sums[i] for i in _STATE_SLOT.values()) / one,
             states={k: sums[i] / one for k, i in _STATE_SLOT.items()},
-            held=last is not None and last.holder != "none",
+            held=last is not None and last[_P_HOLDER] != "none",
             util=_ratio(sums[_STATE_SLOT["busy"]], sums[_UTIL_SECONDS]),
             sm_clock_ratio=_ratio(sums[_CLOCK_NUM], sums[_CLOCK_DEN]),
             throttle_fraction=_ratio(sums[_THROTTLED], total) or 0.0,
@@ -205,12 +252,12 @@ class Captured:
             throttle_reasons=tuple(sorted(r for r, n in self.reasons.items() if n > 0)),
             job=job.job if held_job else None,  # type: ignore[union-attr]
             job_kind=job.kind if held_job else None,  # type: ignore[union-attr]
-            memory_used_bytes=last.mem_used if last else None,
-            memory_total_bytes=last.mem_total if last else None,
-            power_limit_watts=last.power_limit if last else None,
-            health=last.health if last else Health(),
-            processes=tuple(sorted(last.pids)) if last else (),
-            starting_seconds=last.startup if last else None,
+            memory_used_bytes=last[_P_MEM_USED] if last else None,
+            memory_total_bytes=last[_P_MEM_TOTAL] if last else None,
+            power_limit_watts=last[_P_POWER_LIMIT] if last else None,
+            health=Health(*last[_P_HEALTH]) if last else Health(),
+            processes=last[_P_PIDS] if last else (),
+            starting_seconds=last[_P_STARTUP] if last else None,
             rank=None,  # the job's rank on this GPU is the analysis's (gpuwarden.insight.analysis)
             # every MEANS name is a float | None field of GpuWindow (tests/test_insight_diagnosis.py)
             **_means(sums),
@@ -227,18 +274,29 @@ def _means(sums: list[int]) -> dict[str, float | None]:
     return {m.name: _ratio(sums[s], sums[s + 1]) for m, s in zip(MEANS, _MEAN_SLOT, strict=True)}
 
 
-def _another_run(last: Interval, iv: Interval) -> bool:
-    """Whether ``iv`` starts another run of a same-holder window after ``last``: another holder, other processes, or
-    the first interval after the job's start-up."""
-    return last.holder != iv.holder or last.pids != iv.pids or (last.startup is not None and iv.startup is None)
+def _another_run(last: Packed, p: Packed) -> bool:
+    """Whether the interval ``p`` starts another run of a same-holder window after ``last`` (both ``pack``ed):
+    another holder, other processes, or the first interval after the job's start-up."""
+    return (
+        last[_P_HOLDER] != p[_P_HOLDER]
+        or last[_P_PIDS] != p[_P_PIDS]
+        or (last[_P_STARTUP] is not None and p[_P_STARTUP] is None)
+    )
+
+
+def _start(p: Packed) -> float:
+    """The start (Unix s) of the interval ``p``."""
+    start: float = p[_P_END] - p[_P_SECONDS]
+    return start
 
 
 class Running:
     """The trailing ``seconds`` of a GPU's intervals with their exact running sums (``same_holder``: only the
     trailing run with the latest interval's holder and PIDs). A push costs the terms of the interval that enters
-    (computed once by the caller) and of those that leave, whatever the window holds."""
+    (computed once by the caller) and of those that leave, whatever the window holds. The intervals are held
+    ``pack``ed (``held``), one tuple shared by a GPU's three windows."""
 
-    __slots__ = ("seconds", "same_holder", "intervals", "agg")
+    __slots__ = ("seconds", "same_holder", "held", "agg")
 
     # A window of one holder (``same_holder``) also starts anew when its job's start-up ends (gpuwarden.insight.
     # startup): the steady-state verdict and its means leave the start-up out.
@@ -246,41 +304,48 @@ class Running:
     def __init__(self, seconds: float, same_holder: bool) -> None:
         self.seconds = seconds
         self.same_holder = same_holder
-        self.intervals: deque[Interval] = deque()
+        self.held: deque[Packed] = deque()
         self.agg = _Agg()
 
-    def push(self, iv: Interval, terms: list[tuple[int, int]]) -> None:
-        """Add the newest interval (``terms``: ``terms(iv)``), then drop those that left the window (or the run,
-        when ``same_holder``)."""
-        ivs = self.intervals
-        if self.same_holder and ivs and _another_run(ivs[-1], iv):
-            ivs.clear()
+    @property
+    def intervals(self) -> list[Interval]:
+        """The intervals held, oldest first (made anew from the packed tuples: equal to those pushed)."""
+        return [unpack(p) for p in self.held]
+
+    def push(self, p: Packed, terms: list[tuple[int, int]]) -> None:
+        """Add the newest interval ``p`` (``pack``; ``terms``: ``terms(p)``), then drop those that left the window
+        (or the run, when ``same_holder``)."""
+        held = self.held
+        if self.same_holder and held and _another_run(held[-1], p):
+            held.clear()
             self.agg = _Agg()
-        ivs.append(iv)
-        self.agg.add(iv, terms)
-        horizon = iv.end - self.seconds
-        while ivs[0].end - ivs[0].seconds < horizon - 1e-9:
-            self.agg.remove(ivs.popleft())
+        held.append(p)
+        self.agg.add(p, terms)
+        self._drop_before(p[_P_END] - self.seconds)
 
     def replace_last(
-        self, old: Interval, new: Interval, old_terms: list[tuple[int, int]], new_terms: list[tuple[int, int]]
+        self, old: Packed, new: Packed, old_terms: list[tuple[int, int]], new_terms: list[tuple[int, int]]
     ) -> bool:
         """Put ``new`` in place of the newest interval when that is ``old`` (their terms given: the sums exchanged);
         False when the window's newest interval is another (it started anew since)."""
-        ivs = self.intervals
-        if not ivs or ivs[-1] is not old:
+        held = self.held
+        if not held or held[-1] is not old:
             return False
         self.agg.remove(old, old_terms)
-        ivs[-1] = new
+        held[-1] = new
         self.agg.add(new, new_terms)
-        horizon = new.end - self.seconds
-        while ivs[0].end - ivs[0].seconds < horizon - 1e-9:
-            self.agg.remove(ivs.popleft())
+        self._drop_before(new[_P_END] - self.seconds)
         return True
+
+    def _drop_before(self, horizon: float) -> None:
+        """Remove the intervals that start before ``horizon`` (Unix s) from the window and its sums."""
+        held = self.held
+        while _start(held[0]) < horizon - 1e-9:
+            self.agg.remove(held.popleft())
 
     def capture(self) -> Captured:
         """The window as it stands now (copies: later pushes leave the capture as it is)."""
-        return Captured(list(self.agg.sums), dict(self.agg.reasons), self.intervals[-1] if self.intervals else None)
+        return Captured(list(self.agg.sums), dict(self.agg.reasons), self.held[-1] if self.held else None)
 
     def window(self, index: int, uuid: str, job: JobRef | None) -> GpuWindow:
         """The GpuWindow of the intervals held now."""
