@@ -45,10 +45,11 @@ class Series:
     def add_metric(self, labels: Sequence[str], value: float | Mapping[str, str]) -> None:
         """Add a sample: the values of ``labelnames``, and its number; for an info family, ``value`` is the mapping
         of its own labels (the sample's value is 1)."""
-        if isinstance(value, Mapping):
-            self.rows.append((self.labelnames + tuple(value), (*labels, *value.values()), 1.0))
+        cls = value.__class__
+        if cls is float or cls is int or not isinstance(value, Mapping):  # an ABC check only for what is no number
+            self.rows.append((self.labelnames, tuple(labels), float(value)))  # type: ignore[arg-type]
         else:
-            self.rows.append((self.labelnames, tuple(labels), float(value)))
+            self.rows.append((self.labelnames + tuple(value), (*labels, *value.values()), 1.0))
 
     def __len__(self) -> int:
         return len(self.rows)
