@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import trace
 
-from gpuwarden.trace import read_trace, read_trace_losses
+from gpuwarden.trace import TraceError, read_trace, read_trace_losses
 
 _RECORD = """
 import sys
@@ -30,10 +30,20 @@ def _start(out: Path) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (not out.exists() or out.stat().st_size < 20000):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _complete_polls(out) < 5:
         time.sleep(0.05)
     return proc
+
+
+def _complete_polls(out: Path) -> int:
+    """How many whole polls the recording being written holds so far (0 before its header is out)."""
+    if not out.exists() or out.stat().st_size == 0:
+        return 0
+    try:
+        return len(read_trace_losses(out)[1])
+    except TraceError:  # the header itself not yet whole
+        return 0
 
 
 @pytest.mark.e2e
