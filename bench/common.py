@@ -404,3 +404,31 @@ def fmt(v: float | None, digits: int = 2) -> str:
 def median(values: list[float]) -> float | None:
     """Median, None when empty."""
     return statistics.median(values) if values else None
+
+
+def measure_together(
+    procs: dict[str, subprocess.Popen[bytes]],
+    ports: dict[str, int],
+    duration: float,
+    scrape_interval: float,
+    warmup: float = 3.0,
+    tls: bool = False,
+) -> dict[str, Measurement]:
+    """``measure`` every process of ``procs`` (label -> process, scraped on ``ports[label]``) over the same seconds,
+    one scraping thread each, so that a load on the machine falls on all alike; then stop them all (also when a
+    measurement raises). Returns label -> Measurement."""
+    results: dict[str, Measurement] = {}
+
+    def run(label: str) -> None:
+        results[label] = measure(label, procs[label].pid, ports[label], duration, scrape_interval, warmup, tls=tls)
+
+    threads = [threading.Thread(target=run, args=(label,), name=f"measure-{label}") for label in procs]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for p in procs.values():
+            stop_exporter(p)
+    return results

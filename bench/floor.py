@@ -22,11 +22,10 @@ import argparse
 import json
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from bench.common import Measurement, fmt, free_port, measure, start_exporter, stop_exporter
+from bench.common import fmt, free_port, measure_together, start_exporter
 from bench.traces import trace_for
 
 
@@ -87,22 +86,8 @@ def main() -> int:
         exposition.write_text(httpx.get(f"http://127.0.0.1:{ports['gpuwarden']}/metrics", timeout=10).text)
         floor = start_exporter([sys.executable, "-m", "bench.floor", "--serve", str(exposition), str(ports["floor"])],
                                ports["floor"], tmp / "floor.log")  # fmt: skip
-        results: dict[str, Measurement] = {}
-        procs = {"gpuwarden": gw, "floor": floor}
-        try:
-
-            def run(label: str) -> None:
-                results[label] = measure(label, procs[label].pid, ports[label], args.duration, args.scrape_interval,
-                                         warmup=5.0)  # fmt: skip
-
-            threads = [threading.Thread(target=run, args=(label,)) for label in procs]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            for p in procs.values():
-                stop_exporter(p)
+        results = measure_together({"gpuwarden": gw, "floor": floor}, ports, args.duration, args.scrape_interval,
+                                   warmup=5.0)  # fmt: skip
     print(f"{args.gpus} GPUs, scrapes every {args.scrape_interval:g} s for {args.duration:g} s, side by side")
     print(f"{'':10} {'CPU % core':>10} {'RSS peak MiB':>13} {'RSS last MiB':>13} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'bytes':>8}")  # fmt: skip

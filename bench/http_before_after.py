@@ -13,10 +13,9 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
-from bench.common import Measurement, fmt, free_port, measure, stop_exporter
+from bench.common import fmt, free_port, measure_together
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE = REPO / "tests" / "data" / "traces" / "derived-8gpu.jsonl.gz"
@@ -56,20 +55,8 @@ def main() -> int:
             ports = {"before": free_port(), "after": free_port()}
             procs = {"before": _start(before, ports["before"], args.trace, web),
                      "after": _start(REPO, ports["after"], args.trace, web)}  # fmt: skip
-            results: dict[str, Measurement] = {}
-
-            def run(label: str) -> None:
-                results[label] = measure(label, procs[label].pid, ports[label], args.duration, args.scrape_interval,
-                                         warmup=8.0, tls=args.tls)  # fmt: skip
-
-            threads = [threading.Thread(target=run, args=(label,)) for label in procs]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            results = measure_together(procs, ports, args.duration, args.scrape_interval, warmup=8.0, tls=args.tls)
         finally:
-            for p in procs.values():
-                stop_exporter(p)
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], check=False)
     print(f"{'':8} {'CPU % core':>10} {'RSS peak MiB':>13} {'RSS last MiB':>13} {'p50 ms':>8} {'p99 ms':>8} errors")
     for label in ("before", "after"):

@@ -207,3 +207,20 @@ def prometheus(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subproce
         [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     return proc, f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def backfilled_prometheus(prometheus_bin: str, promtool_bin: str, tmp: Path, series_om: str) -> Iterator[str]:
+    """A real Prometheus over ``series_om`` (OpenMetrics text with timestamps, written to ``tmp``/series.om and turned
+    into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics``), nothing scraped; yields its URL once ready
+    and stops it after. Raises AssertionError with promtool's error when the blocks cannot be made."""
+    (tmp / "series.om").write_text(series_om)
+    made = subprocess.run([promtool_bin, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "series.om"),
+                           str(tmp / "tsdb")], capture_output=True, text=True, check=False)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    server, url = prometheus(prometheus_bin, tmp, {"global": {"scrape_interval": "15s"}, "scrape_configs": []})
+    try:
+        wait_http(f"{url}/-/ready", proc=server)
+        yield url
+    finally:
+        stop_all([server])

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from fleet_series import JOBS, SLUID, Fleet
-from helpers import REPO, prometheus, stop_all, wait_http
+from helpers import REPO, backfilled_prometheus
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -33,17 +33,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("fleet")
     t0 = (int(time.time()) // 3600 - 5) * 3600  # hours old, well inside the default retention
     series = Fleet(t0, hours=3.5)
-    (tmp / "series.om").write_text(series.openmetrics())
-    made = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "series.om"),
-                           str(tmp / "tsdb")], capture_output=True, text=True, check=False)  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    server, url = prometheus(PROMETHEUS, tmp, {"global": {"scrape_interval": "15s"}, "scrape_configs": []})
-    try:
-        wait_http(f"{url}/-/ready", proc=server)
+    with backfilled_prometheus(PROMETHEUS, PROMTOOL, tmp, series.openmetrics()) as url:
         at = t0 + 15 * 60 + RANGE_S + 7.3  # the range's end: on no step's multiple, between two scrapes
         yield {"url": url, "at": at, "truth": series.truth(at - RANGE_S, at)}
-    finally:
-        stop_all([server])
 
 
 def gw(*args: str) -> dict:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from backfill import openmetrics, replayed
 from conftest import trace
-from helpers import REPO, prometheus, stop_all, wait_http
+from helpers import REPO, backfilled_prometheus
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -39,16 +39,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     end = time.time() - 30
     series = [replayed(trace(name), {"instance": inst, "job": "gpuwarden"}, end - 3600, 3600, wanted=WANTED,
                        node_name=inst.split(":")[0]) for inst, name in NODES.items()]  # fmt: skip
-    (tmp / "series.om").write_text(openmetrics(*series))
-    made = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "series.om"),
-                           str(tmp / "tsdb")], capture_output=True, text=True, check=False)  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    server, url = prometheus(PROMETHEUS, tmp, {"global": {"scrape_interval": "15s"}, "scrape_configs": []})
-    try:
-        wait_http(f"{url}/-/ready", proc=server)
+    with backfilled_prometheus(PROMETHEUS, PROMTOOL, tmp, openmetrics(*series)) as url:
         yield {"url": url, "end": end}
-    finally:
-        stop_all([server])
 
 
 def gw(*args: str) -> subprocess.CompletedProcess[str]:
