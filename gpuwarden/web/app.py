@@ -210,11 +210,16 @@ def _json(document: BaseModel, status: int = 200) -> Response:
 
 
 def _endpoint(route: JsonRoute) -> Callable[[Request], Awaitable[Response]]:
-    async def endpoint(request: Request) -> Response:
+    def answer() -> Response:
         document = route.answer()
         if document is None:
             return JSONResponse({"detail": "no snapshot yet"}, status_code=503)
         return _json(document)
+
+    async def endpoint(request: Request) -> Response:
+        # in a worker thread, as FastAPI ran these: a document built on demand (an insight result at 64 GPUs takes
+        # milliseconds) never holds up a scrape on the event loop
+        return await run_in_threadpool(answer)
 
     return endpoint
 
