@@ -39,6 +39,7 @@ from bench.common import (
     gpu_facts,
     machine,
     measure,
+    measure_together,
     start_exporter,
     stop_exporter,
     versions,
@@ -107,8 +108,6 @@ def _together(
     names: list[str], args: argparse.Namespace, tmp: Path, console: Console
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Start every exporter, measure them all over the same seconds (one scraping thread each), stop them."""
-    import threading
-
     started: dict[str, tuple[Any, int, list[str]]] = {}
     skipped: dict[str, str] = {}
     for name in names:
@@ -117,24 +116,14 @@ def _together(
             skipped[name] = got
         else:
             started[name] = got
+    measured = measure_together({n: proc for n, (proc, _, _) in started.items()},
+                                {n: port for n, (_, port, _) in started.items()},
+                                args.duration, args.scrape_interval, args.warmup)  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
-
-    def run(name: str) -> None:
-        proc, port, cmd = started[name]
-        m = measure(name, proc.pid, port, args.duration, args.scrape_interval, args.warmup)
-        m.extra["command"] = " ".join(cmd)
+    for name, m in measured.items():
+        m.extra["command"] = " ".join(started[name][2])
         m.extra["together"] = sorted(started)
         results[name] = m.as_dict()
-
-    threads = [threading.Thread(target=run, args=(n,), name=f"measure-{n}") for n in started]
-    try:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    finally:
-        for proc, _, _ in started.values():
-            stop_exporter(proc)
     return results, skipped
 
 
