@@ -8,25 +8,11 @@ Unknown keys and bad values are refused with one line naming the key (``ConfigEr
 from __future__ import annotations
 
 import os
-import re
 import stat
-from contextvars import ContextVar
-from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-    YamlConfigSettingsSource,
-)
-
-from gpuwarden.catalog import select_collectors
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_PORT = 10400
 
@@ -87,24 +73,12 @@ class InsightConfig(BaseModel):
     code_evidence: CodeEvidenceConfig = Field(default_factory=CodeEvidenceConfig)
 
 
-class _YamlFile(YamlConfigSettingsSource):
-    """pydantic-settings' YAML source, reading the file through ``read_yaml`` (one-line errors, text keys only)."""
+class Config(BaseModel):
+    """Everything ``gpuwarden serve`` can be told; see README's configuration reference. Built from the file, the
+    environment and the flags by ``load_config`` (gpuwarden.config_load, through pydantic-settings); ``Config()`` is
+    the defaults."""
 
-    @staticmethod
-    def _existing_files(files: Any) -> list[Path | Traversable]:
-        # every file given is read: a missing or special file is an error, never an empty configuration
-        if files is None:
-            return []
-        return [Path(str(f)) for f in (files if isinstance(files, list | tuple) else [files])]
-
-    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
-        return read_yaml(Path(str(file_path)))
-
-
-class Config(BaseSettings):
-    """Everything ``gpuwarden serve`` can be told; see README's configuration reference."""
-
-    model_config = SettingsConfigDict(env_prefix="GPUWARDEN_", env_nested_delimiter="__", extra="forbid")
+    model_config = ConfigDict(extra="forbid")
 
     listen_address: str = Field(default=f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT to serve on")
     telemetry_path: str = Field(
@@ -158,7 +132,7 @@ class Config(BaseSettings):
     stale_after_seconds: float | None = Field(
         default=None, gt=0, description="readiness fails when the last poll is older (default 3 polls, at least 5 s)"
     )
-    gpus: Annotated[list[int] | None, NoDecode] = Field(
+    gpus: list[int] | None = Field(
         default=None, description="NVML indices to watch, a list or comma-separated (default: all)"
     )
     xid_events: bool = Field(default=True, description="count XID errors (NVML events) per GPU")
@@ -236,42 +210,6 @@ class Config(BaseSettings):
         """Seconds after which the last poll is stale: stale_after_seconds, else max(3 polls, 5 s)."""
         return self.stale_after_seconds or max(3 * self.poll_interval_seconds, 5.0)
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Order the sources: flags (init), then environment, then the YAML file."""
-        path = _CONFIG_FILE.get()
-        files = (_YamlFile(settings_cls, yaml_file=path),) if path is not None else ()
-        return init_settings, env_settings, *files
-
-
-#: The YAML file of the Config being loaded (set by load_config for the duration of one load).
-_CONFIG_FILE: ContextVar[Path | None] = ContextVar("gpuwarden_config_file", default=None)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader refusing a mapping that names a key twice (it would keep the last one silently: a
-    second ``basic_auth_users`` would replace the first)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:  # an unhashable key: the text-key check refuses it later
-                continue
-            if duplicate:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
 
 #: A configuration or web config file larger than this is refused (they are a few hundred bytes).
 MAX_CONFIG_BYTES = 1 << 20
@@ -312,16 +250,9 @@ def read_small_file(path: Path, limit: int, error: type[Exception]) -> str:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """Return the mapping in the YAML file ``path``. Raises ConfigError (unreadable, invalid, not a mapping)."""
-    text = read_small_file(path, MAX_CONFIG_BYTES, ConfigError)
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except RecursionError as exc:
-        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        detail = str(getattr(exc, "problem", None) or exc).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {detail}") from exc
+    from gpuwarden.config_yaml import parse_yaml  # PyYAML only where a file is read: off a serving daemon's path
+
+    data = parse_yaml(read_small_file(path, MAX_CONFIG_BYTES, ConfigError), path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -352,110 +283,59 @@ def _check_keys(path: Path, data: Any) -> None:
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Return the Config from ``path`` (optional), the environment and ``overrides`` (flags).
+    """Return the Config from the YAML file ``path`` (optional), the ``GPUWARDEN_*`` environment and ``overrides``
+    (the flags' keys), in this process (gpuwarden.config_load, through pydantic-settings).
 
-    Raises ConfigError with one line such as ``poll_interval_seconds: Input should be greater than or equal
-    to 0.05`` or ``unknown key 'pol_interval'``. Collector names are checked against the registry.
+    Raises ConfigError with one line such as ``poll_interval_seconds: Input should be greater than or equal to
+    0.05`` or ``unknown key 'pol_interval'``; collector names are checked against the registry.
     """
-    _check_environment()
-    token = _CONFIG_FILE.set(path)
+    from gpuwarden.config_load import load_config as load
+
+    return load(path, overrides)
+
+
+#: Seconds a child interpreter may take to load the configuration (it reads one small file).
+LOAD_TIMEOUT = 60.0
+
+
+def load_config_apart(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """``load_config`` run in a child interpreter (``python -m gpuwarden.config_load``), so that the process asking,
+    a daemon that serves for months, never imports pydantic-settings; the child inherits the environment.
+
+    Returns the same Config as ``load_config`` (the keys set are the same). Raises ConfigError: the child's one line
+    for a bad configuration, or one line saying the child failed (could not start, timed out after LOAD_TIMEOUT,
+    died, or wrote no Config).
+    """
+    import json
+    import subprocess
+    import sys
+
+    from pydantic import ValidationError
+
+    if not sys.executable:  # an embedding interpreter cannot start a child: load here
+        return load_config(path, overrides)
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parent.parent)  # this very gpuwarden, installed or not
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    asked = json.dumps({"path": None if path is None else str(path), "overrides": overrides or {}}, default=str)
     try:
-        cfg = Config(**(overrides or {}))
+        done = subprocess.run(  # noqa: S603 - this interpreter, a fixed module, no shell
+            [sys.executable, "-m", "gpuwarden.config_load"],
+            input=asked.encode(),
+            capture_output=True,
+            env=env,
+            timeout=LOAD_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"the configuration loader did not run: {exc}") from exc
+    err = done.stderr.decode("utf-8", "replace").strip()
+    if done.returncode == 2 and err:
+        raise ConfigError(err.splitlines()[-1])
+    if done.returncode != 0:
+        last = err.splitlines()[-1] if err else f"exit status {done.returncode}"
+        raise ConfigError(f"the configuration loader failed: {last}")
+    try:
+        return Config.model_validate_json(done.stdout)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, path, overrides or {})) from exc
-    except SettingsError as exc:  # an environment variable that is not valid JSON for a list or mapping key
-        raise ConfigError(_settings_error(exc)) from exc
-    except RecursionError as exc:  # JSON nested thousands deep in an environment variable
-        raise ConfigError("an environment variable GPUWARDEN_* holds JSON nested too deeply") from exc
-    finally:
-        _CONFIG_FILE.reset(token)
-    try:
-        select_collectors(cfg.collectors.enable, cfg.collectors.disable, cfg.collectors.disable_defaults)
-    except ValueError as exc:
-        raise ConfigError(f"collectors: {exc}") from exc
-    taken = ("/healthz", "/readyz", "/docs", "/redoc", "/openapi.json")
-    if cfg.telemetry_path in taken or cfg.telemetry_path.startswith("/api/"):
-        raise ConfigError(f"telemetry_path: {cfg.telemetry_path} is taken by another endpoint")
-    if cfg.replay is not None and cfg.demo:
-        raise ConfigError("replay and demo exclude each other: give one")
-    if cfg.demo and "listen_address" not in cfg.model_fields_set:
-        # the demo is for a look on this machine: the network sees it only where asked (--web.listen-address)
-        cfg = cfg.model_copy(update={"listen_address": f"127.0.0.1:{DEFAULT_PORT}"})
-    if cfg.insight.code_evidence.enabled and (cfg.replay is not None or cfg.demo):
-        raise ConfigError(
-            "insight.code_evidence samples live processes: it cannot apply to a replay or the demo (their PIDs are "
-            "the recording machine's)"
-        )
-    if cfg.gpus is not None and (cfg.replay is not None or cfg.demo):
-        raise ConfigError("gpus selects NVML devices: it cannot apply to a replay or the demo (they serve the trace's)")
-    stale = cfg.stale_after_seconds
-    if stale is not None and stale < 2 * cfg.poll_interval_seconds:
-        raise ConfigError(
-            f"stale_after_seconds ({stale:g}) must be at least 2 poll intervals ({2 * cfg.poll_interval_seconds:g} s): "
-            "readiness would fail between polls"
-        )
-    return cfg
-
-
-#: ``GPUWARDEN_*`` variables that are not configuration keys: the systemd unit passes its flags in GPUWARDEN_ARGS
-#: (deploy/systemd/gpuwarden.env).
-NOT_CONFIG_VARIABLES = frozenset({"GPUWARDEN_ARGS"})
-#: The variables Kubernetes gives every pod for a Service named gpuwarden in its namespace (service links).
-_SERVICE_LINK = re.compile(
-    r"^GPUWARDEN_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)$"
-)
-
-
-def _check_environment() -> None:
-    """Raise ConfigError naming a ``GPUWARDEN_*`` environment variable that is no configuration key (a typo would
-    otherwise be ignored while unknown keys in the file are refused)."""
-    for name in sorted(os.environ):
-        upper = name.upper()
-        if not upper.startswith("GPUWARDEN_") or upper in NOT_CONFIG_VARIABLES or _SERVICE_LINK.match(upper):
-            continue
-        parts = name[len("GPUWARDEN_") :].lower().split("__")
-        model: Any = Config
-        for part in parts:
-            fields = getattr(model, "model_fields", None)
-            if fields is None or part not in fields:
-                raise ConfigError(f"unknown environment variable {name} (no configuration key {'.'.join(parts)})")
-            model = fields[part].annotation
-            model = next((a for a in getattr(model, "__args__", ()) if hasattr(a, "model_fields")), model)
-
-
-def env_name(loc: tuple[str | int, ...]) -> str | None:
-    """Return the environment variable that set the key at ``loc`` (``GPUWARDEN_A__B``), None if none is set."""
-    for depth in range(len(loc), 0, -1):
-        name = "GPUWARDEN_" + "__".join(str(p) for p in loc[:depth]).upper()
-        if any(k.upper() == name for k in os.environ):
-            return name
-    return None
-
-
-def _settings_error(exc: SettingsError) -> str:
-    msg = str(exc).splitlines()[0]
-    for name in Config.model_fields:
-        if f'field "{name}"' in msg:
-            var = env_name((name,)) or f"GPUWARDEN_{name.upper()}"
-            return f"environment variable {var}: not a valid value for {name}"
-    return msg
-
-
-def _one_line(exc: ValidationError, path: Path | None, overrides: dict[str, Any]) -> str:
-    err = exc.errors()[0]
-    loc = tuple(err["loc"])
-    key = ".".join(str(p) for p in loc)
-    var = env_name(loc) if loc and loc[0] not in overrides else None
-    if var is not None:
-        prefix = f"environment variable {var}: "
-    elif loc and loc[0] in overrides:
-        prefix = ""
-    else:
-        prefix = f"{path}: " if path is not None else ""
-    if err["type"] == "extra_forbidden":
-        return f"{prefix}unknown key {key!r}"
-    value = err.get("input")
-    text = repr(value)
-    text = text[:60] + "..." if len(text) > 60 else text
-    shown = f" (got {text})" if isinstance(value, str | int | float | bool) else ""
-    return f"{prefix}{key}: {err['msg']}{shown}"
+        raise ConfigError(f"the configuration loader wrote no valid configuration: {exc.errors()[0]['msg']}") from exc

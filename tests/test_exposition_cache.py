@@ -260,7 +260,7 @@ def test_a_series_gone_from_the_exposition_is_forgotten() -> None:
         == b'# HELP p_bytes P.\n# TYPE p_bytes gauge\np_bytes{pid="1"} 1.0\np_bytes{pid="2"} 1.0\n'
     )
     writer.render([fam("2", "3")])
-    assert len(writer._prefixes) == 2  # pid 1's text went with it
+    assert writer._kept["p_bytes"].prefixes == ['p_bytes{pid="2"} ', 'p_bytes{pid="3"} ']  # pid 1's text went
     assert writer.render([]) == b""
 
 

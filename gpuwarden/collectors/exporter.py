@@ -117,7 +117,8 @@ def _process_family(snap: NodeSnapshot, fam: Family) -> Series | None:
         families = {}
         for f in _PROCESS.collect():
             series = families[f.name] = Series(f.name, f.documentation, f.type)
-            series.rows.extend((tuple(s.labels), tuple(s.labels.values()), float(s.value)) for s in f.samples)
+            for s in f.samples:  # ProcessCollector's families have no labels
+                series.add_metric([], float(s.value))
         _process_cache = (snap.seq, families)
     return families.get(fam.base_name)
 

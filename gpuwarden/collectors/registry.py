@@ -131,32 +131,44 @@ def health_readings(snap: NodeSnapshot) -> Iterator[GpuReading]:
             yield last
 
 
+def _label_tuple(g: GpuReading | GpuStatic) -> tuple[str, str]:
+    return (str(g.index), g.uuid)
+
+
 def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
     """Return the family of a declared field for every GPU that has it, or None when no GPU has it.
 
     ``fam.reading`` reads the up GPUs' ``GpuReading`` field, ``fam.static`` each GPU's ``GpuStatic`` field; a
     dict-valued field gives one sample per key (label ``fam.labels[0]``, keys sorted) unless ``fam.key`` picks one.
+    The samples go straight into the family's columns (``Series.labels``, ``Series.numbers``): this runs for every
+    declared family of every GPU at every render.
     """
     metric = new_values(fam)
-    add = metric.add_metric
+    labels, numbers = metric.labels, metric.numbers
     statics = {s.index: s for s in snap.static.gpus} if fam.only_if is not None else {}
     up = health_readings(snap) if fam.collector in KEPT_WHEN_LOST else readings(snap)
     sources: Iterator[GpuReading | GpuStatic] = up if fam.reading is not None else iter(snap.static.gpus)
     attr = fam.reading if fam.reading is not None else fam.static
     assert attr is not None
+    key = fam.key
     for g in sources:
         if fam.only_if is not None:
             s = statics.get(g.index)
             if s is None or not getattr(s, fam.only_if):
                 continue
         value = getattr(g, attr)
-        if isinstance(value, dict):
-            if fam.key is None:
-                labels = gpu_label_values(g)
+        if value is None:
+            continue
+        if value.__class__ is dict:
+            if key is None:
+                gpu = _label_tuple(g)
                 for k, v in sorted(value.items()):
-                    add([*labels, k], float(v))
+                    labels.append((*gpu, k))
+                    numbers.append(float(v))
                 continue
-            value = value.get(fam.key)
-        if value is not None:
-            add(gpu_label_values(g), float(value))
-    return metric if metric else None
+            value = value.get(key)
+            if value is None:
+                continue
+        labels.append(_label_tuple(g))
+        numbers.append(float(value))
+    return metric if numbers else None
