@@ -137,17 +137,19 @@ def diagnose(
     if "throttled" in findings and w.severe_throttle_fraction < THROTTLE_MIN_FRACTION:
         levels[findings.index("throttled")] = "info"  # a power cap at full load is expected, not a fault
     severity = max(levels, key=("ok", "info", "warning", "critical").index)
-    return Diagnosis(
-        gpu=w.index,
-        uuid=w.uuid,
-        verdict=verdict,
-        severity=severity,
-        summary=" ".join([summary, *extra]),
-        findings=findings,
-        evidence=evidence_of(w),
-        remedies=remedies,
-        window_seconds=round(w.seconds, 3),
-        job=w.job,
-        job_kind=w.job_kind,
-        alternatives=near,
+    return Diagnosis.model_validate(  # the evidence rows as dicts: validated into Evidence in pydantic-core
+        {
+            "gpu": w.index,
+            "uuid": w.uuid,
+            "verdict": verdict,
+            "severity": severity,
+            "summary": " ".join([summary, *extra]),
+            "findings": findings,
+            "evidence": evidence_of(w),
+            "remedies": remedies,
+            "window_seconds": round(w.seconds, 3),
+            "job": w.job,
+            "job_kind": w.job_kind,
+            "alternatives": near,
+        }
     )
