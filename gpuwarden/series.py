@@ -20,6 +20,7 @@ wants its types (tests, ``generate_latest`` in bench/profile.py, which compares 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from operator import add
@@ -104,13 +105,21 @@ def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
 _REPR_BELOW = 1e6
 
 
+#: prometheus_client's floatToGoString of numbers at or above _REPR_BELOW, kept: clock rates, memory sizes and
+#: totals recur from one render to the next (only positive numbers: 0.0 and -0.0 are equal keys of a cache).
+_go_large = functools.lru_cache(maxsize=4096)(floatToGoString)
+
+
 def _values(numbers: list[float]) -> Iterable[str]:
     """Each number as prometheus_client writes it (``floatToGoString``): a C-level ``repr`` over the whole column
-    when every number is finite and below _REPR_BELOW (the sum is finite only when every number is), else one call
-    of floatToGoString per number."""
+    when every number is finite and below _REPR_BELOW (the sum is finite only when every number is); else per
+    number, ``repr`` below _REPR_BELOW, the kept text at or above it, floatToGoString for NaN and the infinities."""
     if math.isfinite(sum(numbers)) and (not numbers or max(numbers) < _REPR_BELOW):
         return map(repr, numbers)
-    return map(floatToGoString, numbers)
+    return [
+        repr(v) if -math.inf < v < _REPR_BELOW else _go_large(v) if v >= _REPR_BELOW else floatToGoString(v)  # type: ignore[no-untyped-call]
+        for v in numbers
+    ]
 
 
 class _Kept:

@@ -291,3 +291,30 @@ def test_two_scrapers_in_two_formats_are_both_rendered_ahead() -> None:
     assert plain is not None and om is not None and plain != om and om.endswith(b"# EOF\n")
     assert _polls_in(plain) == _polls_in(om) == seq  # both the latest poll's, rendered ahead
     assert exp.gzipped(plain) is exp.gzipped(plain) and exp.gzipped(om) is exp.gzipped(om)
+
+
+def test_numbers_of_every_range_are_written_as_prometheus_client_writes_them() -> None:
+    """Every number the writer formats (a column of small numbers at C level, kept texts for large ones, NaN and
+    the infinities) is prometheus_client's text, in both formats and again from the kept texts; -0.0 after 0.0
+    and a large number after its neighbour keep their own text."""
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    from gpuwarden.series import Series, TextWriter
+
+    numbers = [0.0, -0.0, 1e6, 999999.9, 2e6, 123456789.0, 1e16, 1e21, 5e-324, -7e8, float("inf"), float("-inf"),
+               float("nan"), 1.5e6, 1.5e6 + 1]  # fmt: skip
+    mixed = Series("mixed", "M.", "gauge", ("i",))
+    for i, v in enumerate(numbers):
+        mixed.add_metric([str(i)], v)
+    small = Series("small", "S.", "gauge", ("i",))
+    for i, v in enumerate([0.0, -0.0, 0.25, 999999.0, -3.0]):
+        small.add_metric([str(i)], v)
+
+    class All:
+        def collect(self) -> list:  # noqa: ANN401
+            return [mixed, small]
+
+    for om, encode in ((False, generate_latest), (True, om_latest)):
+        writer = TextWriter(om)
+        for _ in range(2):
+            assert writer.render(All().collect()) == encode(All()), om
