@@ -154,20 +154,39 @@ def read_trace_losses(path: Path) -> tuple[TraceHeader, list[PollResult], str | 
 
     Raises TraceError as ``read_trace`` does.
     """
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO blocks, a device such as /dev/zero never ends
-            raise TraceError(f"{path}: not a regular file")
-        with _open(path, "r") as f:
-            return _parse(path, f)
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
-    except EOFError as exc:
-        raise TraceError(f"{path}: truncated compressed trace") from exc
-    except (zlib.error, gzip.BadGzipFile) as exc:
-        raise TraceError(f"{path}: damaged compressed trace ({exc})") from exc
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    reader = TracePass(path)
+    polls = list(reader)
+    assert reader.header is not None  # a pass that ended without TraceError read the header
+    return reader.header, polls, reader.dropped
 
+
+class TracePass:
+    """One pass over the trace at ``path``: iterating it reads and validates the file a record at a time and yields
+    each poll as it completes (a replay holds one poll, not the trace). ``header`` is set once the first record is
+    read, ``dropped`` once the pass ends (a sentence on a cut-off end, as ``read_trace_losses`` returns it; None:
+    nothing lost). Iterating raises TraceError as ``read_trace`` does, where the problem is met; the file is closed
+    when the pass ends or the iterator is closed. Each iteration is a new pass."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.header: TraceHeader | None = None
+        self.dropped: str | None = None
+
+    def __iter__(self) -> Iterator[PollResult]:
+        path = self.path
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO blocks, a device such as /dev/zero never ends
+                raise TraceError(f"{path}: not a regular file")
+            with _open(path, "r") as f:
+                yield from _polls(self, f)
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
+        except EOFError as exc:
+            raise TraceError(f"{path}: truncated compressed trace") from exc
+        except (zlib.error, gzip.BadGzipFile) as exc:
+            raise TraceError(f"{path}: damaged compressed trace ({exc})") from exc
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
 
 class _Cut:
     """What the end of a cut-off trace lost: set while reading it."""
@@ -213,9 +232,12 @@ def _lines(f: IO[str], cut: _Cut) -> Iterator[tuple[int, dict[str, Any]]]:
         yield n, obj
 
 
-def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult], str | None]:
+def _polls(reader: TracePass, f: IO[str]) -> Iterator[PollResult]:
+    """The polls of the open trace ``f`` in order, each yielded as its last record is read; sets ``reader.header``
+    at the first record and ``reader.dropped`` at the end. Raises TraceError naming the file and line."""
+    path = reader.path
     header: TraceHeader | None = None
-    polls: list[PollResult] = []
+    count = 0
     current: dict[str, Any] | None = None
     cut = _Cut()
     try:
@@ -225,14 +247,15 @@ def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult], str |
                 if header is None:
                     if kind != "header":
                         raise TraceError(f"line {n}: the first record must be the header")
-                    header = TraceHeader.model_validate({"type": "header", **obj})
+                    header = reader.header = TraceHeader.model_validate({"type": "header", **obj})
                     continue
                 seq = obj.pop("poll", None)
                 if not isinstance(seq, int):
                     raise TraceError(f"line {n}: record without an integer 'poll'")
                 if kind == "host":
                     if current is not None:
-                        polls.append(_finish(current))
+                        count += 1
+                        yield _finish(current)
                     duration = obj.pop("duration_seconds", 0.0)
                     host = HostReading.model_validate(obj) if "cpu_count" in obj else None
                     current = {
@@ -260,22 +283,25 @@ def _parse(path: Path, f: IO[str]) -> tuple[TraceHeader, list[PollResult], str |
         losses.append("the compressed stream ends early")
     if cut.line is not None:
         losses.append(f"line {cut.line} is cut off")
+    last = None
     if current is not None:
         complete = header is not None and len(current["gpus"]) >= len(header.node.gpus)
         if complete:
             try:
-                polls.append(_finish(current))
+                last = _finish(current)
             except TraceError as exc:
                 raise TraceError(f"{path}: {exc}") from exc
+            count += 1
         else:
             losses.append(f"poll {current['seq']} (from line {current['line']}) is incomplete")
     why = f" ({'; '.join(losses)})" if losses else ""
     if header is None:
         raise TraceError(f"{path}: empty trace (no header){why}")
-    if not polls:
+    if not count:
         raise TraceError(f"{path}: trace has a header but no poll{why}")
-    dropped = f"cut-off end dropped ({'; '.join(losses)}); {len(polls)} complete polls read" if losses else None
-    return header, polls, dropped
+    reader.dropped = f"cut-off end dropped ({'; '.join(losses)}); {count} complete polls read" if losses else None
+    if last is not None:
+        yield last
 
 
 def _finish(cur: dict[str, Any]) -> PollResult:

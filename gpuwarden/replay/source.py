@@ -12,7 +12,9 @@ re-stamped once, as the first poll's time is: it started as long before the repl
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,9 @@ from typing import Any
 from gpuwarden.catalog import CUMULATIVE, Cumulative
 from gpuwarden.model import GpuReading, HostReading, NodeStatic, PollResult, ProcessReading, XidEvent
 from gpuwarden.source import SourceError
-from gpuwarden.trace import TraceError, TraceHeader, read_trace
+from gpuwarden.trace import TraceError, TraceHeader, TracePass
+
+log = logging.getLogger(__name__)
 
 DEMO_TRACE = "demo.jsonl.gz"
 
@@ -70,7 +74,11 @@ class ReplaySource:
     ``timing="wall"`` (serve) stamps each poll with the time it is played; ``timing="recorded"`` keeps the
     recorded spacing between polls, anchored at ``open()``, so a trace can be analysed as fast as it is read.
 
-    ``header`` is the trace's header once opened; ``loops`` counts completed passes.
+    ``header`` is the trace's header once opened; ``loops`` counts completed passes. The trace is read a poll at a
+    time, never held: ``open()`` reads it through once (to validate it and measure each counter's growth over a
+    pass), and each pass of the replay reads the file again (gpuwarden.trace.TracePass), so a replay of an hour-long
+    recording holds one poll as one of a minute does. A file that can no longer be read, or reads otherwise than
+    at ``open()``, makes ``poll()`` raise SourceError.
     """
 
     kind = "replay"
@@ -84,7 +92,8 @@ class ReplaySource:
         self._anchor = 0.0
         self.header: TraceHeader | None = None
         self.loops = 0
-        self._polls: list[PollResult] = []
+        self._count = 0  # polls in one pass
+        self._stream: Iterator[PollResult] | None = None  # the pass being played
         self._next = 0
         self._span: dict[CounterId, float] = {}  # each counter's growth over one pass
         self._played: dict[CounterId, float] = {}  # each counter's last value played
@@ -106,43 +115,62 @@ class ReplaySource:
         return self.header.node if self.header is not None else None
 
     def open(self) -> NodeStatic:
-        """Read the trace and return its node's static facts."""
+        """Read the trace through once and return its node's static facts. Raises SourceError for an unreadable or
+        malformed trace (TraceError's line); a cut-off end is logged once, here."""
+        self.close()
+        reader = TracePass(self.path)
+        accrues = {c.field for c in CUMULATIVE if c.accrues}
+        first: PollResult | None = None
+        last: PollResult | None = None
+        a: dict[CounterId, float] = {}
+        held: dict[CounterId, float] = {}
+        changed: dict[CounterId, tuple[float, float]] = {}  # an accruing counter -> (time, value) of its last change
+        count = 0
         try:
-            self.header, self._polls = read_trace(self.path)
+            for poll in reader:
+                count += 1
+                if first is None:
+                    first, a = poll, _poll_values(poll)
+                    held = dict(a)
+                else:
+                    for k, v in _poll_values(poll).items():
+                        if k[2] in accrues and k in held and v != held[k]:
+                            changed[k] = (poll.timestamp, v)
+                        held[k] = v
+                last = poll
         except TraceError as exc:
             raise SourceError(str(exc)) from exc
-        first, last = self._polls[0], self._polls[-1]
+        assert first is not None and last is not None and reader.header is not None  # TracePass raises otherwise
+        if reader.dropped is not None:
+            log.warning("%s: %s", self.path, reader.dropped)
+        self.header, self._count = reader.header, count
         self._period = last.timestamp - first.timestamp + self.header.poll_interval_seconds
         self._anchor = time.time() - first.timestamp
         recorded = last.timestamp - first.timestamp
         scale = self._period / recorded if recorded > 0 else 1.0
-        a = _poll_values(first)
         self._span = {k: (v - a[k]) * scale for k, v in _poll_values(last).items() if k in a and v >= a[k]}
-        self._span.update(self._read_spans(a))
+        self._span.update(self._read_spans(a, first.timestamp, changed))
         self._played = {}
         self._boundary = False
+        self._next = 0
         return self.header.node
 
-    def _read_spans(self, first: dict[CounterId, float]) -> dict[CounterId, float]:
-        """The growth over one pass of each counter that accrues (energy): its rate from the first poll to its last
-        change (its last read: read every slow_interval_seconds and carried between reads, it stands still after
-        it) times the pass. From first to last poll it would miss the polls after the last read: 20 s of a 30-poll
-        trace's 30 s read every 10 s, and every replayed rate of it 0.7 of the recorded one."""
-        accrues = {c.field for c in CUMULATIVE if c.accrues}
-        last: dict[CounterId, tuple[float, float]] = {}  # counter -> (time, value) of its last change
-        held: dict[CounterId, float] = dict(first)
-        t0 = self._polls[0].timestamp
-        for poll in self._polls[1:]:
-            for k, v in _poll_values(poll).items():
-                if k[2] in accrues and k in held and v != held[k]:
-                    last[k] = (poll.timestamp, v)
-                held[k] = v
-        return {k: (v - first[k]) / (t - t0) * self._period for k, (t, v) in last.items() if t > t0 and v >= first[k]}
+    def _read_spans(
+        self, first: dict[CounterId, float], t0: float, changed: dict[CounterId, tuple[float, float]]
+    ) -> dict[CounterId, float]:
+        """The growth over one pass of each counter that accrues (energy): its rate from the first poll (``first``,
+        at ``t0``) to its last change (``changed``: its time and value; read every slow_interval_seconds and carried
+        between reads, it stands still after it) times the pass. From first to last poll it would miss the polls
+        after the last read: 20 s of a 30-poll trace's 30 s read every 10 s, and every replayed rate of it 0.7 of
+        the recorded one."""
+        return {
+            k: (v - first[k]) / (t - t0) * self._period for k, (t, v) in changed.items() if t > t0 and v >= first[k]
+        }
 
     @property
     def polls_in_trace(self) -> int:
-        """Number of polls in the trace."""
-        return len(self._polls)
+        """Number of polls in the trace (0 before ``open()``)."""
+        return self._count
 
     @property
     def exhausted(self) -> bool:
@@ -153,13 +181,14 @@ class ReplaySource:
         """Return the next recorded poll, re-stamped to now, counters continued across loops."""
         if self.exhausted:
             raise SourceError(f"{self.path}: replay finished")
-        rec = self._polls[self._next]
+        rec = self._read_next()
         k = self.loops
         self._boundary = k > 0 and self._next == 0
         self._next += 1
-        if self._next == len(self._polls):
+        if self._next == self._count:
             self._next = 0
             self.loops += 1
+            self.close()  # the next poll starts another pass
         if self.timing == "recorded":
             # the recorded spacing, anchored at open() and continued loop after loop
             shift = self._anchor + k * self._period
@@ -176,6 +205,24 @@ class ReplaySource:
                 **{**rec.host.__dict__, "timestamp": rec.host.timestamp + shift, **self._continued(rec.host, k, "host")}
             )
         return PollResult.model_construct(timestamp=now, duration_seconds=rec.duration_seconds, gpus=gpus, host=host)
+
+    def _read_next(self) -> PollResult:
+        """The next poll of the pass being played (a new pass opened at its start). Raises SourceError when the
+        trace can no longer be read or has fewer polls than at ``open()``."""
+        try:
+            if self._stream is None:
+                self._stream = iter(TracePass(self.path))
+                for _ in range(self._next):  # closed in the middle of a pass: resume where it was
+                    next(self._stream)
+            return next(self._stream)
+        except TraceError as exc:
+            self.close()
+            raise SourceError(str(exc)) from exc
+        except StopIteration:
+            self.close()
+            raise SourceError(
+                f"{self.path}: the trace changed since it was opened (poll {self._next + 1} of {self._count} is gone)"
+            ) from None
 
     def _continued(self, obj: Any, k: int, record: str, gpu: int = -1, pid: int = -1) -> dict[str, Any]:
         """The cumulative fields of ``obj`` in loop ``k``: recorded value + k passes' growth, never below the value
@@ -224,4 +271,7 @@ class ReplaySource:
         return {}
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Close the trace file of the pass being played, if one is open (the next poll opens it again)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()  # type: ignore[attr-defined]  # a generator: closes the file it reads
