@@ -188,6 +188,7 @@ class TracePass:
         except UnicodeDecodeError as exc:
             raise TraceError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
 
+
 class _Cut:
     """What the end of a cut-off trace lost: set while reading it."""
 
