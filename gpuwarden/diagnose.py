@@ -10,8 +10,9 @@ the first table, ``--watch`` redraws it live, ``--json`` prints the report as JS
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -47,55 +48,85 @@ class DiagnoseReport(BaseModel):
     timeline: list[VerdictSpan]
 
 
-def analyze(
-    polls: list[PollResult], static: NodeStatic, source: str, analyzer: InsightAnalyzer | None = None
-) -> tuple[DiagnosisDocument, list[VerdictSpan]]:
-    """Run ``polls`` through an InsightAnalyzer; return the final document and each GPU's verdict spans.
+class Analysis(NamedTuple):
+    """What ``analyze`` gives: the final document, each GPU's verdict spans, how many polls it read and the seconds
+    from the first to the last."""
 
-    Raises ValueError when ``polls`` is empty.
+    document: DiagnosisDocument
+    timeline: list[VerdictSpan]
+    polls: int
+    seconds: float
+
+
+def analyze(
+    polls: Iterable[PollResult], static: NodeStatic, source: str, analyzer: InsightAnalyzer | None = None
+) -> Analysis:
+    """Run ``polls`` through an InsightAnalyzer, one at a time (a trace read as it goes is never held whole); return
+    the final document, each GPU's verdict spans, the count of polls and the seconds they cover.
+
+    Raises ValueError when ``polls`` is empty; what iterating ``polls`` raises (a TraceError) passes through.
     """
-    if not polls:
-        raise ValueError("no poll to analyze")
     analyzer = analyzer or InsightAnalyzer()
-    t0 = polls[0].timestamp
+    first: PollResult | None = None
+    last: PollResult | None = None
+    count = 0
     spans: dict[int, list[VerdictSpan]] = {}
     res: InsightResult | None = None
     for p in polls:
+        first = p if first is None else first
+        last = p
+        count += 1
         res = analyzer(p, static)
-        at = p.timestamp - t0
+        at = p.timestamp - first.timestamp
         for g in res.gpus:
             verdict = g.diagnosis.verdict if g.diagnosis else None
             lst = spans.setdefault(g.gpu, [])
             if lst and lst[-1].verdict == verdict:
-                last = lst[-1]
-                lst[-1] = last.model_copy(update={"end_seconds": round(at, 3), "polls": last.polls + 1})
+                previous = lst[-1]
+                lst[-1] = previous.model_copy(update={"end_seconds": round(at, 3), "polls": previous.polls + 1})
             else:
                 lst.append(
                     VerdictSpan(
                         gpu=g.gpu, verdict=verdict, start_seconds=round(at, 3), end_seconds=round(at, 3), polls=1
                     )
                 )
-    assert res is not None
-    return _document(polls[-1], static, res, source, len(polls)), [s for gpu in sorted(spans) for s in spans[gpu]]
+    if first is None or last is None or res is None:
+        raise ValueError("no poll to analyze")
+    return Analysis(
+        _document(last, static, res, source, count),
+        [s for gpu in sorted(spans) for s in spans[gpu]],
+        count,
+        round(last.timestamp - first.timestamp, 3),
+    )
 
 
 def replay_report(path: Path) -> DiagnoseReport:
-    """Diagnose a recorded trace. Raises SourceError (one line) when it cannot be read."""
-    from gpuwarden.trace import TraceError, read_trace
+    """Diagnose a recorded trace, read a poll at a time (gpuwarden.trace.TracePass: an hour-long recording is never
+    held whole). Raises SourceError (one line) when it cannot be read; a cut-off end is logged, as ``read_trace``
+    logs it."""
+    import itertools
+    import logging
 
+    from gpuwarden.trace import TraceError, TracePass
+
+    reader = TracePass(path)
     try:
-        header, polls = read_trace(path)
+        polls = iter(reader)
+        first = next(polls)  # the header is read with it
+        assert reader.header is not None
+        done = analyze(itertools.chain([first], polls), reader.header.node, "replay")
     except TraceError as exc:
         raise SourceError(str(exc)) from exc
-    doc, timeline = analyze(polls, header.node, "replay")
-    scenario = header.metadata.get("scenario")
+    if reader.dropped is not None:
+        logging.getLogger("gpuwarden.trace").warning("%s: %s", path, reader.dropped)
+    scenario = reader.header.metadata.get("scenario")
     return DiagnoseReport(
         source=f"replay of {path}",
         scenario=str(scenario) if scenario is not None else None,
-        polls=len(polls),
-        seconds=round(polls[-1].timestamp - polls[0].timestamp, 3),
-        diagnosis=doc,
-        timeline=timeline,
+        polls=done.polls,
+        seconds=done.seconds,
+        diagnosis=done.document,
+        timeline=done.timeline,
     )
 
 
@@ -165,13 +196,9 @@ def live_report(seconds: float, interval: float, status: Any = None) -> Diagnose
         static = getattr(source, "static", static)
     finally:
         source.close()
-    doc, timeline = analyze(polls, static, "nvml")
+    done = analyze(polls, static, "nvml")
     return DiagnoseReport(
-        source="live NVML",
-        polls=len(polls),
-        seconds=round(polls[-1].timestamp - polls[0].timestamp, 3),
-        diagnosis=doc,
-        timeline=timeline,
+        source="live NVML", polls=done.polls, seconds=done.seconds, diagnosis=done.document, timeline=done.timeline
     )
 
 

@@ -100,3 +100,23 @@ def test_a_trace_cut_short_under_the_replay_is_one_line(tmp_path: Path) -> None:
     path.unlink()
     with pytest.raises(SourceError, match=r"cannot read trace: No such file or directory$"):
         src.poll()
+
+
+def test_diagnosing_a_long_recording_holds_what_a_shorter_one_past_the_window_holds(tmp_path: Path) -> None:
+    """``gpuwarden diagnose --replay`` reads the trace a poll at a time: past the analyzer's 300 s window, four times
+    twice the recording peaks at about the memory of the shorter one (holding the polls, it peaked at about twice)."""
+    from gpuwarden.diagnose import replay_report
+
+    peaks = {}
+    for passes in (12, 24):  # 360 s and 720 s of a 1 s recording: both fill the 300 s window
+        path = _longer(tmp_path, passes)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            report = replay_report(path)
+            peaks[passes] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert report.polls == passes * read_trace(REAL)[1].__len__()
+        assert report.diagnosis.gpus and all(g.diagnosis is not None for g in report.diagnosis.gpus)
+    assert peaks[24] < 1.3 * peaks[12], peaks
