@@ -22,10 +22,10 @@ Reads the snapshot's ``InsightResult`` (gpuwarden.insight.result.snapshot_insigh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, new_family, new_values
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_rows, new_family, new_values
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.reasons import REASONS
 from gpuwarden.insight.result import GpuInsight, InsightResult, snapshot_insight
@@ -40,65 +40,63 @@ def _result(snap: NodeSnapshot) -> InsightResult | None:
     return snapshot_insight(snap)
 
 
-#: A GPU's samples of one family: (extra label values, value) pairs.
-Samples = Callable[[GpuInsight], Iterable[tuple[list[str], float]]]
+#: A GPU's values of one family, one per key of the family's keys (in their order); None: the GPU has none.
+Values = Callable[[GpuInsight], Sequence[float] | None]
 
 
-def _per_gpu(snap: NodeSnapshot, fam: Family, samples: Samples, doc: str | None = None) -> Series | None:
-    """Return ``fam`` with each GPU's ``samples`` (GPU labels first), None before the first analysis or without
-    any sample. ``doc`` is a help text other than the declared one."""
+def _per_gpu(
+    snap: NodeSnapshot, fam: Family, values: Values, keys: tuple[str, ...] = (), doc: str | None = None
+) -> Series | None:
+    """Return ``fam`` with each GPU's ``values`` (labels: the GPU's, then each of ``keys``; one value without keys),
+    None before the first analysis or without any sample. ``doc`` is a help text other than the declared one."""
     res = _result(snap)
     if res is None:
         return None
     metric = new_values(fam, doc)
     labels, numbers = metric.labels, metric.numbers  # the columns, filled directly: 64 GPUs x 20 reasons a render
     for g in res.gpus:
-        gpu = (str(g.gpu), g.uuid)
-        for extra, value in samples(g):
-            labels.append((*gpu, *extra))
-            numbers.append(float(value))
+        got = values(g)
+        if got is not None:
+            labels.extend(gpu_rows(g.gpu, g.uuid, keys))
+            numbers.extend(map(float, got))
     return metric if numbers else None
 
 
 @builds("gpu_state_seconds_total")
 def state_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the seconds each GPU spent in each state (every state, 0 included)."""
-    return _per_gpu(snap, fam, lambda g: (([s], g.state_seconds_total.get(s, 0.0)) for s in STATES))
+    return _per_gpu(snap, fam, lambda g: [g.state_seconds_total.get(s, 0.0) for s in STATES], STATES)
 
 
 @builds("gpu_idle_seconds_total")
 def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the seconds each GPU idled by cause (every cause, 0 included)."""
-    return _per_gpu(snap, fam, lambda g: (([c], g.idle_seconds_total.get(c, 0.0)) for c in IDLE_CAUSES))
+    return _per_gpu(snap, fam, lambda g: [g.idle_seconds_total.get(c, 0.0) for c in IDLE_CAUSES], IDLE_CAUSES)
+
+
+def _one(value: float | None) -> list[float] | None:
+    return None if value is None else [value]
 
 
 @builds("gpu_held_idle_energy_joules_total")
 def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the joules each GPU drew above its idle floor while held idle (GpuInsight.held_idle_energy_joules_total:
     power minus the lowest power seen since start, times the held-idle seconds of each poll interval)."""
-    return _per_gpu(
-        snap,
-        fam,
-        lambda g: [] if g.held_idle_energy_joules_total is None else [([], g.held_idle_energy_joules_total)],
-    )
+    return _per_gpu(snap, fam, lambda g: _one(g.held_idle_energy_joules_total))
 
 
 @builds("gpu_peer_wait_seconds_total")
 def peer_wait_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the busy seconds each GPU spent waiting in a collective on another GPU of its job
     (GpuInsight.peer_wait_seconds_total)."""
-    return _per_gpu(snap, fam, lambda g: [([], g.peer_wait_seconds_total)])
+    return _per_gpu(snap, fam, lambda g: [g.peer_wait_seconds_total])
 
 
 @builds("gpu_peer_wait_energy_joules_total")
 def peer_wait_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the joules each GPU drew above its idle floor while waiting on a peer
     (GpuInsight.peer_wait_energy_joules_total). Absent for a GPU that reports no power."""
-    return _per_gpu(
-        snap,
-        fam,
-        lambda g: [] if g.peer_wait_energy_joules_total is None else [([], g.peer_wait_energy_joules_total)],
-    )
+    return _per_gpu(snap, fam, lambda g: _one(g.peer_wait_energy_joules_total))
 
 
 @builds("gpu_idle_energy_joules_total")
@@ -106,15 +104,12 @@ def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series
     """Return the joules each GPU drew above its idle floor while idle, by cause (every cause, 0 included;
     GpuInsight.idle_energy_joules_total: power minus the lowest power seen, times each poll interval's idle seconds
     of the cause). Absent for a GPU that reports no power."""
-    return _per_gpu(
-        snap,
-        fam,
-        lambda g: (
-            []
-            if g.idle_energy_joules_total is None
-            else (([c], g.idle_energy_joules_total.get(c, 0.0)) for c in IDLE_CAUSES)
-        ),
-    )
+
+    def values(g: GpuInsight) -> list[float] | None:
+        joules = g.idle_energy_joules_total
+        return None if joules is None else [joules.get(c, 0.0) for c in IDLE_CAUSES]
+
+    return _per_gpu(snap, fam, values, IDLE_CAUSES)
 
 
 @builds("gpu_starved_ratio")
@@ -122,26 +117,26 @@ def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
     """Return each GPU's starved share of the analyzer window (help text names the window)."""
     res = _result(snap)
     doc = fam.help.format(window=f"{res.window_seconds:g}") if res is not None else None
-    return _per_gpu(snap, fam, lambda g: [] if g.starved_ratio is None else [([], g.starved_ratio)], doc)
+    return _per_gpu(snap, fam, lambda g: _one(g.starved_ratio), doc=doc)
 
 
 @builds("gpu_diagnosis")
 def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return 1 for each GPU's verdict and findings and 0 for every other reason of the fixed set."""
 
-    def samples(g: GpuInsight) -> list[tuple[list[str], float]]:
+    def values(g: GpuInsight) -> list[float] | None:
         if g.diagnosis is None:
-            return []
+            return None
         found = set(g.diagnosis.findings)
-        return [([r], 1.0 if r in found else 0.0) for r in REASONS]
+        return [1.0 if r in found else 0.0 for r in REASONS]
 
-    return _per_gpu(snap, fam, samples)
+    return _per_gpu(snap, fam, values, REASONS)
 
 
 @builds("gpu_job_shortfall_ratio")
 def job_shortfall(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return each GPU's shortfall against the busiest GPU of its job (GPUs of jobs on 2+ GPUs)."""
-    return _per_gpu(snap, fam, lambda g: [] if g.shortfall_ratio is None else [([], g.shortfall_ratio)])
+    return _per_gpu(snap, fam, lambda g: _one(g.shortfall_ratio))
 
 
 @builds("gpu_node_imbalance_ratio")

@@ -9,6 +9,7 @@ Collectors never call NVML and keep no state: they turn the latest NodeSnapshot 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -131,8 +132,14 @@ def health_readings(snap: NodeSnapshot) -> Iterator[GpuReading]:
             yield last
 
 
-def _label_tuple(g: GpuReading | GpuStatic) -> tuple[str, str]:
-    return (str(g.index), g.uuid)
+@functools.lru_cache(maxsize=8192)
+def gpu_rows(gpu: int, uuid: str, keys: tuple[str, ...] = ()) -> tuple[tuple[str, ...], ...]:
+    """The label values of a GPU's series in a family whose one extra label takes ``keys`` (without keys: the GPU's
+    one series, ``(index, uuid)``): made once per GPU and key set and the same tuples at every render, so the
+    writer (gpuwarden.series.TextWriter) finds the last render's texts by identity."""
+    if not keys:
+        return ((str(gpu), uuid),)
+    return tuple((str(gpu), uuid, k) for k in keys)
 
 
 def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
@@ -161,14 +168,13 @@ def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
             continue
         if value.__class__ is dict:
             if key is None:
-                gpu = _label_tuple(g)
-                for k, v in sorted(value.items()):
-                    labels.append((*gpu, k))
-                    numbers.append(float(v))
+                keys = tuple(sorted(value))
+                labels.extend(gpu_rows(g.index, g.uuid, keys))
+                numbers.extend([float(value[k]) for k in keys])
                 continue
             value = value.get(key)
             if value is None:
                 continue
-        labels.append(_label_tuple(g))
+        labels.append(gpu_rows(g.index, g.uuid)[0])
         numbers.append(float(value))
     return metric if numbers else None
