@@ -216,11 +216,49 @@ class Answer:
     malformed: bool = False
 
 
+#: An answer nested deeper than this is invalid (Prometheus's deepest is 5: data, result, item, metric or value,
+#: and a label or a pair's member).
+MAX_DEPTH = 32
+
+
+class _Prefixes:
+    """ijson's prefixed events (``ijson.parse``: each event with the dotted path of its container, ``item`` for an
+    array's members) made from its basic events, refusing nesting past MAX_DEPTH. ijson builds the path of every
+    event whatever the depth, so 100,000 nested arrays in one chunk made 100,000 paths of up to 500 KB each
+    (tens of GB) before a single event could be looked at; this keeps the same rule on a bounded stack (tests hold
+    its events to ijson.parse's). ``events`` is where the (prefix, event, value) triples go."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, Any]] = []
+        self._path: list[str | None] = []
+        self.too_deep = False
+
+    def add(self, event: str, value: Any) -> None:
+        """Turn one basic event into its prefixed event; past MAX_DEPTH set ``too_deep`` and drop it."""
+        path = self._path
+        if event == "map_key":
+            prefix = ".".join(str(p) for p in path[:-1])
+            path[-1] = value
+        elif event == "start_map" or event == "start_array":
+            if len(path) >= MAX_DEPTH:
+                self.too_deep = True
+                return
+            prefix = ".".join(str(p) for p in path)
+            path.append(None if event == "start_map" else "item")
+        elif event == "end_map" or event == "end_array":
+            path.pop()
+            prefix = ".".join(str(p) for p in path)
+        else:
+            prefix = ".".join(str(p) for p in path)
+        self.events.append((prefix, event, value))
+
+
 class AnswerParser:
     """Parses an answer of ``/api/v1/query`` from its chunks as they arrive (ijson's push parser: events for each
     chunk fed), keeping only the finite samples of a vector (NaN and infinite values are not readings: dropped), with
-    each label name and value kept once however many samples repeat it. Never raises: ``feed`` returns False past
-    MAX_SAMPLES, ``close`` the Answer (marked invalid or malformed as it was)."""
+    each label name and value kept once however many samples repeat it. Nesting past MAX_DEPTH makes the answer
+    invalid. Never raises: ``feed`` returns False past MAX_SAMPLES, ``close`` the Answer (marked invalid or
+    malformed as it was)."""
 
     _ITEM = "data.result.item"
     _METRIC = "data.result.item.metric"
@@ -228,8 +266,10 @@ class AnswerParser:
 
     def __init__(self) -> None:
         self.answer = Answer()
-        self._events = ijson.sendable_list()
-        self._coro = ijson.parse_coro(self._events, use_float=True)
+        self._basic = ijson.sendable_list()
+        self._coro = ijson.basic_parse_coro(self._basic, use_float=True)
+        self._prefixes = _Prefixes()
+        self._events = self._prefixes.events
         self._strings: dict[str, str] = {}
         self._in_result = False
         self._labels: dict[str, str] | None = None
@@ -262,6 +302,13 @@ class AnswerParser:
 
     def _take(self) -> bool:
         answer = self.answer
+        add = self._prefixes.add
+        for event, value in self._basic:
+            add(event, value)
+            if self._prefixes.too_deep:
+                answer.invalid = True
+                break
+        del self._basic[:]
         for prefix, event, value in self._events:
             if not self._top_checked:
                 self._top_checked = True
