@@ -63,7 +63,7 @@ def test_an_answer_nested_100000_deep_is_invalid_in_bounded_memory(chunk: int) -
     finally:
         tracemalloc.stop()
     assert answer.invalid
-    assert peak < 64 * 2**20, peak
+    assert peak < 8 * 2**20, peak
 
 
 def test_nesting_up_to_the_bound_is_read() -> None:

@@ -216,6 +216,8 @@ class Answer:
     malformed: bool = False
 
 
+#: Bytes handed to the JSON parser at once: its events for them are held until looked at (one per byte at most).
+FEED_BYTES = 16384
 #: An answer nested deeper than this is invalid (Prometheus's deepest is 5: data, result, item, metric or value,
 #: and a label or a pair's member).
 MAX_DEPTH = 32
@@ -279,13 +281,18 @@ class AnswerParser:
 
     def feed(self, chunk: bytes) -> bool:
         """Parse ``chunk``; False once the answer holds more than MAX_SAMPLES samples."""
-        if self.answer.invalid:
-            return True
-        try:
-            self._coro.send(chunk)
-        except ijson.JSONError:
-            self.answer.invalid = True
-        return self._take()
+        within = True
+        for start in range(0, len(chunk), FEED_BYTES):  # a slice's events at a time: at most FEED_BYTES of them
+            if self.answer.invalid:
+                return True
+            try:
+                self._coro.send(chunk[start : start + FEED_BYTES])
+            except ijson.JSONError:
+                self.answer.invalid = True
+            within = self._take()
+            if not within:
+                break
+        return within
 
     def close(self) -> Answer:
         """The end of the answer: the Answer read."""
