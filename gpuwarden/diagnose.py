@@ -105,7 +105,6 @@ def replay_report(path: Path) -> DiagnoseReport:
     held whole). Raises SourceError (one line) when it cannot be read; a cut-off end is logged, as ``read_trace``
     logs it."""
     import itertools
-    import logging
 
     from gpuwarden.trace import TraceError, TracePass
 
@@ -117,8 +116,7 @@ def replay_report(path: Path) -> DiagnoseReport:
         done = analyze(itertools.chain([first], polls), reader.header.node, "replay")
     except TraceError as exc:
         raise SourceError(str(exc)) from exc
-    if reader.dropped is not None:
-        logging.getLogger("gpuwarden.trace").warning("%s: %s", path, reader.dropped)
+    reader.warn_dropped()
     scenario = reader.header.metadata.get("scenario")
     return DiagnoseReport(
         source=f"replay of {path}",

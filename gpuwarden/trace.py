@@ -143,10 +143,11 @@ def read_trace(path: Path) -> tuple[TraceHeader, list[PollResult]]:
     newline, a last poll without all its GPUs) is read up to its last complete poll, and the loss logged
     (``read_trace_losses`` returns it).
     """
-    header, polls, losses = read_trace_losses(path)
-    if losses is not None:
-        log.warning("%s: %s", path, losses)
-    return header, polls
+    reader = TracePass(path)
+    polls = list(reader)
+    assert reader.header is not None  # a pass that ended without TraceError read the header
+    reader.warn_dropped()
+    return reader.header, polls
 
 
 def read_trace_losses(path: Path) -> tuple[TraceHeader, list[PollResult], str | None]:
@@ -171,6 +172,11 @@ class TracePass:
         self.path = path
         self.header: TraceHeader | None = None
         self.dropped: str | None = None
+
+    def warn_dropped(self) -> None:
+        """Log what the pass dropped from a cut-off end (a warning naming the file), if anything."""
+        if self.dropped is not None:
+            log.warning("%s: %s", self.path, self.dropped)
 
     def __iter__(self) -> Iterator[PollResult]:
         path = self.path

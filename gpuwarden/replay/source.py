@@ -12,7 +12,6 @@ re-stamped once, as the first poll's time is: it started as long before the repl
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from importlib import resources
@@ -23,8 +22,6 @@ from gpuwarden.catalog import CUMULATIVE, Cumulative
 from gpuwarden.model import GpuReading, HostReading, NodeStatic, PollResult, ProcessReading, XidEvent
 from gpuwarden.source import SourceError
 from gpuwarden.trace import TraceError, TraceHeader, TracePass
-
-log = logging.getLogger(__name__)
 
 DEMO_TRACE = "demo.jsonl.gz"
 
@@ -141,8 +138,7 @@ class ReplaySource:
         except TraceError as exc:
             raise SourceError(str(exc)) from exc
         assert first is not None and last is not None and reader.header is not None  # TracePass raises otherwise
-        if reader.dropped is not None:
-            log.warning("%s: %s", self.path, reader.dropped)
+        reader.warn_dropped()
         self.header, self._count = reader.header, count
         self._period = last.timestamp - first.timestamp + self.header.poll_interval_seconds
         self._anchor = time.time() - first.timestamp
