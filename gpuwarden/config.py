@@ -299,8 +299,9 @@ LOAD_TIMEOUT = 60.0
 
 
 def load_config_apart(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """``load_config`` run in a child interpreter (``python -m gpuwarden.config_load``), so that the process asking,
-    a daemon that serves for months, never imports pydantic-settings; the child inherits the environment.
+    """``load_config`` run in a child interpreter (``python -m gpuwarden.config_child``: gpuwarden.config_load, marked
+    to be killed first under memory pressure), so that the process asking, a daemon that serves for months, never
+    imports pydantic-settings; the child inherits the environment.
 
     Returns the same Config as ``load_config`` (the keys set are the same). Raises ConfigError: the child's one line
     for a bad configuration, or one line saying the child failed (could not start, timed out after LOAD_TIMEOUT,
@@ -320,7 +321,7 @@ def load_config_apart(path: Path | None = None, overrides: dict[str, Any] | None
     asked = json.dumps({"path": None if path is None else str(path), "overrides": overrides or {}}, default=str)
     try:
         done = subprocess.run(  # noqa: S603 - this interpreter, a fixed module, no shell
-            [sys.executable, "-m", "gpuwarden.config_load"],
+            [sys.executable, "-m", "gpuwarden.config_child"],  # gpuwarden.config_load, first to go on OOM
             input=asked.encode(),
             capture_output=True,
             env=env,

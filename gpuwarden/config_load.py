@@ -6,9 +6,9 @@ unknown ``GPUWARDEN_*`` variables and bad values are refused with one line namin
 
 pydantic-settings and its sources hold about 5 MiB once imported, which a daemon would keep for its whole life to
 use at start and on a reload. ``gpuwarden serve`` loads its configuration through ``load_config_apart``
-(gpuwarden.config) instead: this module runs as ``python -m gpuwarden.config_load`` in a child interpreter, reads
-``{"path": ..., "overrides": ...}`` on standard input and writes the Config's JSON (the keys that were set) on
-standard output, or the one-line error on standard error with exit status 2.
+(gpuwarden.config) instead: this module's ``main`` runs in a child interpreter (``python -m
+gpuwarden.config_child``), reads ``{"path": ..., "overrides": ...}`` on standard input and writes the Config's
+JSON (the keys that were set) on standard output, or the one-line error on standard error with exit status 2.
 """
 
 from __future__ import annotations

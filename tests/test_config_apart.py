@@ -127,3 +127,22 @@ sys.exit(main(["serve", "--demo", "--web.listen-address", "127.0.0.1:{port}"]))
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     assert lines, out.stderr[-2000:]
     assert json.loads(lines[-1]) == {"pydantic_settings": False, "yaml": False, "gpuwarden.config_load": False}
+
+
+def test_the_child_is_the_first_to_go_when_memory_runs_out() -> None:
+    """The loader asks for an OOM score adjustment of 1000 before its imports: under a container's memory limit a
+    reload's child is killed (a one-line refused reload), not the daemon."""
+    script = (
+        "from gpuwarden.config_child import first_to_go; print(first_to_go(), open('/proc/self/oom_score_adj').read())"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["True", "1000"]
+
+
+def test_a_loader_killed_by_the_oom_killer_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    killed = tmp_path / "python"
+    killed.write_text("#!/bin/sh\nkill -9 $$\n")
+    killed.chmod(killed.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(sys, "executable", str(killed))
+    with pytest.raises(ConfigError, match=r"^the configuration loader failed: exit status -9$"):
+        load_config_apart(None, {})
