@@ -67,18 +67,20 @@ def test_a_bad_configuration_is_the_same_one_line_from_the_child(
     assert expected in str(apart.value) and "\n" not in str(apart.value)
 
 
+def _child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, script: str) -> None:
+    """Make the shell ``script`` the interpreter ``load_config_apart`` starts (sys.executable)."""
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(sys, "executable", str(path))
+
+
 def test_a_child_that_fails_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    broken = tmp_path / "python"
-    broken.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\necho 'ImportError: no pydantic' >&2\n"
-                      "exit 1\n")  # fmt: skip
-    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(sys, "executable", str(broken))
+    _child(tmp_path, monkeypatch, "broken",
+           "echo 'Traceback (most recent call last):' >&2\necho 'ImportError: no pydantic' >&2\nexit 1\n")  # fmt: skip
     with pytest.raises(ConfigError, match=r"^the configuration loader failed: ImportError: no pydantic$"):
         load_config_apart(None, {})
-    garbage = tmp_path / "garbage"
-    garbage.write_text('#!/bin/sh\ncat >/dev/null\necho \'{"poll_interval_seconds": "soon"}\'\n')
-    garbage.chmod(garbage.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(sys, "executable", str(garbage))
+    _child(tmp_path, monkeypatch, "garbage", 'cat >/dev/null\necho \'{"poll_interval_seconds": "soon"}\'\n')
     with pytest.raises(ConfigError, match=r"^the configuration loader wrote no valid configuration"):
         load_config_apart(None, {})
     monkeypatch.setattr(sys, "executable", str(tmp_path / "missing"))
@@ -140,9 +142,6 @@ def test_the_child_is_the_first_to_go_when_memory_runs_out() -> None:
 
 
 def test_a_loader_killed_by_the_oom_killer_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    killed = tmp_path / "python"
-    killed.write_text("#!/bin/sh\nkill -9 $$\n")
-    killed.chmod(killed.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(sys, "executable", str(killed))
+    _child(tmp_path, monkeypatch, "killed", "kill -9 $$\n")
     with pytest.raises(ConfigError, match=r"^the configuration loader failed: exit status -9$"):
         load_config_apart(None, {})
