@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
 import statistics
@@ -57,11 +58,14 @@ def _without_durations(body: bytes) -> list[bytes]:
 
 
 def build(trace: Path) -> tuple[Poller, Exposition]:
-    """Return a started (threadless) Poller over ``trace`` and an Exposition with the default collectors."""
+    """Return a started (threadless) Poller over ``trace`` and an Exposition with the default collectors, with what
+    is alive after the start out of the garbage collector's sight (``gc.freeze``), as ``Daemon.start`` does."""
     cfg = Config()
     poller = Poller(ReplaySource(trace), 1.0, analyzers=build_analyzers(cfg), notifier=Notifier({}))
     poller.start(thread=False)
     expo = Exposition(poller, select_collectors(), CollectOptions())
+    gc.collect()
+    gc.freeze()
     return poller, expo
 
 

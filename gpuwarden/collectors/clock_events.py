@@ -7,7 +7,7 @@ cumulative duration counters (NVML_FI_DEV_CLOCKS_EVENT_REASON_*) are declared re
 from __future__ import annotations
 
 from gpuwarden.catalog import CLOCK_EVENT_REASONS, Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values, readings
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_rows, new_values, readings
 from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -17,8 +17,12 @@ def reason_active(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
     """Return 0/1 per clock event reason and GPU (every reason NVML names), None when no GPU reports the mask."""
     active = new_values(fam)
     for g in readings(snap):
-        if g.clock_event_reasons is not None:
-            labels = gpu_label_values(g)
-            for bit, name in CLOCK_EVENT_REASONS.items():
-                active.add_metric([*labels, name], 1.0 if g.clock_event_reasons & bit else 0.0)
+        mask = g.clock_event_reasons
+        if mask is not None:
+            active.labels.extend(gpu_rows(g.index, g.uuid, _NAMES))
+            active.numbers.extend([1.0 if mask & bit else 0.0 for bit in _BITS])
     return active if active else None
+
+
+_BITS = tuple(CLOCK_EVENT_REASONS)
+_NAMES = tuple(CLOCK_EVENT_REASONS.values())

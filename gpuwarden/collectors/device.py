@@ -8,7 +8,7 @@ nvmlSystemGetDriverVersion, ...) and whether this poll could read the GPU at all
 from __future__ import annotations
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, new_values
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, gpu_rows, new_family, new_values
 from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -38,7 +38,8 @@ def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
     up = new_values(fam)
     if snap.poll is not None:
         for g in snap.poll.gpus:
-            up.add_metric(gpu_label_values(g), 1.0 if g.up else 0.0)
+            up.labels.append(gpu_rows(g.index, g.uuid)[0])
+            up.numbers.append(1.0 if g.up else 0.0)
     return up
 
 

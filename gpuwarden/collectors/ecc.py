@@ -11,7 +11,8 @@ from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import (
     CollectOptions,
     builds,
-    gpu_label_values,
+    gpu_key_rows,
+    gpu_rows,
     health_readings,
     new_values,
 )
@@ -24,11 +25,16 @@ def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series 
     """Return the ECC counters split into labels ``type`` (corrected, uncorrected) and ``counter``."""
     errors = new_values(fam)
     for g in health_readings(snap):
-        labels = gpu_label_values(g)
-        for key, value in sorted(g.ecc_errors_total.items()):
-            etype, _, ctype = key.partition("_")
-            errors.add_metric([*labels, etype, ctype], value)
+        keys = tuple(sorted(g.ecc_errors_total))
+        errors.labels.extend(gpu_key_rows(g.index, g.uuid, tuple(_split(k) for k in keys)))
+        errors.numbers.extend([float(g.ecc_errors_total[k]) for k in keys])
     return errors if errors else None
+
+
+def _split(key: str) -> tuple[str, str]:
+    """``corrected_volatile`` -> (``corrected``, ``volatile``): the ``type`` and ``counter`` labels of an ECC key."""
+    etype, _, ctype = key.partition("_")
+    return etype, ctype
 
 
 @builds("gpu_remapped_rows_total")
@@ -36,7 +42,9 @@ def remapped_rows(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
     """Return the rows remapped for corrected and for uncorrected errors (label ``type``)."""
     rows = new_values(fam)
     for g in health_readings(snap):
-        for t in ("corrected", "uncorrected"):
-            if t in g.remapped_rows:
-                rows.add_metric([*gpu_label_values(g), t], g.remapped_rows[t])
+        kinds = tuple(t for t in ("corrected", "uncorrected") if t in g.remapped_rows)
+        if not kinds:
+            continue
+        rows.labels.extend(gpu_rows(g.index, g.uuid, kinds))
+        rows.numbers.extend([float(g.remapped_rows[t]) for t in kinds])
     return rows if rows else None

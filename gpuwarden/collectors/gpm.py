@@ -8,7 +8,7 @@ follow DCGM's profiling fields (SM activity = DCGM_FI_PROF_SM_ACTIVE, SM occupan
 from __future__ import annotations
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values, readings
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_rows, new_values, readings
 from gpuwarden.insight.ofu import flop_utilization
 from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
@@ -27,9 +27,12 @@ def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
     """Return the FP16, FP32, FP64 and integer pipe activities (0-1) of each GPU that has them."""
     pipes = new_values(fam)
     for g in readings(snap):
-        for pipe, key in PIPES:
-            if key in g.gpm:
-                pipes.add_metric([*gpu_label_values(g), pipe], g.gpm[key])
+        gpm = g.gpm
+        have = tuple((pipe, key) for pipe, key in PIPES if key in gpm)
+        if not have:
+            continue
+        pipes.labels.extend(gpu_rows(g.index, g.uuid, tuple(pipe for pipe, _ in have)))
+        pipes.numbers.extend([float(gpm[key]) for _, key in have])
     return pipes if pipes else None
 
 
@@ -41,5 +44,5 @@ def flop_utilization_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family
     for g in readings(snap):
         value = flop_utilization(g, statics.get(g.index))
         if value is not None:
-            ofu.add_metric(gpu_label_values(g), value)
+            ofu.add_metric(gpu_rows(g.index, g.uuid)[0], value)
     return ofu if ofu else None

@@ -142,6 +142,12 @@ def gpu_rows(gpu: int, uuid: str, keys: tuple[str, ...] = ()) -> tuple[tuple[str
     return tuple((str(gpu), uuid, k) for k in keys)
 
 
+@functools.lru_cache(maxsize=4096)
+def gpu_key_rows(gpu: int, uuid: str, keys: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...]:
+    """``gpu_rows`` for a family whose extra labels are several: each key the values of those labels."""
+    return tuple((str(gpu), uuid, *k) for k in keys)
+
+
 def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
     """Return the family of a declared field for every GPU that has it, or None when no GPU has it.
 

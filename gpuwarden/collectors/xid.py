@@ -11,12 +11,14 @@ action changed.
 from __future__ import annotations
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values
+from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, gpu_rows, new_values
 from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 #: XID codes exported at 0 before they ever occur.
 CRITICAL_XIDS = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
+_CRITICAL_KEYS = tuple(str(code) for code in sorted(CRITICAL_XIDS))
+_CRITICAL_ZEROS = (0.0,) * len(CRITICAL_XIDS)
 
 
 @builds("gpu_xid_errors_total")
@@ -24,7 +26,11 @@ def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series 
     """Return the XID count per code and GPU since start (the critical codes at 0 before they occur)."""
     total = new_values(fam)
     for g in snap.poll.gpus if snap.poll is not None else ():
-        seen = snap.xid.get(g.index, {})
+        seen = snap.xid.get(g.index)
+        if not seen:  # no XID on this GPU since start: the critical codes at 0, the same rows at every render
+            total.labels.extend(gpu_rows(g.index, g.uuid, _CRITICAL_KEYS))
+            total.numbers.extend(_CRITICAL_ZEROS)
+            continue
         for code in sorted(set(CRITICAL_XIDS) | set(seen)):
             t = seen.get(code)
             total.add_metric([*gpu_label_values(g), str(code)], t.count if t else 0)

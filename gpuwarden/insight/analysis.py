@@ -4,15 +4,17 @@ its job's other GPUs as peers), the jobs and their imbalance and shortfalls, the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from gpuwarden.insight.attribution import JobRef
 from gpuwarden.insight.diagnosis import diagnose, lost
 from gpuwarden.insight.gpu_window import GpuWindow
 from gpuwarden.insight.margins import VerdictMemory
+from gpuwarden.insight.peers import Activity
 from gpuwarden.insight.result import GpuInsight, InsightResult, JobInsight, ProcessJob
 from gpuwarden.insight.scores import imbalance, shortfalls, starved_ratio
 from gpuwarden.insight.verdicts import Diagnosis
-from gpuwarden.insight.windows import GpuCapture
+from gpuwarden.insight.windows import GpuCapture, WindowActivity
 
 #: A diagnosis window holding at least this share of its length is full: only then is its verdict kept within the
 #: margin (gpuwarden.insight.margins.VerdictMemory).
@@ -21,7 +23,7 @@ FULL_WINDOW = 0.95
 MAX_JOBS = 64
 
 
-def activities(windows: list[GpuWindow]) -> tuple[list[float], str] | None:
+def activities(windows: Sequence[Activity]) -> tuple[list[float], str] | None:
     """Per-GPU activity: SM activity when every GPU has it, else util.gpu when every GPU has it."""
     sm = [w.sm for w in windows if w.sm is not None]
     if windows and len(sm) == len(windows):
@@ -34,7 +36,8 @@ def activities(windows: list[GpuWindow]) -> tuple[list[float], str] | None:
 
 class _Windows:
     """The windows of every GPU captured after a poll: the node window (scores) of each, and the job and diagnosis
-    windows of the GPUs up, each GPU under its job (``primary``: the one holding most of its memory)."""
+    windows of the GPUs up, each GPU under its job (``primary``: the one holding most of its memory). The node and
+    job windows are what the scores read of them (``WindowActivity``); the diagnosis window is all of it."""
 
     def __init__(
         self,
@@ -48,16 +51,21 @@ class _Windows:
         self.primary = primary
         self.memory, self.timestamp, self.full = memory, timestamp, diagnosis_seconds * FULL_WINDOW
         self.index = {c.uuid: c.index for c in captures}
-        self.node: dict[str, GpuWindow] = {}
-        self.job: dict[str, GpuWindow] = {}
+        self.node: dict[str, WindowActivity] = {}
+        self.job: dict[str, WindowActivity] = {}
         self.diag: dict[str, GpuWindow] = {}
         for c in captures:
             job = primary.get(c.uuid)
-            self.node[c.uuid] = c.node.window(c.index, c.uuid, job)
+            self.node[c.uuid] = c.node.activity(c.index)
             if c.diag is not None and c.job is not None:
                 w = c.diag.window(c.index, c.uuid, job)
                 self.diag[c.uuid] = w if c.uuid not in ranks else dataclasses.replace(w, rank=ranks[c.uuid])
-                self.job[c.uuid] = c.job.window(c.index, c.uuid, job)
+                self.job[c.uuid] = c.job.activity(c.index)
+        # each job's GPUs with a diagnosis window, in ``primary``'s order: a GPU's peers are the others of its job
+        self.members: dict[JobRef, list[GpuWindow]] = {}
+        for u, ref in primary.items():
+            if u in self.diag:
+                self.members.setdefault(ref, []).append(self.diag[u])
 
     def diagnosis(self, uuid: str) -> Diagnosis | None:
         """The verdict on GPU ``uuid`` with the other GPUs of its job as peers, kept as last given within the margin
@@ -66,12 +74,8 @@ class _Windows:
         if uuid not in self.diag:
             return None
         job = self.primary.get(uuid)
-        peers = [
-            self.diag[u]
-            for u, ref in self.primary.items()
-            if u != uuid and job is not None and ref == job and u in self.diag
-        ]
         w = self.diag[uuid]
+        peers = [p for p in self.members.get(job, ()) if p.uuid != uuid] if job is not None else []
         keep = self.memory if self.memory is not None and w.seconds >= self.full else None
         d = diagnose(w, peers, keep.previous(uuid, w.processes) if keep is not None else None, self.memory)
         if d is not None and keep is not None:

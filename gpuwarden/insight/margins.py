@@ -19,7 +19,7 @@ the rules compare, and about half that of absolute rates: a verdict decided by a
 
 from __future__ import annotations
 
-import copy
+import operator
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -56,10 +56,13 @@ _DECIDED = frozenset({"free", "starting"})
 
 
 def _with(w: GpuWindow, name: str, value: object) -> GpuWindow:
-    """A copy of ``w`` with field ``name`` set to ``value`` (a shallow copy: a third of dataclasses.replace's cost,
-    which validates nothing here anyway)."""
-    out = copy.copy(w)
-    object.__setattr__(out, name, value)
+    """A copy of ``w`` with field ``name`` set to ``value``: a new instance given ``w``'s attributes (GpuWindow has
+    no slots and its ``__init__`` validates nothing; a fifth of copy.copy's cost, which goes through pickling's
+    ``__reduce_ex__``)."""
+    out = object.__new__(GpuWindow)
+    attrs = out.__dict__
+    attrs.update(w.__dict__)
+    attrs[name] = value
     return out
 
 
@@ -107,20 +110,33 @@ def _signature(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[tuple[object, 
     """What the alternatives of ``w`` depend on: its job, holder and peers (compared for equality) and its measured
     values, state shares and the peers' activities (compared within REUSE)."""
     fixed = (w.processes, w.held, w.starting_seconds is None, tuple(p.uuid for p in peers))
-    values: list[float | None] = [getattr(w, n) for n in MEASURED]
-    values += [w.share(s) for s in SHARES]
+    values: list[float | None] = list(_measured(w))
+    seconds, states = w.seconds, w.states
+    values += [states.get(s, 0.0) / seconds if seconds > 0 else 0.0 for s in SHARES]  # GpuWindow.share
     for p in peers:
-        values += [p.util, p.sm]
+        values += (p.util, p.sm)
     return fixed, values
 
 
+_measured = operator.attrgetter(*MEASURED)
+
+
 def _close(a: list[float | None], b: list[float | None]) -> bool:
-    """Whether two value lists of one signature are within REUSE of each other, value by value."""
+    """Whether two value lists of one signature are within REUSE of each other, value by value: each pair both
+    None, or ``|x - y| <= max(REUSE * max(|x|, |y|), REUSE_FLOOR)``."""
     for x, y in zip(a, b, strict=True):
         if x is None or y is None:
             if x is not y:
                 return False
-        elif abs(x - y) > max(REUSE * max(abs(x), abs(y)), REUSE_FLOOR):
+            continue
+        d = x - y
+        if d < 0.0:
+            d = -d
+        if (
+            d > REUSE_FLOOR
+            and (d > REUSE * x if x >= 0.0 else d > -REUSE * x)
+            and (d > REUSE * y if y >= 0.0 else d > -REUSE * y)
+        ):
             return False
     return True
 

@@ -7,9 +7,9 @@ Predicates and summaries are module-private: ``REASON_TABLE`` is their one entry
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
 
 from gpuwarden.insight.gpu_window import GpuWindow, named, pct
 from gpuwarden.insight.launches import (
@@ -47,6 +47,27 @@ from gpuwarden.insight.thresholds import (
     THROTTLE_MIN_FRACTION,
 )
 
+_T = TypeVar("_T")
+
+
+class _once(Generic[_T]):  # noqa: N801 - named as the decorator it is
+    """A property computed on its first read and kept in the instance's ``__dict__`` (which later reads find first):
+    functools.cached_property without the lock it takes on every first read before Python 3.12, a third of the cost
+    of a Facts value, and every Facts is read once (the diagnosis judges each window up to 39 times)."""
+
+    def __init__(self, func: Callable[[Any], _T]) -> None:
+        self.func, self.name, self.__doc__ = func, func.__name__, func.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _once[_T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> _T | _once[_T]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.func(obj)
+        return value
+
 
 def throttled(w: GpuWindow) -> bool:
     """Whether slowing clock-event reasons held >= THROTTLE_MIN_FRACTION of the time with the SM clock below
@@ -65,24 +86,24 @@ class Facts:
     def __init__(self, w: GpuWindow, peers: Sequence[GpuWindow]) -> None:
         self.w, self.peers = w, peers
 
-    @functools.cached_property
+    @_once
     def cpu(self) -> str:
         """The job's CPU in words: ``n/a`` or ``1.23 cores``."""
         return "n/a" if self.w.job_cpu_cores is None else f"{self.w.job_cpu_cores:.2f} cores"
 
-    @functools.cached_property
+    @_once
     def writing(self) -> bool:
         """The job writes storage at >= IO_WRITE_BYTES_PER_SECOND, more than it reads (storage and sockets)."""
         w = self.w
         read = (w.io_read_bytes_per_second or 0.0) + (w.io_other_read_bytes_per_second or 0.0)
         return writes_more_than_reads(w.io_write_bytes_per_second, read)
 
-    @functools.cached_property
+    @_once
     def remote(self) -> bool:
         """The job reads >= IO_READ_BYTES_PER_SECOND other than from storage (rchar beyond read_bytes: sockets)."""
         return (self.w.io_other_read_bytes_per_second or 0.0) >= IO_READ_BYTES_PER_SECOND
 
-    @functools.cached_property
+    @_once
     def reading(self) -> bool:
         """The job reads storage or sockets (>= IO_READ_BYTES_PER_SECOND) or has processes in I/O wait while it does
         not write a checkpoint (an fsync waits in state D too)."""
@@ -91,7 +112,7 @@ class Facts:
             return True
         return (w.io_blocked_processes or 0) > 0 and not self.writing
 
-    @functools.cached_property
+    @_once
     def both_idle(self) -> bool:
         """Kernels ran below WORK_SAMPLE_RATIO of the time and the job's CPU is below JOB_CPU_BUSY_CORES, no reads and
         no frequent waits."""
@@ -101,12 +122,12 @@ class Facts:
         quiet = w.job_cpu_cores < JOB_CPU_BUSY_CORES and not self.reading and not self.waits
         return w.util < WORK_SAMPLE_RATIO and quiet
 
-    @functools.cached_property
+    @_once
     def idle(self) -> float:
         """The window's paused + starved share."""
         return self.w.share("paused") + self.w.share("starved")
 
-    @functools.cached_property
+    @_once
     def quiet(self) -> bool:
         """The job's CPU beyond what its GPU-busy time explains (a core per busy second at most) is below
         JOB_CPU_BUSY_CORES per idle second, it reads and writes nothing and does not wait often (``waits``): the job
@@ -117,13 +138,13 @@ class Facts:
             return False
         return w.job_cpu_cores - w.share("busy") < JOB_CPU_BUSY_CORES * self.idle
 
-    @functools.cached_property
+    @_once
     def waits(self) -> bool:
         """The job's main threads wait at >= WAITS_PER_SECOND voluntary context switches per idle second."""
         switches = self.w.voluntary_switches_per_second
         return switches is not None and self.idle > 0 and switches >= WAITS_PER_SECOND * self.idle
 
-    @functools.cached_property
+    @_once
     def lag(self) -> tuple[GpuWindow, str] | None:
         """The peer this GPU waits on in a collective and how it lags (``_straggler``), or None."""
         return straggler(self.w, self.peers) if waits_on(self.w, self.peers) is not None else None

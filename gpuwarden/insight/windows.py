@@ -94,6 +94,7 @@ _STATE_SLOT = {name: i for i, name in enumerate(st.STATES)}
 _UTIL_SECONDS, _SECONDS, _THROTTLED, _SEVERE, _CLOCK_NUM, _CLOCK_DEN = range(len(st.STATES), len(st.STATES) + 6)
 _MEAN_SLOT = [_CLOCK_DEN + 1 + 2 * i for i in range(len(MEANS))]
 _SLOTS = _CLOCK_DEN + 1 + 2 * len(MEANS)
+_SM_SLOT = _MEAN_SLOT[[m.name for m in MEANS].index("sm")]
 
 #: Every finite double is an integer multiple of 2**-1074, so a sum held as an integer count of 2**-1074 is
 #: exact: adding an interval and later removing it restores the sum bit for bit (no drift, no rebuild, and a
@@ -262,6 +263,30 @@ class Captured:
             # every MEANS name is a float | None field of GpuWindow (tests/test_insight_diagnosis.py)
             **_means(sums),
         )
+
+    def activity(self, index: int) -> WindowActivity:
+        """What the scores read of the intervals summed (states, util.gpu, SM activity): the same numbers as
+        ``window()``'s, without the rest of a GpuWindow (the node and job windows of every GPU at every result)."""
+        sums = self.sums
+        one = 1 << _SHIFT
+        return WindowActivity(
+            index=index,
+            states={k: sums[i] / one for k, i in _STATE_SLOT.items()},
+            util=_ratio(sums[_STATE_SLOT["busy"]], sums[_UTIL_SECONDS]),
+            sm=_ratio(sums[_SM_SLOT], sums[_SM_SLOT + 1]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WindowActivity:
+    """A window's state seconds (gpuwarden.insight.states.STATES) and mean activity (util.gpu and GPM SM activity,
+    ratios; None: no interval knew it), as ``Captured.activity`` gives them: what the starved score, the shortfalls
+    and the imbalances read (gpuwarden.insight.scores)."""
+
+    index: int
+    states: dict[str, float]
+    util: float | None
+    sm: float | None
 
 
 def _ratio(num: int, den: int) -> float | None:
