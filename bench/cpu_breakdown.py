@@ -45,7 +45,7 @@ STEPS: list[tuple[str, str | None, str, str]] = [
     ("gpuwarden.nvml.source", None, "read_host", "poll: host CPU times (/proc/stat)"),
     ("gpuwarden.replay.source", "ReplaySource", "poll", "poll: replay source"),
     ("gpuwarden.insight.analyzer", "InsightAnalyzer", "prepare", "poll: insight accounting (every poll)"),
-    ("gpuwarden.insight.analyzer", None, "build_result", "insight: result built (when first read)"),
+    ("gpuwarden.insight.analyzer", None, "build_core", "insight: result's core built (when first read)"),
     ("gpuwarden.exposition", "Exposition", "render", "render: the exposition (collectors + text)"),
     ("gpuwarden.series", "TextWriter", "render", "render: the text (kept name-and-labels, values formatted)"),
     ("gpuwarden.exposition", "Exposition", "cached", "scrape: look-up of the ready text"),

@@ -28,13 +28,13 @@ def test_a_deferred_result_read_after_later_polls_is_that_of_its_own_poll(name: 
 def test_a_result_is_built_once_and_only_when_read(monkeypatch: pytest.MonkeyPatch) -> None:
     header, polls = read_trace(trace("h100-idle"))
     built = []
-    real = an.build_result  # type: ignore[attr-defined]  # patched where the analyzer calls it
+    real = an.build_core  # type: ignore[attr-defined]  # patched where the analyzer calls it
 
     def counted(*a):  # noqa: ANN002, ANN202
         built.append(1)
         return real(*a)
 
-    monkeypatch.setattr(an, "build_result", counted)
+    monkeypatch.setattr(an, "build_core", counted)
     analyzer = InsightAnalyzer()
     deferred = [analyzer.prepare(p, header.node) for p in polls]
     assert built == []

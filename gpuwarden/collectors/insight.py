@@ -1,6 +1,7 @@
 """Time accounting, starved and imbalance scores, job attribution and diagnosis (``gpuwarden.insight``).
 
-Reads the snapshot's ``InsightResult`` (gpuwarden.insight.result.snapshot_insight); definitions in docs/scores.md.
+Reads the core of the snapshot's ``InsightResult`` (gpuwarden.insight.result.snapshot_core: the result without its
+Diagnosis models, and each GPU's findings); definitions in docs/scores.md.
 
 - ``gpu_state_seconds_total{gpu,uuid,state}`` counter: seconds the GPU spent in each state since the daemon
   started; ``state`` is one of busy, starved, paused, held_idle, free, unknown, lost (they add up to the accounted wall
@@ -28,16 +29,22 @@ from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_rows, new_family, new_values
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.reasons import REASONS
-from gpuwarden.insight.result import GpuInsight, InsightResult, snapshot_insight
+from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, snapshot_core
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
 from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
-def _result(snap: NodeSnapshot) -> InsightResult | None:
+def _core(snap: NodeSnapshot) -> InsightCore | None:
     if snap.poll is None:
         return None
-    return snapshot_insight(snap)
+    return snapshot_core(snap)
+
+
+def _result(snap: NodeSnapshot) -> InsightResult | None:
+    """The result's numbers (``InsightCore.base``: its GPUs' diagnoses may be None; the findings are the core's)."""
+    core = _core(snap)
+    return None if core is None else core.base
 
 
 #: A GPU's values of one family, one per key of the family's keys (in their order); None: the GPU has none.
@@ -123,14 +130,15 @@ def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
 @builds("gpu_diagnosis")
 def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return 1 for each GPU's verdict and findings and 0 for every other reason of the fixed set."""
-
-    def values(g: GpuInsight) -> list[float] | None:
-        if g.diagnosis is None:
-            return None
-        found = set(g.diagnosis.findings)
-        return [1.0 if r in found else 0.0 for r in REASONS]
-
-    return _per_gpu(snap, fam, values, REASONS)
+    core = _core(snap)
+    if core is None:
+        return None
+    metric = new_values(fam)
+    for g, found in zip(core.base.gpus, core.findings, strict=True):
+        if found is not None:
+            metric.labels.extend(gpu_rows(g.gpu, g.uuid, REASONS))
+            metric.numbers.extend([1.0 if r in found else 0.0 for r in REASONS])
+    return metric if metric.numbers else None
 
 
 @builds("gpu_job_shortfall_ratio")

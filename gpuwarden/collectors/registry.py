@@ -148,6 +148,40 @@ def gpu_key_rows(gpu: int, uuid: str, keys: tuple[tuple[str, ...], ...]) -> tupl
     return tuple((str(gpu), uuid, *k) for k in keys)
 
 
+class _Sources:
+    """The GPUs a declared family reads in one snapshot (up readings, health readings, statics) and their label
+    rows, made once per snapshot and kept for the next family: forty declared families read the same GPUs in every
+    render. Replaced whole when the snapshot changes (one assignment: safe across rendering threads)."""
+
+    __slots__ = ("snap", "lists")
+
+    def __init__(self, snap: NodeSnapshot | None) -> None:
+        self.snap = snap
+        self.lists: dict[str, tuple[list[GpuReading] | list[GpuStatic], list[tuple[str, ...]]]] = {}
+
+
+_kept_sources = _Sources(None)
+
+
+def _sources(snap: NodeSnapshot, fam: Family) -> tuple[list[GpuReading] | list[GpuStatic], list[tuple[str, ...]]]:
+    """The GPUs that ``fam`` reads in ``snap`` (``readings``, ``health_readings`` or the statics) and each one's
+    label row (``gpu_rows``)."""
+    global _kept_sources
+    kept = _kept_sources
+    if kept.snap is not snap:
+        kept = _kept_sources = _Sources(snap)
+    which = "static" if fam.reading is None else "health" if fam.collector in KEPT_WHEN_LOST else "up"
+    got = kept.lists.get(which)
+    if got is None:
+        gpus: list[GpuReading] | list[GpuStatic]
+        if which == "static":
+            gpus = list(snap.static.gpus)
+        else:
+            gpus = list(health_readings(snap) if which == "health" else readings(snap))
+        got = kept.lists[which] = (gpus, [gpu_rows(g.index, g.uuid)[0] for g in gpus])
+    return got
+
+
 def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
     """Return the family of a declared field for every GPU that has it, or None when no GPU has it.
 
@@ -159,12 +193,17 @@ def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
     metric = new_values(fam)
     labels, numbers = metric.labels, metric.numbers
     statics = {s.index: s for s in snap.static.gpus} if fam.only_if is not None else {}
-    up = health_readings(snap) if fam.collector in KEPT_WHEN_LOST else readings(snap)
-    sources: Iterator[GpuReading | GpuStatic] = up if fam.reading is not None else iter(snap.static.gpus)
+    gpus, rows = _sources(snap, fam)
     attr = fam.reading if fam.reading is not None else fam.static
     assert attr is not None
     key = fam.key
-    for g in sources:
+    if fam.only_if is None and key is None:
+        values = [getattr(g, attr) for g in gpus]
+        if None not in values and not any(v.__class__ is dict for v in values):  # one number per GPU, every GPU
+            labels.extend(rows)
+            numbers.extend(map(float, values))
+            return metric if numbers else None
+    for g in gpus:
         if fam.only_if is not None:
             s = statics.get(g.index)
             if s is None or not getattr(s, fam.only_if):

@@ -7,13 +7,12 @@ import dataclasses
 from collections.abc import Sequence
 
 from gpuwarden.insight.attribution import JobRef
-from gpuwarden.insight.diagnosis import diagnose, lost
+from gpuwarden.insight.diagnosis import Decided, decide, lost_decided
 from gpuwarden.insight.gpu_window import GpuWindow
 from gpuwarden.insight.margins import VerdictMemory
 from gpuwarden.insight.peers import Activity
-from gpuwarden.insight.result import GpuInsight, InsightResult, JobInsight, ProcessJob
+from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, JobInsight, ProcessJob
 from gpuwarden.insight.scores import imbalance, shortfalls, starved_ratio
-from gpuwarden.insight.verdicts import Diagnosis
 from gpuwarden.insight.windows import GpuCapture, WindowActivity
 
 #: A diagnosis window holding at least this share of its length is full: only then is its verdict kept within the
@@ -67,7 +66,7 @@ class _Windows:
             if u in self.diag:
                 self.members.setdefault(ref, []).append(self.diag[u])
 
-    def diagnosis(self, uuid: str) -> Diagnosis | None:
+    def diagnosis(self, uuid: str) -> Decided | None:
         """The verdict on GPU ``uuid`` with the other GPUs of its job as peers, kept as last given within the margin
         (``memory``: gpuwarden.insight.margins) once the window is full (FULL_WINDOW of the diagnosis window: a young
         window's verdict describes seconds, and should not stick); None without a diagnosis window."""
@@ -77,9 +76,9 @@ class _Windows:
         w = self.diag[uuid]
         peers = [p for p in self.members.get(job, ()) if p.uuid != uuid] if job is not None else []
         keep = self.memory if self.memory is not None and w.seconds >= self.full else None
-        d = diagnose(w, peers, keep.previous(uuid, w.processes) if keep is not None else None, self.memory)
+        d = decide(w, peers, keep.previous(uuid, w.processes) if keep is not None else None, self.memory)
         if d is not None and keep is not None:
-            keep.remember(uuid, w.processes, d.verdict, self.timestamp)
+            keep.remember(uuid, w.processes, d.findings[0], self.timestamp)
         return d
 
 
@@ -116,15 +115,18 @@ def _jobs(windows: _Windows, processes: list[ProcessJob]) -> tuple[list[JobInsig
     return jobs, shortfall
 
 
-def _gpu(c: GpuCapture, windows: _Windows, shortfall: float | None, down: dict[str, str]) -> GpuInsight:
-    """The insight on one GPU: its totals, node window scores and verdict (``lost`` when it could not be read)."""
+def _gpu(
+    c: GpuCapture, windows: _Windows, shortfall: float | None, down: dict[str, str]
+) -> tuple[GpuInsight, Decided | None]:
+    """The insight on one GPU (its totals and node window scores; ``diagnosis`` None) and its verdict (``gpu_lost``
+    when it could not be read)."""
     w = windows.node[c.uuid]
-    diagnosis = windows.diagnosis(c.uuid)
-    if diagnosis is None and c.uuid not in windows.diag and c.uuid in down:
-        diagnosis = lost(c.index, c.uuid, down[c.uuid])
+    decided = windows.diagnosis(c.uuid)
+    if decided is None and c.uuid not in windows.diag and c.uuid in down:
+        decided = lost_decided(c.index, c.uuid, down[c.uuid])
     activity = w.sm if w.sm is not None else w.util
     source = "sm_activity" if w.sm is not None else "utilization_gpu"
-    return GpuInsight(
+    insight = GpuInsight(
         gpu=c.index,
         uuid=c.uuid,
         state_seconds_total=c.totals,
@@ -138,9 +140,10 @@ def _gpu(c: GpuCapture, windows: _Windows, shortfall: float | None, down: dict[s
         activity_ratio=activity,
         activity_source=None if activity is None else source,
         shortfall_ratio=shortfall,
-        diagnosis=diagnosis,
+        diagnosis=None,
         state_runs=list(c.runs),
     )
+    return insight, decided
 
 
 def _ranks(processes: list[ProcessJob], primary: dict[str, JobRef]) -> dict[str, int]:
@@ -153,7 +156,7 @@ def _ranks(processes: list[ProcessJob], primary: dict[str, JobRef]) -> dict[str,
     return out
 
 
-def build_result(
+def build_core(
     timestamp: float,
     window_seconds: float,
     diagnosis_seconds: float,
@@ -163,22 +166,24 @@ def build_result(
     primary: dict[str, JobRef],
     down: dict[str, str] | None = None,
     memory: VerdictMemory | None = None,
-) -> InsightResult:
-    """The InsightResult of one poll from what the analyzer captured after it (``up``: UUIDs of the GPUs up, in the
-    poll's order; ``primary``: each GPU's job, the one holding most of its memory; ``down``: the GPUs that could not
-    be read this poll, with NVML's error; ``memory``: the verdicts last given, kept within the margin - None: each
-    verdict from its window alone)."""
+) -> InsightCore:
+    """The InsightResult of one poll from what the analyzer captured after it, as its core (the verdicts decided,
+    their Diagnosis models made when ``result()`` is first called). ``up``: UUIDs of the GPUs up, in the poll's
+    order; ``primary``: each GPU's job, the one holding most of its memory; ``down``: the GPUs that could not be
+    read this poll, with NVML's error; ``memory``: the verdicts last given, kept within the margin - None: each
+    verdict from its window alone."""
     windows = _Windows(captures, primary, memory, timestamp, diagnosis_seconds, _ranks(processes, primary))
     jobs, shortfall = _jobs(windows, processes)
-    gpus = [_gpu(c, windows, shortfall.get(c.uuid), down or {}) for c in captures]  # in GPU index order
+    made = [_gpu(c, windows, shortfall.get(c.uuid), down or {}) for c in captures]  # in GPU index order
     node_act = activities([windows.node[u] for u in up if u in windows.node])
-    return InsightResult(
+    base = InsightResult(
         timestamp=timestamp,
         window_seconds=window_seconds,
         diagnosis_window_seconds=diagnosis_seconds,
-        gpus=gpus,
+        gpus=[g for g, _ in made],
         processes=processes,
         jobs=jobs,
         node_imbalance_ratio=imbalance(node_act[0]) if node_act else None,
         node_activity_source=node_act[1] if node_act and len(node_act[0]) >= 2 else None,
     )
+    return InsightCore(base, [d for _, d in made])

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from gpuwarden.catalog import CLOCK_EVENT_REASONS
 from gpuwarden.insight import states as st
-from gpuwarden.insight.analysis import build_result
+from gpuwarden.insight.analysis import build_core
 from gpuwarden.insight.attribution import JobRef, attribute, pod_of, slurm_job_number
 from gpuwarden.insight.evidence import pack_means
 from gpuwarden.insight.gpu_window import Health
@@ -318,7 +318,7 @@ class InsightAnalyzer:
         ]
         return DeferredInsight(
             functools.partial(
-                build_result,
+                build_core,
                 poll.timestamp,
                 self.window_seconds,
                 self.diagnosis_seconds,

@@ -17,6 +17,8 @@ A GPU that cannot be read at all (lost, off the bus) gets ``gpu_lost`` (``lost``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.insight.evidence import evidence_of
 from gpuwarden.insight.gpu_window import GpuWindow, named, pct
@@ -57,19 +59,41 @@ def _health(w: GpuWindow) -> list[tuple[str, str]]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A GPU's verdict as decided after a poll: its ``findings`` (the verdict first: what ``gpu_diagnosis``
+    exports), and the Diagnosis made when first asked for (``diagnosis()``) from the decided ``fields`` and the
+    evidence rows of ``window``. The rows and the model's validation are most of what a verdict costs (26 Evidence
+    models per GPU), and only the JSON routes, the pages and the reports read them."""
+
+    findings: tuple[str, ...]
+    fields: dict[str, Any]  # the Diagnosis's fields but ``evidence``
+    window: GpuWindow | None = None  # None: no evidence rows
+
+    def diagnosis(self) -> Diagnosis:
+        """Return the Diagnosis (a new validated model at each call: ``evidence_of(window)`` as its rows)."""
+        evidence = evidence_of(self.window) if self.window is not None else []
+        return Diagnosis.model_validate({**self.fields, "evidence": evidence})  # rows validated in pydantic-core
+
+
+def lost_decided(index: int, uuid: str, error: str) -> Decided:
+    """``lost``, decided: the verdict on a GPU that could not be read at all this poll."""
+    fields = {
+        "gpu": index,
+        "uuid": uuid,
+        "verdict": "gpu_lost",
+        "severity": SEVERITY["gpu_lost"],
+        "summary": f"The GPU could not be read ({error}): it is lost to the node until it is reset.",
+        "findings": ["gpu_lost"],
+        "remedies": list(REMEDIES["gpu_lost"]),
+        "window_seconds": 0.0,
+    }
+    return Decided(("gpu_lost",), fields)
+
+
 def lost(index: int, uuid: str, error: str) -> Diagnosis:
     """Return the diagnosis of a GPU that could not be read at all this poll (``error``: NVML's, e.g. gpu_is_lost)."""
-    return Diagnosis(
-        gpu=index,
-        uuid=uuid,
-        verdict="gpu_lost",
-        severity=SEVERITY["gpu_lost"],
-        summary=f"The GPU could not be read ({error}): it is lost to the node until it is reset.",
-        findings=["gpu_lost"],
-        evidence=[],
-        remedies=list(REMEDIES["gpu_lost"]),
-        window_seconds=0.0,
-    )
+    return lost_decided(index, uuid, error).diagnosis()
 
 
 def _findings(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> tuple[list[str], list[str]]:
@@ -108,6 +132,15 @@ def _tensor_cores_idle(w: GpuWindow) -> bool:
 def diagnose(
     w: GpuWindow, peers: Sequence[GpuWindow] = (), previous: str | None = None, memory: VerdictMemory | None = None
 ) -> Diagnosis | None:
+    """Return the verdict on GPU ``w`` given the other GPUs of its job (``peers``); None before MIN_SECONDS
+    (``decide``, and its Diagnosis made)."""
+    decided = decide(w, peers, previous, memory)
+    return None if decided is None else decided.diagnosis()
+
+
+def decide(
+    w: GpuWindow, peers: Sequence[GpuWindow] = (), previous: str | None = None, memory: VerdictMemory | None = None
+) -> Decided | None:
     """Return the verdict on GPU ``w`` given the other GPUs of its job (``peers``); None before MIN_SECONDS.
 
     The verdict is the first rule of VERDICT_ORDER that holds, unless ``previous`` (the verdict this GPU was last
@@ -137,19 +170,17 @@ def diagnose(
     if "throttled" in findings and w.severe_throttle_fraction < THROTTLE_MIN_FRACTION:
         levels[findings.index("throttled")] = "info"  # a power cap at full load is expected, not a fault
     severity = max(levels, key=("ok", "info", "warning", "critical").index)
-    return Diagnosis.model_validate(  # the evidence rows as dicts: validated into Evidence in pydantic-core
-        {
-            "gpu": w.index,
-            "uuid": w.uuid,
-            "verdict": verdict,
-            "severity": severity,
-            "summary": " ".join([summary, *extra]),
-            "findings": findings,
-            "evidence": evidence_of(w),
-            "remedies": remedies,
-            "window_seconds": round(w.seconds, 3),
-            "job": w.job,
-            "job_kind": w.job_kind,
-            "alternatives": near,
-        }
-    )
+    fields = {
+        "gpu": w.index,
+        "uuid": w.uuid,
+        "verdict": verdict,
+        "severity": severity,
+        "summary": " ".join([summary, *extra]),
+        "findings": findings,
+        "remedies": remedies,
+        "window_seconds": round(w.seconds, 3),
+        "job": w.job,
+        "job_kind": w.job_kind,
+        "alternatives": near,
+    }
+    return Decided(tuple(findings), fields, w)

@@ -1,10 +1,12 @@
 """What the insight analyzer derives after a poll: per-GPU insight, jobs, processes and the node's imbalance
-(``InsightResult``, frozen pydantic models), and the deferred result the poller stores (``DeferredInsight``)."""
+(``InsightResult``, frozen pydantic models), what the metrics read of it (``InsightCore``: the result without its
+Diagnosis models, and each GPU's findings), and the deferred result the poller stores (``DeferredInsight``)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -135,26 +137,80 @@ class InsightResult(_Frozen):
     node_activity_source: str | None = None
 
 
-class DeferredInsight:
-    """The InsightResult of one poll, computed on the first call and kept (thread-safe): what the daemon's poller
-    stores in ``NodeSnapshot.analyses["insight"]``. A result costs more to build than the poll's accounting (windows,
-    scores, the diagnosis and its models); read once per scrape, most polls never build theirs.
+class Verdict(Protocol):
+    """A GPU's verdict as decided (gpuwarden.insight.diagnosis.Decided): its findings, its Diagnosis on demand."""
+
+    @property
+    def findings(self) -> tuple[str, ...]:
+        """The verdict, then every other finding that applies."""
+
+    def diagnosis(self) -> Diagnosis:
+        """The Diagnosis model, made at each call."""
+
+
+class InsightCore:
+    """An InsightResult before its Diagnosis models are made: ``base`` (the result with every GPU's ``diagnosis``
+    None, or the whole result where it was made whole) and each GPU's ``findings`` (in ``base.gpus``' order; None:
+    no verdict yet). What the metrics read: a
+    scrape exports the findings, and only the JSON routes, pages and reports read the diagnoses' summaries and
+    evidence rows. ``result()`` gives the whole InsightResult, made on the first call and kept (thread-safe).
     """
 
-    __slots__ = ("_compute", "_result", "_lock")
+    __slots__ = ("base", "findings", "_verdicts", "_result", "_lock")
 
-    def __init__(self, compute: Callable[[], InsightResult]) -> None:
-        self._compute: Callable[[], InsightResult] | None = compute
+    def __init__(self, base: InsightResult, verdicts: Sequence[Verdict | None]) -> None:
+        self.base = base
+        self.findings: list[tuple[str, ...] | None] = [None if v is None else v.findings for v in verdicts]
+        self._verdicts: Sequence[Verdict | None] | None = verdicts
         self._result: InsightResult | None = None
         self._lock = threading.Lock()
 
-    def __call__(self) -> InsightResult:
-        """Return the result, computing it the first time."""
+    @classmethod
+    def of(cls, result: InsightResult) -> InsightCore:
+        """The core of a whole InsightResult: ``base`` and ``result()`` are ``result``, the findings its diagnoses'."""
+        core = cls(result, ())
+        core.findings = [None if g.diagnosis is None else tuple(g.diagnosis.findings) for g in result.gpus]
+        core._result, core._verdicts = result, None
+        return core
+
+    def result(self) -> InsightResult:
+        """Return the InsightResult: ``base`` with each GPU's Diagnosis made from its verdict."""
         with self._lock:
             if self._result is None:
-                assert self._compute is not None
-                self._result, self._compute = self._compute(), None
+                assert self._verdicts is not None
+                gpus = [
+                    g if v is None else g.model_copy(update={"diagnosis": v.diagnosis()})
+                    for g, v in zip(self.base.gpus, self._verdicts, strict=True)
+                ]
+                self._result, self._verdicts = self.base.model_copy(update={"gpus": gpus}), None
             return self._result
+
+
+class DeferredInsight:
+    """The InsightResult of one poll, computed when first asked for and kept (thread-safe): what the daemon's poller
+    stores in ``NodeSnapshot.analyses["insight"]``. A result costs more to build than the poll's accounting (windows,
+    scores, the diagnosis and its models); read once per scrape, most polls never build theirs, and a scrape builds
+    only the core (``core()``: the verdicts without their Diagnosis models).
+    """
+
+    __slots__ = ("_compute", "_core", "_lock")
+
+    def __init__(self, compute: Callable[[], InsightCore]) -> None:
+        self._compute: Callable[[], InsightCore] | None = compute
+        self._core: InsightCore | None = None
+        self._lock = threading.Lock()
+
+    def core(self) -> InsightCore:
+        """Return the core, computing it the first time."""
+        with self._lock:
+            if self._core is None:
+                assert self._compute is not None
+                self._core, self._compute = self._compute(), None
+            return self._core
+
+    def __call__(self) -> InsightResult:
+        """Return the whole result (the core's, its diagnoses made the first time)."""
+        return self.core().result()
 
 
 def insight_result(value: object) -> InsightResult | None:
@@ -163,6 +219,20 @@ def insight_result(value: object) -> InsightResult | None:
     if isinstance(value, DeferredInsight):
         return value()
     return value if isinstance(value, InsightResult) else None
+
+
+def insight_core(value: object) -> InsightCore | None:
+    """Return the InsightCore of what ``NodeSnapshot.analyses["insight"]`` holds (``insight_result``'s values),
+    None for anything else."""
+    if isinstance(value, DeferredInsight):
+        return value.core()
+    return InsightCore.of(value) if isinstance(value, InsightResult) else None
+
+
+def snapshot_core(snapshot: NodeSnapshot) -> InsightCore | None:
+    """The core of the insight analyzer's result of ``snapshot``'s poll (what the metrics read), None when the
+    analyzer is not running or has not run."""
+    return insight_core(snapshot.analyses.get("insight"))
 
 
 def snapshot_insight(snapshot: NodeSnapshot) -> InsightResult | None:

@@ -1,0 +1,147 @@
+"""A scrape reads the core of a poll's insight (``InsightCore``: the verdicts decided, no Diagnosis model made); the
+JSON routes read the whole result, whose diagnoses are made from the same verdicts. And the shortcuts of the
+64-GPU result give what the plain computations give: the margins' reuse test, a moved window, a window's
+activity, a job's peers."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from conftest import trace
+
+from gpuwarden.catalog import select_collectors
+from gpuwarden.collectors import CollectOptions
+from gpuwarden.config import Config
+from gpuwarden.daemon import build_analyzers
+from gpuwarden.exposition import Exposition
+from gpuwarden.insight import diagnosis as dg
+from gpuwarden.insight import margins
+from gpuwarden.insight.analyzer import InsightAnalyzer
+from gpuwarden.insight.gpu_window import GpuWindow
+from gpuwarden.insight.result import InsightCore, insight_core, snapshot_core, snapshot_insight
+from gpuwarden.insight.verdicts import Diagnosis
+from gpuwarden.poller import Poller
+from gpuwarden.replay import ReplaySource
+from gpuwarden.trace import read_trace
+
+RECORDINGS = ["h200x2-ddp_straggler", "h100-starved_dataloader", "h100-compute_bound", "derived-8gpu-lost"]
+
+
+def _poller(name: str) -> Poller:
+    p = Poller(ReplaySource(trace(name), timing="recorded"), 1.0, analyzers=build_analyzers(Config()))
+    p.start(thread=False)
+    return p
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_a_scrape_makes_no_diagnosis_model_and_exports_the_findings_of_the_whole_result(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[int] = []
+    real = dg.Decided.diagnosis
+
+    def counted(self: dg.Decided) -> Diagnosis:
+        made.append(1)
+        return real(self)
+
+    monkeypatch.setattr(dg.Decided, "diagnosis", counted)
+    poller = _poller(name)
+    expo = Exposition(poller, select_collectors(), CollectOptions())
+    verdicts = 0
+    for _ in range(40):
+        poller.poll_once()
+        snap = poller.snapshot
+        assert snap is not None
+        text = expo.render(snap).decode()
+        assert made == []  # the scrape read the core only
+        res = snapshot_insight(snap)  # what /api/v1/diagnosis reads
+        assert res is not None
+        for g in res.gpus:
+            for reason in ("waiting_on_peers", "input_starved", "compute_bound", "gpu_lost", "throttled"):
+                line = f'gpu_diagnosis{{gpu="{g.gpu}",reason="{reason}",uuid="{g.uuid}"}} '
+                if g.diagnosis is None:
+                    assert line not in text
+                else:
+                    expected = "1.0" if reason in g.diagnosis.findings else "0.0"
+                    assert line + expected in text
+        verdicts += sum(g.diagnosis is not None for g in res.gpus)
+        assert len(made) == sum(g.diagnosis is not None for g in res.gpus)  # made once, when first read
+        assert snapshot_insight(snap) is res
+        made.clear()
+    assert verdicts > 0
+
+
+def test_the_core_of_a_whole_result_is_that_result() -> None:
+    header, polls = read_trace(trace("h200x2-ddp_straggler"))
+    analyzer = InsightAnalyzer(window_seconds=12.0, diagnosis_seconds=5.0)
+    res = [analyzer(p, header.node) for p in polls][-1]
+    core = insight_core(res)
+    assert isinstance(core, InsightCore) and core.base is res and core.result() is res
+    assert core.findings == [tuple(g.diagnosis.findings) if g.diagnosis else None for g in res.gpus]
+    assert any(f is not None for f in core.findings)
+    assert insight_core(None) is None and insight_core("insight") is None
+
+
+def test_the_core_is_built_once_whoever_reads_first() -> None:
+    poller = _poller("h100-compute_bound")
+    for _ in range(10):
+        poller.poll_once()
+    snap = poller.snapshot
+    assert snap is not None
+    core = snapshot_core(snap)
+    assert core is not None and snapshot_core(snap) is core
+    whole = snapshot_insight(snap)
+    assert whole is core.result() and [g.model_copy(update={"diagnosis": None}) for g in whole.gpus] == core.base.gpus
+
+
+def _old_close(a: list[float | None], b: list[float | None]) -> bool:
+    """The reuse test as first written: max() per value."""
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None:
+            if x is not y:
+                return False
+        elif abs(x - y) > max(margins.REUSE * max(abs(x), abs(y)), margins.REUSE_FLOOR):
+            return False
+    return True
+
+
+def test_the_reuse_test_is_the_relative_and_absolute_margin_value_by_value() -> None:
+    rnd = random.Random(7)
+    agree = {True: 0, False: 0}
+    for _ in range(20_000):
+        n = rnd.randint(1, 6)
+        a = [rnd.choice([None, 0.0, -1.0, 1.0, 1e-4, 2.5e9]) or rnd.uniform(-2, 2) for _ in range(n)]
+        b = [
+            x if x is None or rnd.random() < 0.2 else x * (1 + rnd.uniform(-0.05, 0.05)) + rnd.uniform(-2e-3, 2e-3)
+            for x in a
+        ]
+        if rnd.random() < 0.05:
+            b[rnd.randrange(n)] = None
+        got = margins._close(a, b)
+        assert got == _old_close(a, b), (a, b)
+        agree[got] += 1
+    assert agree[True] > 1000 and agree[False] > 1000  # both answers are exercised
+
+
+def test_a_moved_window_is_the_window_with_one_field_replaced() -> None:
+    w = GpuWindow(index=3, uuid="GPU-x", seconds=60.0, states={"busy": 30.0, "starved": 30.0}, held=True, util=0.5)
+    moved = margins._with(w, "util", 0.425)
+    assert moved == dataclasses.replace(w, util=0.425) and w.util == 0.5 and type(moved) is GpuWindow
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        moved.util = 0.1  # type: ignore[misc]
+
+
+def test_a_windows_activity_is_what_its_full_window_says() -> None:
+    header, polls = read_trace(trace("h200x2-ddp_straggler"))
+    analyzer = InsightAnalyzer(window_seconds=12.0, diagnosis_seconds=5.0)
+    seen = 0
+    for p in polls:
+        analyzer(p, header.node)
+        for state in analyzer._gpus.values():
+            captured = state.node.capture()
+            full, slim = captured.window(state.index, "GPU-x", None), captured.activity(state.index)
+            assert (slim.index, slim.states, slim.util, slim.sm) == (full.index, full.states, full.util, full.sm)
+            seen += full.sm is not None
+    assert seen > 0
