@@ -70,7 +70,8 @@ def build(trace: Path) -> tuple[Poller, Exposition]:
 
 
 def time_paths(poller: Poller, expo: Exposition, polls: int) -> dict[str, tuple[float, float]]:
-    """Return {"poll": (median, p99), "render": (median, p99), "bytes": (size, size)} over ``polls`` rounds."""
+    """Return {"poll": (median, p99), "render": (median, p99), "steady": (median, p99) of the renders of the second
+    half (every GPU's diagnosis window long enough for a verdict), "bytes": (size, size)} over ``polls`` rounds."""
     tp, tr = [], []
     size = 0
     for _ in range(polls):
@@ -82,7 +83,12 @@ def time_paths(poller: Poller, expo: Exposition, polls: int) -> dict[str, tuple[
         tp.append(t1 - t0)
         tr.append(t2 - t1)
         size = len(body)
-    return {"poll": quantiles(tp), "render": quantiles(tr), "bytes": (size, size)}
+    return {
+        "poll": quantiles(tp),
+        "render": quantiles(tr),
+        "steady": quantiles(tr[polls // 2 :]),
+        "bytes": (size, size),
+    }
 
 
 def analyzer_steady(trace: Path, interval: float, window: float = 300.0, rounds: int = 20) -> tuple[float, int]:
@@ -151,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time_paths(poller, expo, args.polls)
         print(
             f"{args.gpus} GPUs: poll median {t['poll'][0] * 1e3:.3f} ms p99 {t['poll'][1] * 1e3:.3f} ms; "
-            f"render median {t['render'][0] * 1e3:.3f} ms p99 {t['render'][1] * 1e3:.3f} ms; "
+            f"render median {t['render'][0] * 1e3:.3f} ms p99 {t['render'][1] * 1e3:.3f} ms "
+            f"(second half {t['steady'][0] * 1e3:.3f} / {t['steady'][1] * 1e3:.3f} ms); "
             f"exposition {t['bytes'][0]} bytes"
         )
         if args.no_profile:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from operator import add
 
@@ -123,13 +124,21 @@ def _values(numbers: list[float]) -> Iterable[str]:
 
 
 class _Kept:
-    """One family's series of the last render: their label names and values, and the name-and-labels text of
-    each (``NAME{labels} ``)."""
+    """One family's series of the last render: their label names and values, the name-and-labels text of each
+    (``NAME{labels} ``), the numbers' bits (``array('d').tobytes()``: equal bits, equal texts, -0.0 and NaN
+    included) and the family's sample lines as written."""
 
-    __slots__ = ("names", "labels", "prefixes")
+    __slots__ = ("names", "labels", "prefixes", "bits", "lines")
 
-    def __init__(self, names: list[tuple[str, ...]] | None, labels: list[tuple[str, ...]], prefixes: list[str]):
-        self.names, self.labels, self.prefixes = names, labels, prefixes
+    def __init__(
+        self,
+        names: list[tuple[str, ...]] | None,
+        labels: list[tuple[str, ...]],
+        prefixes: list[str],
+        bits: bytes,
+        lines: bytes,
+    ):
+        self.names, self.labels, self.prefixes, self.bits, self.lines = names, labels, prefixes, bits, lines
 
 
 class TextWriter:
@@ -184,9 +193,15 @@ class TextWriter:
             append(self._header(fam))
             if not fam.numbers:
                 continue
-            prefixes = self._prefixes(fam, old.get(fam.name))
-            kept[fam.name] = _Kept(fam.names, fam.labels, prefixes)
-            append(("\n".join(map(add, prefixes, _values(fam.numbers))) + "\n").encode())
+            last = old.get(fam.name)
+            prefixes = self._prefixes(fam, last)
+            bits = array("d", fam.numbers).tobytes()
+            if last is not None and prefixes is last.prefixes and bits == last.bits:
+                lines = last.lines  # the same series with the same numbers: the same lines
+            else:
+                lines = ("\n".join(map(add, prefixes, _values(fam.numbers))) + "\n").encode()
+            kept[fam.name] = _Kept(fam.names, fam.labels, prefixes, bits, lines)
+            append(lines)
         if self.openmetrics:
             append(b"# EOF\n")
         self._kept = kept

@@ -318,3 +318,37 @@ def test_numbers_of_every_range_are_written_as_prometheus_client_writes_them() -
         writer = TextWriter(om)
         for _ in range(2):
             assert writer.render(All().collect()) == encode(All()), om
+
+
+def test_a_family_with_the_same_series_and_numbers_reuses_its_lines_and_any_changed_bit_rewrites_them() -> None:
+    """A family rendered again with the same series and numbers (bit for bit) is written from its kept lines; a
+    number changed in any bit (0.0 to -0.0, a NaN, the last digit) gives prometheus_client's text of the new one."""
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    from gpuwarden.series import Series, TextWriter
+
+    def fam(*values: float) -> Series:
+        g = Series("v", "V.", "gauge", ("i",))
+        for i, v in enumerate(values):
+            g.add_metric([str(i)], v)
+        return g
+
+    rounds = [(0.0, 1.0, 2e6), (0.0, 1.0, 2e6), (-0.0, 1.0, 2e6), (-0.0, float("nan"), 2e6), (-0.0, float("nan"), 2e6),
+              (-0.0, float("nan"), 2000000.0000000002), (0.0, 1.0, 2e6)]  # fmt: skip
+    for om, encode in ((False, generate_latest), (True, om_latest)):
+        writer = TextWriter(om)
+        last = None
+        for values in rounds:
+            f = fam(*values)
+
+            class One:
+                def collect(self) -> list:  # noqa: ANN401
+                    return [f]  # noqa: B023
+
+            assert writer.render([f]) == encode(One()), (om, values)
+            kept = writer._kept["v"]
+            if last is not None and repr(values) == repr(last[0]):
+                assert kept.lines is last[1]  # the same numbers: the lines kept, not written again
+            else:
+                assert last is None or kept.lines is not last[1]
+            last = (values, kept.lines)
