@@ -16,7 +16,7 @@ from typing import Any
 from gpuwarden.insight import states as st
 from gpuwarden.insight.attribution import JobRef
 from gpuwarden.insight.evidence import MEANS
-from gpuwarden.insight.gpu_window import GpuWindow, Health
+from gpuwarden.insight.gpu_window import GpuWindow, Health, window_of
 from gpuwarden.insight.result import StateRun
 
 
@@ -95,6 +95,7 @@ _UTIL_SECONDS, _SECONDS, _THROTTLED, _SEVERE, _CLOCK_NUM, _CLOCK_DEN = range(len
 _MEAN_SLOT = [_CLOCK_DEN + 1 + 2 * i for i in range(len(MEANS))]
 _SLOTS = _CLOCK_DEN + 1 + 2 * len(MEANS)
 _SM_SLOT = _MEAN_SLOT[[m.name for m in MEANS].index("sm")]
+_MEAN_NAMES = tuple(zip([m.name for m in MEANS], _MEAN_SLOT, strict=True))
 
 #: Every finite double is an integer multiple of 2**-1074, so a sum held as an integer count of 2**-1074 is
 #: exact: adding an interval and later removing it restores the sum bit for bit (no drift, no rebuild, and a
@@ -240,7 +241,8 @@ class Captured:
         one = 1 << _SHIFT
         total = sums[_SECONDS]
         held_job = job is not None and last is not None and last[_P_HOLDER] == "job"
-        return GpuWindow(
+        values = _means(sums)
+        values.update(
             index=index,
             uuid=uuid,
             seconds=sum(sums[i] for i in _STATE_SLOT.values()) / one,
@@ -260,9 +262,8 @@ class Captured:
             processes=last[_P_PIDS] if last else (),
             starting_seconds=last[_P_STARTUP] if last else None,
             rank=None,  # the job's rank on this GPU is the analysis's (gpuwarden.insight.analysis)
-            # every MEANS name is a float | None field of GpuWindow (tests/test_insight_diagnosis.py)
-            **_means(sums),
         )
+        return window_of(values)  # every MEANS name is a float | None field of GpuWindow (test_insight_diagnosis)
 
     def activity(self, index: int) -> WindowActivity:
         """What the scores read of the intervals summed (states, util.gpu, SM activity): the same numbers as
@@ -294,9 +295,9 @@ def _ratio(num: int, den: int) -> float | None:
     return num / den if den > 0 else None
 
 
-def _means(sums: list[int]) -> dict[str, float | None]:
+def _means(sums: list[int]) -> dict[str, object]:
     """Each MEANS reading's time-weighted mean from a window's sums (None: no interval knew it)."""
-    return {m.name: _ratio(sums[s], sums[s + 1]) for m, s in zip(MEANS, _MEAN_SLOT, strict=True)}
+    return {name: sums[s] / sums[s + 1] if sums[s + 1] > 0 else None for name, s in _MEAN_NAMES}
 
 
 def _another_run(last: Packed, p: Packed) -> bool:
