@@ -160,3 +160,23 @@ def test_a_window_made_from_its_values_is_the_dataclass_made_by_its_init() -> No
         window_of({**values, "smm": 0.1})
     with pytest.raises(TypeError, match="needs field 'held'"):
         window_of({k: v for k, v in values.items() if k != "held"})
+
+
+def test_the_waiters_of_a_gpu_are_the_peers_whose_straggler_it_is() -> None:
+    from gpuwarden.insight.peers import waiters, waits_on
+
+    rnd = random.Random(11)
+
+    def gpu(i: int) -> GpuWindow:
+        util = rnd.choice([None, 0.0, rnd.random(), 0.95, 1.0])
+        sm = rnd.choice([None, 0.0, rnd.random(), rnd.random() * 0.2])
+        return GpuWindow(index=i, uuid=f"GPU-{i}", seconds=60.0, states={}, held=True, util=util, sm=sm)
+
+    found = 0
+    for _ in range(3000):
+        ws = [gpu(i) for i in range(rnd.randint(2, 6))]
+        w, peers = ws[0], ws[1:]
+        expected = [p for p in peers if waits_on(p, [w]) is w]
+        assert waiters(w, peers) == expected
+        found += len(expected)
+    assert found > 500

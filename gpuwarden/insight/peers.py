@@ -58,8 +58,20 @@ def straggler(w: A, peers: Sequence[A]) -> tuple[A, str] | None:
 
 
 def waiters(w: A, peers: Sequence[A]) -> list[A]:
-    """Return the peers that wait on ``w`` in a collective (``w`` is their straggler), in ``peers``' order."""
-    return [p for p in peers if waits_on(p, [w]) is w]
+    """Return the peers that wait on ``w`` in a collective (``w`` is their straggler), in ``peers``' order: each
+    ``p`` with ``waits_on(p, [w]) is w``, that test written out for one candidate (a job's GPUs pairwise at every
+    result: 64 GPUs in two jobs are 2,000 pairs)."""
+    w_spins = spinning(w)
+    out = []
+    for p in peers:
+        if not utilized(p) or p.sm is None or p.util is None:
+            continue
+        p_spins = spinning(p)
+        if p_spins and w.util is not None and w.util <= PEER_LAG * p.util:
+            out.append(p)  # CPU-side: w runs kernels at most PEER_LAG x as often as p
+        elif w.sm is not None and w.sm * PEER_LAG >= p.sm and not w_spins:
+            out.append(p)  # GPU-side: w's SMs at least 1/PEER_LAG x as active as p's
+    return out
 
 
 def waits_on(w: A, peers: Sequence[A]) -> A | None:
