@@ -7,6 +7,8 @@ declared families of ``gpuwarden.catalog``. A lost GPU keeps its last counters a
 
 from __future__ import annotations
 
+import functools
+
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import (
     CollectOptions,
@@ -26,15 +28,16 @@ def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series 
     errors = new_values(fam)
     for g in health_readings(snap):
         keys = tuple(sorted(g.ecc_errors_total))
-        errors.labels.extend(gpu_key_rows(g.index, g.uuid, tuple(_split(k) for k in keys)))
+        errors.labels.extend(gpu_key_rows(g.index, g.uuid, _split(keys)))
         errors.numbers.extend([float(g.ecc_errors_total[k]) for k in keys])
     return errors if errors else None
 
 
-def _split(key: str) -> tuple[str, str]:
-    """``corrected_volatile`` -> (``corrected``, ``volatile``): the ``type`` and ``counter`` labels of an ECC key."""
-    etype, _, ctype = key.partition("_")
-    return etype, ctype
+@functools.lru_cache(maxsize=64)
+def _split(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Each ECC key as its ``type`` and ``counter`` labels: ``corrected_volatile`` -> (``corrected``,
+    ``volatile``)."""
+    return tuple((k.partition("_")[0], k.partition("_")[2]) for k in keys)
 
 
 @builds("gpu_remapped_rows_total")

@@ -23,6 +23,7 @@ Diagnosis models, and each GPU's findings); definitions in docs/scores.md.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from gpuwarden.catalog import Family
@@ -137,8 +138,14 @@ def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series |
     for g, found in zip(core.base.gpus, core.findings, strict=True):
         if found is not None:
             metric.labels.extend(gpu_rows(g.gpu, g.uuid, REASONS))
-            metric.numbers.extend([1.0 if r in found else 0.0 for r in REASONS])
+            metric.numbers.extend(_flags(found))
     return metric if metric.numbers else None
+
+
+@functools.lru_cache(maxsize=256)
+def _flags(findings: tuple[str, ...]) -> tuple[float, ...]:
+    """1.0 for each reason of REASONS among ``findings``, else 0.0 (GPUs of a node share a few sets of findings)."""
+    return tuple(1.0 if r in findings else 0.0 for r in REASONS)
 
 
 @builds("gpu_job_shortfall_ratio")

@@ -201,8 +201,10 @@ def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
     attr = fam.reading if fam.reading is not None else fam.static
     assert attr is not None
     key = fam.key
-    if fam.only_if is None and key is None:
+    if fam.only_if is None:
         values = [getattr(g, attr) for g in gpus]
+        if key is not None:
+            values = [v.get(key) if v.__class__ is dict else v for v in values]
         if None not in values and not any(v.__class__ is dict for v in values):  # one number per GPU, every GPU
             labels.extend(rows)
             numbers.extend(map(float, values))
