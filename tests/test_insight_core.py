@@ -180,3 +180,40 @@ def test_the_waiters_of_a_gpu_are_the_peers_whose_straggler_it_is() -> None:
         assert waiters(w, peers) == expected
         found += len(expected)
     assert found > 500
+
+
+def test_the_alternatives_are_the_verdicts_of_every_moved_window_judged_afresh() -> None:
+    """The alternatives reuse the peer test of the window they move (``Facts.lag``) for moves of fields it does not
+    read: the verdicts are those of each moved window judged from nothing."""
+    from gpuwarden.insight.reasons import verdict_of
+
+    def reference(w: GpuWindow, peers: list[GpuWindow], verdict: str) -> list[str]:
+        out: list[str] = []
+        for _, moved in margins._moved(w):
+            name = verdict_of(moved, peers)
+            if name != verdict and name not in out and name not in ("free", "starting"):
+                out.append(name)
+        return out
+
+    rnd = random.Random(5)
+
+    def gpu(i: int) -> GpuWindow:
+        busy = rnd.uniform(0, 60)
+        return GpuWindow(
+            index=i, uuid=f"GPU-{i}", seconds=60.0, held=True,
+            states={"busy": busy, "starved": rnd.uniform(0, 60 - busy), "paused": 0.0},
+            util=rnd.random(), sm=rnd.choice([None, rnd.random(), rnd.random() * 0.3]),
+            job_cpu_cores=rnd.choice([None, rnd.uniform(0, 8)]), pcie_rx=rnd.choice([None, rnd.uniform(0, 2e10)]),
+            pcie_tx=rnd.choice([None, rnd.uniform(0, 2e10)]), dram=rnd.choice([None, rnd.random()]),
+            voluntary_switches_per_second=rnd.choice([None, rnd.uniform(0, 500)]),
+        )  # fmt: skip
+
+    seen: set[str] = set()
+    for _ in range(400):
+        ws = [gpu(i) for i in range(rnd.randint(1, 5))]
+        w, peers = ws[0], ws[1:]
+        verdict = verdict_of(w, peers)
+        got = margins.alternatives(w, peers, verdict)
+        assert got == reference(w, peers, verdict)
+        seen.update(got)
+    assert "waiting_on_peers" in seen and len(seen) >= 4

@@ -24,7 +24,8 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from gpuwarden.insight.gpu_window import GpuWindow
-from gpuwarden.insight.reasons import verdict_of
+from gpuwarden.insight.reasons import verdict_of_facts
+from gpuwarden.insight.rules import Facts
 
 #: Relative margin around every measured value.
 MARGIN = 0.15
@@ -66,22 +67,27 @@ def _with(w: GpuWindow, name: str, value: object) -> GpuWindow:
     return out
 
 
-def _moved(w: GpuWindow) -> Iterator[GpuWindow]:
-    """``w`` with each measured value and state share moved up and down by MARGIN, one at a time (values that are
-    unknown or zero are left out: a margin of nothing moves nothing)."""
+def _moved(w: GpuWindow) -> Iterator[tuple[str, GpuWindow]]:
+    """``w`` with each measured value and state share moved up and down by MARGIN, one at a time, with the name of
+    the field moved (values that are unknown or zero are left out: a margin of nothing moves nothing)."""
     for name in MEASURED:
         value = getattr(w, name)
         if not value:
             continue
         for factor in (1.0 - MARGIN, 1.0 + MARGIN):
             x = value * factor
-            yield _with(w, name, min(1.0, x) if name in _RATIOS else x)
+            yield name, _with(w, name, min(1.0, x) if name in _RATIOS else x)
     for state in SHARES:
         seconds = w.states.get(state, 0.0)
         if seconds <= 0:
             continue
         for factor in (1.0 - MARGIN, 1.0 + MARGIN):
-            yield _with(w, "states", {**w.states, state: seconds * factor})
+            yield "states", _with(w, "states", {**w.states, state: seconds * factor})
+
+
+#: The fields of a window that ``Facts.lag`` (the peer test: gpuwarden.insight.peers.waits_on and straggler) reads of
+#: it; a window moved in another field has the lag of the window it was moved from.
+_LAG_READS = frozenset({"util", "sm"})
 
 
 def alternatives(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> list[str]:
@@ -91,8 +97,12 @@ def alternatives(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> list
     if verdict in _DECIDED:
         return []
     out: list[str] = []
-    for moved in _moved(w):
-        name = verdict_of(moved, peers)
+    lag = Facts(w, peers).lag  # the peer test over every peer: once, not once per moved window
+    for field, moved in _moved(w):
+        facts = Facts(moved, peers)
+        if field not in _LAG_READS:
+            facts.__dict__["lag"] = lag  # what Facts.lag keeps once read (gpuwarden.insight.rules._once)
+        name = verdict_of_facts(facts)
         if name != verdict and name not in out and name not in _DECIDED:
             out.append(name)
     return out

@@ -263,7 +263,11 @@ VERDICT_RULES: tuple[tuple[str, Rule], ...] = tuple((name, RULES[name]) for name
 def verdict_of(w: GpuWindow, peers: Sequence[GpuWindow]) -> str:
     """Return the first verdict of VERDICT_ORDER whose rule holds for window ``w`` (``peers``: the other GPUs of its
     job), without its summary. Raises nothing."""
-    facts = Facts(w, peers)
+    return verdict_of_facts(Facts(w, peers))
+
+
+def verdict_of_facts(facts: Facts) -> str:
+    """``verdict_of`` for the window and peers of ``facts``."""
     return next(n for n, r in VERDICT_RULES if r.when is None or r.when(facts))
 
 
