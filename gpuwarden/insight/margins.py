@@ -19,6 +19,8 @@ the rules compare, and about half that of absolute rates: a verdict decided by a
 
 from __future__ import annotations
 
+import functools
+import math
 import operator
 import threading
 from collections.abc import Iterator, Sequence
@@ -116,39 +118,32 @@ REUSE = MARGIN / 6
 REUSE_FLOOR = 1e-3
 
 
-def _signature(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[tuple[object, ...], list[float | None]]:
+#: A value not known (None) in a signature: ``math.isclose`` holds it close to itself only (window values are
+#: finite: a NaN or infinite reading is unknown, gpuwarden.insight.windows.finite).
+_UNKNOWN = -math.inf
+
+
+def _signature(w: GpuWindow, peers: Sequence[GpuWindow]) -> tuple[tuple[object, ...], list[float]]:
     """What the alternatives of ``w`` depend on: its job, holder and peers (compared for equality) and its measured
-    values, state shares and the peers' activities (compared within REUSE)."""
+    values, state shares and the peers' activities (compared within REUSE; unknown values as _UNKNOWN)."""
     fixed = (w.processes, w.held, w.starting_seconds is None, tuple(p.uuid for p in peers))
     values: list[float | None] = list(_measured(w))
     seconds, states = w.seconds, w.states
     values += [states.get(s, 0.0) / seconds if seconds > 0 else 0.0 for s in SHARES]  # GpuWindow.share
     for p in peers:
         values += (p.util, p.sm)
-    return fixed, values
+    return fixed, [_UNKNOWN if v is None else v for v in values]
 
 
 _measured = operator.attrgetter(*MEASURED)
+#: ``|x - y| <= max(REUSE * max(|x|, |y|), REUSE_FLOOR)``, in C.
+_within = functools.partial(math.isclose, rel_tol=REUSE, abs_tol=REUSE_FLOOR)
 
 
-def _close(a: list[float | None], b: list[float | None]) -> bool:
-    """Whether two value lists of one signature are within REUSE of each other, value by value: each pair both
-    None, or ``|x - y| <= max(REUSE * max(|x|, |y|), REUSE_FLOOR)``."""
-    for x, y in zip(a, b, strict=True):
-        if x is None or y is None:
-            if x is not y:
-                return False
-            continue
-        d = x - y
-        if d < 0.0:
-            d = -d
-        if (
-            d > REUSE_FLOOR
-            and (d > REUSE * x if x >= 0.0 else d > -REUSE * x)
-            and (d > REUSE * y if y >= 0.0 else d > -REUSE * y)
-        ):
-            return False
-    return True
+def _close(a: list[float], b: list[float]) -> bool:
+    """Whether two value lists of one signature are within REUSE of each other, value by value (``math.isclose``
+    with REUSE and REUSE_FLOOR; both unknown is close, one unknown is not)."""
+    return len(a) == len(b) and all(map(_within, a, b))
 
 
 class VerdictMemory:
@@ -160,7 +155,7 @@ class VerdictMemory:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last: dict[str, tuple[tuple[int, ...], str, float]] = {}
-        self._near: dict[str, tuple[tuple[object, ...], list[float | None], str, list[str]]] = {}
+        self._near: dict[str, tuple[tuple[object, ...], list[float], str, list[str]]] = {}
 
     def alternatives(self, w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> list[str]:
         """``alternatives(w, peers, verdict)``, reused from the last time for this GPU when its window is within
