@@ -71,22 +71,26 @@ def build(trace: Path) -> tuple[Poller, Exposition]:
 
 def time_paths(poller: Poller, expo: Exposition, polls: int) -> dict[str, tuple[float, float]]:
     """Return {"poll": (median, p99), "render": (median, p99), "steady": (median, p99) of the renders of the second
-    half (every GPU's diagnosis window long enough for a verdict), "bytes": (size, size)} over ``polls`` rounds."""
-    tp, tr = [], []
+    half (every GPU's diagnosis window long enough for a verdict), "render_cpu": (median, p99) of the rendering
+    thread's CPU time (``time.thread_time``: what a render costs, less what other load on a shared machine adds to
+    its wall time), "bytes": (size, size)} over ``polls`` rounds."""
+    tp, tr, tc = [], [], []
     size = 0
     for _ in range(polls):
         t0 = time.perf_counter()
         poller.poll_once()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         body = expo.render()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         tp.append(t1 - t0)
         tr.append(t2 - t1)
+        tc.append(c2 - c1)
         size = len(body)
     return {
         "poll": quantiles(tp),
         "render": quantiles(tr),
         "steady": quantiles(tr[polls // 2 :]),
+        "render_cpu": quantiles(tc),
         "bytes": (size, size),
     }
 
@@ -158,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{args.gpus} GPUs: poll median {t['poll'][0] * 1e3:.3f} ms p99 {t['poll'][1] * 1e3:.3f} ms; "
             f"render median {t['render'][0] * 1e3:.3f} ms p99 {t['render'][1] * 1e3:.3f} ms "
-            f"(second half {t['steady'][0] * 1e3:.3f} / {t['steady'][1] * 1e3:.3f} ms); "
+            f"(second half {t['steady'][0] * 1e3:.3f} / {t['steady'][1] * 1e3:.3f} ms; "
+            f"CPU {t['render_cpu'][0] * 1e3:.3f} / {t['render_cpu'][1] * 1e3:.3f} ms); "
             f"exposition {t['bytes'][0]} bytes"
         )
         if args.no_profile:
