@@ -89,9 +89,9 @@ _DEFAULTS = {name: f.default for name, f in _FIELDS.items() if f.default is not 
 
 def window_of(values: Mapping[str, object]) -> GpuWindow:
     """Return ``GpuWindow(**values)``, made as a new instance given the fields' values (GpuWindow has no slots, and its
-    frozen ``__init__`` sets each of its 37 fields through ``object.__setattr__`` and checks nothing: a quarter of its
-    cost, for the 64 windows of every result at 64 GPUs). Raises TypeError, as ``__init__`` would, for a name that is
-    no field or a field without a default left out."""
+    frozen ``__init__`` sets each of its 37 fields through ``object.__setattr__`` and checks nothing; a diagnosis
+    window is made per GPU per result). Raises TypeError, as ``__init__`` would, for a name that is no field or a
+    field without a default left out."""
     unknown = values.keys() - _FIELDS.keys()
     if unknown:
         raise TypeError(f"GpuWindow has no field {sorted(unknown)[0]!r}")

@@ -60,8 +60,7 @@ _DECIDED = frozenset({"free", "starting"})
 
 def _with(w: GpuWindow, name: str, value: object) -> GpuWindow:
     """A copy of ``w`` with field ``name`` set to ``value``: a new instance given ``w``'s attributes (GpuWindow has
-    no slots and its ``__init__`` validates nothing; a fifth of copy.copy's cost, which goes through pickling's
-    ``__reduce_ex__``)."""
+    no slots and its ``__init__`` validates nothing; copy.copy would go through pickling's ``__reduce_ex__``)."""
     out = object.__new__(GpuWindow)
     attrs = out.__dict__
     attrs.update(w.__dict__)

@@ -52,8 +52,9 @@ _T = TypeVar("_T")
 
 class _once(Generic[_T]):  # noqa: N801 - named as the decorator it is
     """A property computed on its first read and kept in the instance's ``__dict__`` (which later reads find first):
-    functools.cached_property without the lock it takes on every first read before Python 3.12, a third of the cost
-    of a Facts value, and every Facts is read once (the diagnosis judges each window up to 39 times)."""
+    functools.cached_property without the lock it takes on every first read before Python 3.12: each Facts value is
+    read for the first time once per Facts, and the margins judge each window up to 39 times (the window and its
+    moves)."""
 
     def __init__(self, func: Callable[[Any], _T]) -> None:
         self.func, self.name, self.__doc__ = func, func.__name__, func.__doc__
