@@ -352,3 +352,38 @@ def test_a_family_with_the_same_series_and_numbers_reuses_its_lines_and_any_chan
             else:
                 assert last is None or kept.lines is not last[1]
             last = (values, kept.lines)
+
+
+@pytest.mark.parametrize("name", ["h200x2-ddp_straggler", "derived-8gpu-lost", "derived-h100-health"])
+def test_both_formats_parse_strictly_and_carry_the_same_samples(name: str) -> None:
+    """At every poll of real recordings (a lost GPU and health findings among them), OpenMetrics passes
+    prometheus_client's OpenMetrics parser (strict: one # EOF last, counters' _total, no sample without its family)
+    and the text format its text parser, and the two carry the same samples with the same values."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuwarden.exposition import negotiate
+
+    om = negotiate("application/openmetrics-text; version=1.0.0")
+    p = Poller(ReplaySource(trace(name), timing="recorded"), 1.0, analyzers=build_analyzers(Config()))
+    exp = Exposition(p, select_collectors(), CollectOptions())
+    p.start(thread=False)
+    diagnosed = 0
+    for _ in range(30):
+        p.poll_once()
+
+        def samples(families: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            return {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in families  # type: ignore[attr-defined]
+                for s in f.samples
+                if not s.name.startswith("gpuwarden_scrape_collector_duration")
+            }
+
+        text = samples(text_string_to_metric_families(exp.render(fmt=PLAIN).decode()))
+        openmetrics = samples(om_families(exp.render(fmt=om).decode()))
+        # the text format names an info family's samples NAME_info and a counter's NAME_total, as OpenMetrics does
+        assert text.keys() == openmetrics.keys()
+        assert all(text[k] == openmetrics[k] or (text[k] != text[k] and openmetrics[k] != openmetrics[k]) for k in text)
+        diagnosed += sum(1 for (n, _), v in text.items() if n == "gpu_diagnosis" and v == 1.0)
+    assert diagnosed > 0
