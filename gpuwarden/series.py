@@ -107,8 +107,10 @@ _REPR_BELOW = 1e6
 
 
 #: prometheus_client's floatToGoString of numbers at or above _REPR_BELOW, kept: clock rates, memory sizes and
-#: totals recur from one render to the next (only positive numbers: 0.0 and -0.0 are equal keys of a cache).
-_go_large = functools.lru_cache(maxsize=4096)(floatToGoString)
+#: totals recur from one render to the next (only positive numbers: 0.0 and -0.0 are equal keys of a cache). The
+#: recurring ones are read at every render, so they stay among the most recent while the counters that move (energy,
+#: memory used) pass through: 1,024 holds a 64-GPU node's recurring values without keeping every passing one.
+_go_large = functools.lru_cache(maxsize=1024)(floatToGoString)
 
 
 def _values(numbers: list[float]) -> Iterable[str]:
@@ -126,7 +128,8 @@ def _values(numbers: list[float]) -> Iterable[str]:
 class _Kept:
     """One family's series of the last render: their label names and values, the name-and-labels text of each
     (``NAME{labels} ``), the numbers' bits (``array('d').tobytes()``: equal bits, equal texts, -0.0 and NaN
-    included) and the family's sample lines as written."""
+    included) and the family's sample lines as written (a view into the text of the render that wrote them: one copy
+    of the exposition is kept, not two)."""
 
     __slots__ = ("names", "labels", "prefixes", "bits", "lines")
 
@@ -136,7 +139,7 @@ class _Kept:
         labels: list[tuple[str, ...]],
         prefixes: list[str],
         bits: bytes,
-        lines: bytes,
+        lines: bytes | memoryview,
     ):
         self.names, self.labels, self.prefixes, self.bits, self.lines = names, labels, prefixes, bits, lines
 
@@ -186,23 +189,34 @@ class TextWriter:
 
     def render(self, families: Iterable[Series]) -> bytes:
         """The exposition of ``families``, in order (OpenMetrics closed by ``# EOF``), as UTF-8 bytes."""
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         append = parts.append
         old, kept = self._kept, {}
+        at = 0  # the offset in the text of what is appended next
+        spans: list[tuple[_Kept, int, int]] = []
         for fam in families:
-            append(self._header(fam))
+            header = self._header(fam)
+            append(header)
+            at += len(header)
             if not fam.numbers:
                 continue
             last = old.get(fam.name)
             prefixes = self._prefixes(fam, last)
             bits = array("d", fam.numbers).tobytes()
+            lines: bytes | memoryview
             if last is not None and prefixes is last.prefixes and bits == last.bits:
                 lines = last.lines  # the same series with the same numbers: the same lines
             else:
                 lines = ("\n".join(map(add, prefixes, _values(fam.numbers))) + "\n").encode()
-            kept[fam.name] = _Kept(fam.names, fam.labels, prefixes, bits, lines)
+            kept[fam.name] = entry = _Kept(fam.names, fam.labels, prefixes, bits, lines)
+            spans.append((entry, at, at + len(lines)))
             append(lines)
+            at += len(lines)
         if self.openmetrics:
             append(b"# EOF\n")
+        text = b"".join(parts)
+        view = memoryview(text)
+        for entry, start, end in spans:
+            entry.lines = view[start:end]  # the lines as they stand in this text, which is kept anyway
         self._kept = kept
-        return b"".join(parts)
+        return text

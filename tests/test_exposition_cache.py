@@ -320,12 +320,25 @@ def test_numbers_of_every_range_are_written_as_prometheus_client_writes_them() -
             assert writer.render(All().collect()) == encode(All()), om
 
 
-def test_a_family_with_the_same_series_and_numbers_reuses_its_lines_and_any_changed_bit_rewrites_them() -> None:
-    """A family rendered again with the same series and numbers (bit for bit) is written from its kept lines; a
-    number changed in any bit (0.0 to -0.0, a NaN, the last digit) gives prometheus_client's text of the new one."""
+def test_a_family_with_the_same_series_and_numbers_reuses_its_lines_and_any_changed_bit_rewrites_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A family rendered again with the same series and numbers (bit for bit) is written from its kept lines (its
+    numbers not formatted again); a number changed in any bit (0.0 to -0.0, a NaN, the last digit) gives
+    prometheus_client's text of the new one. The kept lines are views into the last text, not a copy of it."""
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
+    from gpuwarden import series
     from gpuwarden.series import Series, TextWriter
+
+    formatted: list[int] = []
+    real = series._values
+
+    def counted(numbers: list[float]):  # noqa: ANN202
+        formatted.append(len(numbers))
+        return real(numbers)
+
+    monkeypatch.setattr(series, "_values", counted)
 
     def fam(*values: float) -> Series:
         g = Series("v", "V.", "gauge", ("i",))
@@ -345,13 +358,14 @@ def test_a_family_with_the_same_series_and_numbers_reuses_its_lines_and_any_chan
                 def collect(self) -> list:  # noqa: ANN401
                     return [f]  # noqa: B023
 
-            assert writer.render([f]) == encode(One()), (om, values)
-            kept = writer._kept["v"]
-            if last is not None and repr(values) == repr(last[0]):
-                assert kept.lines is last[1]  # the same numbers: the lines kept, not written again
-            else:
-                assert last is None or kept.lines is not last[1]
-            last = (values, kept.lines)
+            formatted.clear()
+            text = writer.render([f])
+            assert text == encode(One()), (om, values)
+            same = last is not None and repr(values) == repr(last)
+            assert formatted == ([] if same else [3]), (om, values)  # formatted again only when a bit changed
+            lines = writer._kept["v"].lines
+            assert isinstance(lines, memoryview) and lines.obj is text and bytes(lines) in text
+            last = values
 
 
 @pytest.mark.parametrize("name", ["h200x2-ddp_straggler", "derived-8gpu-lost", "derived-h100-health"])
