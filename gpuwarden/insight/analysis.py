@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from gpuwarden.insight.attribution import JobRef
-from gpuwarden.insight.diagnosis import Decided, decide, lost_decided
+from gpuwarden.insight.diagnosis import Decided, decide, lost
 from gpuwarden.insight.gpu_window import GpuWindow
 from gpuwarden.insight.margins import VerdictMemory
 from gpuwarden.insight.peers import Activity
@@ -123,7 +123,7 @@ def _gpu(
     w = windows.node[c.uuid]
     decided = windows.diagnosis(c.uuid)
     if decided is None and c.uuid not in windows.diag and c.uuid in down:
-        decided = lost_decided(c.index, c.uuid, down[c.uuid])
+        decided = lost(c.index, c.uuid, down[c.uuid])
     activity = w.sm if w.sm is not None else w.util
     source = "sm_activity" if w.sm is not None else "utilization_gpu"
     insight = GpuInsight(

@@ -76,8 +76,9 @@ class Decided:
         return Diagnosis.model_validate({**self.fields, "evidence": evidence})  # rows validated in pydantic-core
 
 
-def lost_decided(index: int, uuid: str, error: str) -> Decided:
-    """``lost``, decided: the verdict on a GPU that could not be read at all this poll."""
+def lost(index: int, uuid: str, error: str) -> Decided:
+    """Return the verdict on a GPU that could not be read at all this poll (``error``: NVML's, e.g. gpu_is_lost):
+    ``gpu_lost``, with no evidence rows."""
     fields = {
         "gpu": index,
         "uuid": uuid,
@@ -89,11 +90,6 @@ def lost_decided(index: int, uuid: str, error: str) -> Decided:
         "window_seconds": 0.0,
     }
     return Decided(("gpu_lost",), fields)
-
-
-def lost(index: int, uuid: str, error: str) -> Diagnosis:
-    """Return the diagnosis of a GPU that could not be read at all this poll (``error``: NVML's, e.g. gpu_is_lost)."""
-    return lost_decided(index, uuid, error).diagnosis()
 
 
 def _findings(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> tuple[list[str], list[str]]:

@@ -151,9 +151,9 @@ class Verdict(Protocol):
 class InsightCore:
     """An InsightResult before its Diagnosis models are made: ``base`` (the result with every GPU's ``diagnosis``
     None, or the whole result where it was made whole) and each GPU's ``findings`` (in ``base.gpus``' order; None:
-    no verdict yet). What the metrics read: a
-    scrape exports the findings, and only the JSON routes, pages and reports read the diagnoses' summaries and
-    evidence rows. ``result()`` gives the whole InsightResult, made on the first call and kept (thread-safe).
+    no verdict yet). What the metrics read: a scrape exports the findings, and only the JSON routes, pages and
+    reports read the diagnoses' summaries and evidence rows. ``result()`` gives the whole InsightResult, made on the
+    first call and kept (thread-safe).
     """
 
     __slots__ = ("base", "findings", "_verdicts", "_result", "_lock")
