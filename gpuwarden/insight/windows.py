@@ -241,14 +241,15 @@ class Captured:
         one = 1 << _SHIFT
         total = sums[_SECONDS]
         held_job = job is not None and last is not None and last[_P_HOLDER] == "job"
-        values = _means(sums)
+        activity = self.activity(index)
+        values = _means(sums)  # SM activity among them, as ``activity`` has it
         values.update(
             index=index,
             uuid=uuid,
             seconds=sum(sums[i] for i in _STATE_SLOT.values()) / one,
-            states={k: sums[i] / one for k, i in _STATE_SLOT.items()},
+            states=activity.states,
             held=last is not None and last[_P_HOLDER] != "none",
-            util=_ratio(sums[_STATE_SLOT["busy"]], sums[_UTIL_SECONDS]),
+            util=activity.util,
             sm_clock_ratio=_ratio(sums[_CLOCK_NUM], sums[_CLOCK_DEN]),
             throttle_fraction=_ratio(sums[_THROTTLED], total) or 0.0,
             severe_throttle_fraction=_ratio(sums[_SEVERE], total) or 0.0,
