@@ -127,8 +127,10 @@ def test_the_reuse_test_is_the_relative_and_absolute_margin_value_by_value() -> 
 
 
 def test_a_moved_window_is_the_window_with_one_field_replaced() -> None:
+    from gpuwarden.insight.gpu_window import replaced
+
     w = GpuWindow(index=3, uuid="GPU-x", seconds=60.0, states={"busy": 30.0, "starved": 30.0}, held=True, util=0.5)
-    moved = margins._with(w, "util", 0.425)
+    moved = replaced(w, "util", 0.425)
     assert moved == dataclasses.replace(w, util=0.425) and w.util == 0.5 and type(moved) is GpuWindow
     with pytest.raises(dataclasses.FrozenInstanceError):
         moved.util = 0.1  # type: ignore[misc]

@@ -25,7 +25,7 @@ import operator
 import threading
 from collections.abc import Iterator, Sequence
 
-from gpuwarden.insight.gpu_window import GpuWindow
+from gpuwarden.insight.gpu_window import GpuWindow, replaced
 from gpuwarden.insight.reasons import verdict_of_facts
 from gpuwarden.insight.rules import Facts
 
@@ -58,16 +58,6 @@ SHARES = ("busy", "starved", "paused", "held_idle")
 _DECIDED = frozenset({"free", "starting"})
 
 
-def _with(w: GpuWindow, name: str, value: object) -> GpuWindow:
-    """A copy of ``w`` with field ``name`` set to ``value``: a new instance given ``w``'s attributes (GpuWindow has
-    no slots and its ``__init__`` validates nothing; copy.copy would go through pickling's ``__reduce_ex__``)."""
-    out = object.__new__(GpuWindow)
-    attrs = out.__dict__
-    attrs.update(w.__dict__)
-    attrs[name] = value
-    return out
-
-
 def _moved(w: GpuWindow) -> Iterator[tuple[str, GpuWindow]]:
     """``w`` with each measured value and state share moved up and down by MARGIN, one at a time, with the name of
     the field moved (values that are unknown or zero are left out: a margin of nothing moves nothing)."""
@@ -77,13 +67,13 @@ def _moved(w: GpuWindow) -> Iterator[tuple[str, GpuWindow]]:
             continue
         for factor in (1.0 - MARGIN, 1.0 + MARGIN):
             x = value * factor
-            yield name, _with(w, name, min(1.0, x) if name in _RATIOS else x)
+            yield name, replaced(w, name, min(1.0, x) if name in _RATIOS else x)
     for state in SHARES:
         seconds = w.states.get(state, 0.0)
         if seconds <= 0:
             continue
         for factor in (1.0 - MARGIN, 1.0 + MARGIN):
-            yield "states", _with(w, "states", {**w.states, state: seconds * factor})
+            yield "states", replaced(w, "states", {**w.states, state: seconds * factor})
 
 
 #: The fields of a window that ``Facts.lag`` (the peer test: gpuwarden.insight.peers.waits_on and straggler) reads of
