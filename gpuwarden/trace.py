@@ -143,11 +143,9 @@ def read_trace(path: Path) -> tuple[TraceHeader, list[PollResult]]:
     newline, a last poll without all its GPUs) is read up to its last complete poll, and the loss logged
     (``read_trace_losses`` returns it).
     """
-    reader = TracePass(path)
-    polls = list(reader)
-    assert reader.header is not None  # a pass that ended without TraceError read the header
+    reader, header, polls = _whole(path)
     reader.warn_dropped()
-    return reader.header, polls
+    return header, polls
 
 
 def read_trace_losses(path: Path) -> tuple[TraceHeader, list[PollResult], str | None]:
@@ -155,10 +153,16 @@ def read_trace_losses(path: Path) -> tuple[TraceHeader, list[PollResult], str | 
 
     Raises TraceError as ``read_trace`` does.
     """
+    reader, header, polls = _whole(path)
+    return header, polls, reader.dropped
+
+
+def _whole(path: Path) -> tuple[TracePass, TraceHeader, list[PollResult]]:
+    """One whole pass over the trace at ``path``: the pass (its ``dropped``), the header and every poll."""
     reader = TracePass(path)
     polls = list(reader)
     assert reader.header is not None  # a pass that ended without TraceError read the header
-    return reader.header, polls, reader.dropped
+    return reader, reader.header, polls
 
 
 class TracePass:
