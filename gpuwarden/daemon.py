@@ -115,6 +115,23 @@ def _listener(web: Any) -> tuple[Any, ...]:
     return (tls, web.http_server_config.headers)
 
 
+def release_free_heap() -> bool:
+    """Hand the C heap's free pages back to the system: glibc's ``malloc_trim(0)`` (malloc(3)), through ctypes.
+
+    Start-up frees much of what it allocated (pydantic's schema building, the imports' temporaries, the first
+    poll), but glibc keeps freed pages below the heap's top resident until trimmed. Returns True when memory was
+    released, False when none was or the C library has no ``malloc_trim`` (musl, macOS). Raises nothing.
+    """
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
+
+
 class Daemon:
     """The running daemon: poller + exposition + app. ``start()`` raises SourceError or StartupError."""
 
@@ -180,13 +197,15 @@ class Daemon:
 
         Then moves every object alive after start-up (modules, pydantic schemas, the app) out of the garbage
         collector's sight (``gc.freeze``): they live as long as the process, and a full collection would
-        otherwise walk them all again and again over the daemon's life.
+        otherwise walk them all again and again over the daemon's life; and hands the memory freed by start-up
+        (schema building, the first poll) back to the system (``release_free_heap``).
         """
         self.poller.start(ready=False)  # a SIGHUP meanwhile sets hup_pending (gpuwarden.cli.main)
         if self.code_evidence is not None:
             self.code_evidence.start()
         gc.collect()
         gc.freeze()
+        release_free_heap()
 
     def reload(self) -> bool:
         """Re-read the configuration (SIGHUP) and apply what can change while running; safe from any thread.

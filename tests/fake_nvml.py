@@ -195,7 +195,9 @@ class FakeNvml:
         self.devices[index].lost_from = None
 
     def hold(self, index: int, pids: list[int]) -> None:
-        """Make GPU ``index`` list ``pids`` (1 GiB each) as its compute processes instead of the recorded ones."""
+        """Make GPU ``index`` list ``pids`` (1 GiB each) as its compute processes instead of the recorded ones; its
+        memory in use (nvmlDeviceGetMemoryInfo) is the recorded one plus 1 GiB per held PID, as a process's memory
+        shows there too."""
         self.devices[index].pids = pids
 
     def hang(self, name: str) -> None:
@@ -360,6 +362,10 @@ class FakeNvml:
         dev = self._dev("nvmlDeviceGetMemoryInfo", handle)
         r = dev.current
         total = r.memory_total_bytes if r.memory_total_bytes is not None else dev.static.memory_total_bytes
+        if dev.pids is not None and r.memory_used_bytes is not None:
+            held = 2**30 * len(dev.pids)
+            free = None if r.memory_free_bytes is None else max(0, r.memory_free_bytes - held)
+            r = r.model_copy(update={"memory_used_bytes": r.memory_used_bytes + held, "memory_free_bytes": free})
         if version == pynvml.nvmlMemory_v2:
             if r.memory_used_bytes is None or r.memory_reserved_bytes is None:
                 raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
