@@ -5,9 +5,12 @@ Always enabled: alerts on a stale or failing collection depend on it.
 
 from __future__ import annotations
 
+import functools
+import os
 import platform
+import resource
 
-from prometheus_client import ProcessCollector
+import psutil
 
 from gpuwarden import __version__
 from gpuwarden.catalog import HTTP_CLOSE_REASONS, Family
@@ -105,22 +108,61 @@ def reload_timestamp(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> S
     return _value(fam, snap.reload_success_timestamp) if snap.reload_success_timestamp is not None else None
 
 
-_PROCESS = ProcessCollector(registry=None)
-_process_cache: tuple[int, dict[str, Series]] = (-1, {})
+#: The page size and clock tick /proc counts in.
+_PAGE = resource.getpagesize()
+
+
+@functools.cache
+def _start_time() -> float | None:
+    """This process's start, Unix seconds (psutil's create_time: /proc/self/stat's start time after the boot time of
+    /proc/stat, as prometheus_client's ProcessCollector computes it); None when /proc cannot tell."""
+    try:
+        return float(psutil.Process().create_time())
+    except (psutil.Error, OSError):
+        return None
+
+
+def process_values() -> dict[str, float]:
+    """The standard ``process_*`` values of this process, by family name: what prometheus_client's ProcessCollector
+    exports, each from its cheapest source, which gives the same number: CPU seconds (user and system) from
+    ``os.times`` (times(2), the utime and stime of /proc/self/stat), virtual and resident memory in bytes from
+    /proc/self/statm (the vsize and rss of /proc/self/stat), open file descriptors from /proc/self/fd, the maximum
+    from getrlimit(RLIMIT_NOFILE)'s soft limit (the "Max open files" of /proc/self/limits; left out when unlimited),
+    the start time once (``_start_time``). A value /proc cannot give is left out. Raises nothing.
+
+    ProcessCollector reads /proc/self/stat and /proc/self/limits and builds its families on every call: about half a
+    render's exporter collector on one GPU (docs/performance.md)."""
+    times = os.times()
+    out = {"process_cpu_seconds_total": times.user + times.system}
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            size, resident = f.read().split()[:2]
+        out["process_virtual_memory_bytes"] = float(int(size) * _PAGE)
+        out["process_resident_memory_bytes"] = float(int(resident) * _PAGE)
+        out["process_open_fds"] = float(len(os.listdir("/proc/self/fd")))
+    except (OSError, ValueError):
+        pass
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY:
+        out["process_max_fds"] = float(soft)
+    started = _start_time()
+    if started is not None:
+        out["process_start_time_seconds"] = started
+    return out
+
+
+_process_cache: tuple[int, dict[str, float]] = (-1, {})
 
 
 def _process_family(snap: NodeSnapshot, fam: Family) -> Series | None:
-    """The ``process_*`` family ``fam`` from prometheus_client's ProcessCollector (/proc/self), read once a render."""
+    """The ``process_*`` family ``fam`` (``process_values``, read once a render), None when /proc lacks it."""
     global _process_cache
-    seq, families = _process_cache
+    seq, values = _process_cache
     if seq != snap.seq:
-        families = {}
-        for f in _PROCESS.collect():
-            series = families[f.name] = Series(f.name, f.documentation, f.type)
-            for s in f.samples:  # ProcessCollector's families have no labels
-                series.add_metric([], float(s.value))
-        _process_cache = (snap.seq, families)
-    return families.get(fam.base_name)
+        values = process_values()
+        _process_cache = (snap.seq, values)
+    value = values.get(fam.name)
+    return None if value is None else _value(fam, value)
 
 
 for _name in (
