@@ -10,7 +10,7 @@ import os
 import platform
 import resource
 
-import psutil
+from prometheus_client import ProcessCollector
 
 from gpuwarden import __version__
 from gpuwarden.catalog import HTTP_CLOSE_REASONS, Family
@@ -114,12 +114,12 @@ _PAGE = resource.getpagesize()
 
 @functools.cache
 def _start_time() -> float | None:
-    """This process's start, Unix seconds (psutil's create_time: /proc/self/stat's start time after the boot time of
-    /proc/stat, as prometheus_client's ProcessCollector computes it); None when /proc cannot tell."""
-    try:
-        return float(psutil.Process().create_time())
-    except (psutil.Error, OSError):
-        return None
+    """This process's start, Unix seconds: prometheus_client's ProcessCollector asked once (/proc/self/stat's start
+    time after the boot time of /proc/stat); None when /proc cannot tell."""
+    for fam in ProcessCollector(registry=None).collect():
+        if fam.name == "process_start_time_seconds":
+            return float(fam.samples[0].value)
+    return None
 
 
 def process_values() -> dict[str, float]:
@@ -128,7 +128,7 @@ def process_values() -> dict[str, float]:
     ``os.times`` (times(2), the utime and stime of /proc/self/stat), virtual and resident memory in bytes from
     /proc/self/statm (the vsize and rss of /proc/self/stat), open file descriptors from /proc/self/fd, the maximum
     from getrlimit(RLIMIT_NOFILE)'s soft limit (the "Max open files" of /proc/self/limits; left out when unlimited),
-    the start time once (``_start_time``). A value /proc cannot give is left out. Raises nothing.
+    the start time once (``_start_time``, from ProcessCollector). A value /proc cannot give is left out. Raises nothing.
 
     ProcessCollector reads /proc/self/stat and /proc/self/limits and builds its families on every call: about half a
     render's exporter collector on one GPU (docs/performance.md)."""
