@@ -54,7 +54,7 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 class Frame(BaseModel):
     """A function of the job's code and the share of samples in it (as the deepest frame of the job's own code)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     function: str
     file: str
@@ -66,7 +66,7 @@ class CodeEvidence(BaseModel):
     """The stacks of one GPU's job, sampled while the GPU had ``verdict``: the process, when and how long, how many
     samples, and the functions most of them were in; ``error`` (one line) when it could not be sampled."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     pid: int
     verdict: str

@@ -34,7 +34,7 @@ class ConfigError(Exception):
 class ProcessesConfig(BaseModel):
     """Per-process readings: on/off, and how many processes per GPU get their own series."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     enabled: bool = Field(default=True, description="read the GPU processes (pids, memory, job and pod)")
     max_per_gpu: int = Field(default=16, ge=0, le=1024, description="processes per GPU with series of their own")
 
@@ -42,7 +42,7 @@ class ProcessesConfig(BaseModel):
 class CollectorsConfig(BaseModel):
     """Collectors to turn on beyond the defaults, and to turn off (names as in ``gpuwarden collectors``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     enable: list[str] = Field(default_factory=list, description="collectors to turn on beyond the defaults")
     disable: list[str] = Field(default_factory=list, description="collectors to turn off")
     disable_defaults: bool = Field(
@@ -53,7 +53,7 @@ class CollectorsConfig(BaseModel):
 class CodeEvidenceConfig(BaseModel):
     """Code-level evidence (gpuwarden.code_evidence): py-spy samples of a starved or launch-bound GPU's job."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     enabled: bool = Field(
         default=False, description="sample the job's Python stacks with py-spy (needs root or CAP_SYS_PTRACE)"
     )
@@ -66,7 +66,7 @@ class CodeEvidenceConfig(BaseModel):
 class InsightConfig(BaseModel):
     """Scores and diagnosis: the window of gpu_starved_ratio and the imbalance scores; code evidence."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     window_seconds: float = Field(
         default=300.0, gt=0, le=86400, description="the window of gpu_starved_ratio and the imbalance scores"
     )
@@ -78,7 +78,7 @@ class Config(BaseModel):
     environment and the flags by ``load_config`` (gpuwarden.config_load, through pydantic-settings); ``Config()`` is
     the defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     listen_address: str = Field(default=f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT to serve on")
     telemetry_path: str = Field(
@@ -303,15 +303,15 @@ def load_config_apart(path: Path | None = None, overrides: dict[str, Any] | None
     to be killed first under memory pressure), so that the process asking, a daemon that serves for months, never
     imports pydantic-settings; the child inherits the environment.
 
-    Returns the same Config as ``load_config`` (the keys set are the same). Raises ConfigError: the child's one line
-    for a bad configuration, or one line saying the child failed (could not start, timed out after LOAD_TIMEOUT,
-    died, or wrote no Config).
+    Returns the same Config as ``load_config`` (the keys set are the same), as the child validated it: the child
+    hands it over pickled (``read_config_pickle``), so that the daemon builds no pydantic validator of its own (with
+    pydantic's schema machinery, about 8 MiB a serving daemon would keep for its life). Raises ConfigError: the
+    child's one line for a bad configuration, or one line saying the child failed (could not start, timed out after
+    LOAD_TIMEOUT, died, or wrote no Config).
     """
     import json
     import subprocess
     import sys
-
-    from pydantic import ValidationError
 
     if not sys.executable:  # an embedding interpreter cannot start a child: load here
         return load_config(path, overrides)
@@ -336,7 +336,35 @@ def load_config_apart(path: Path | None = None, overrides: dict[str, Any] | None
     if done.returncode != 0:
         last = err.splitlines()[-1] if err else f"exit status {done.returncode}"
         raise ConfigError(f"the configuration loader failed: {last}")
+    return read_config_pickle(done.stdout)
+
+
+#: What a pickled Config may name (gpuwarden.config_load's output): its models and the paths of its fields.
+_PICKLED = {
+    "gpuwarden.config": frozenset(
+        {"Config", "ProcessesConfig", "CollectorsConfig", "CodeEvidenceConfig", "InsightConfig"}
+    ),
+    "pathlib": frozenset({"PosixPath", "PurePosixPath", "Path"}),
+}
+
+
+def read_config_pickle(data: bytes) -> Config:
+    """The Config pickled by the configuration loader's child (gpuwarden.config_load.main). The unpickler finds
+    only the Config models and pathlib's paths (``_PICKLED``): anything else the bytes name, or bytes that are no
+    pickle of a Config, raise ConfigError with one line, before any of it is made."""
+    import io
+    import pickle
+
+    class _Only(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if name not in _PICKLED.get(module, ()):
+                raise pickle.UnpicklingError(f"{module}.{name} is no part of a configuration")
+            return super().find_class(module, name)
+
     try:
-        return Config.model_validate_json(done.stdout)
-    except ValidationError as exc:
-        raise ConfigError(f"the configuration loader wrote no valid configuration: {exc.errors()[0]['msg']}") from exc
+        cfg = _Only(io.BytesIO(data)).load()
+    except Exception as exc:  # noqa: BLE001 - pickle raises many kinds of error for bad bytes: each is one line here
+        raise ConfigError(f"the configuration loader wrote no configuration: {exc}") from exc
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"the configuration loader wrote no configuration: a {type(cfg).__name__}")
+    return cfg

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import sys
 from contextvars import ContextVar
@@ -190,8 +191,8 @@ def _one_line(exc: ValidationError, path: Path | None, overrides: dict[str, Any]
 
 def main() -> int:
     """The child interpreter of ``load_config_apart``: read ``{"path": str | null, "overrides": {...}}`` on standard
-    input, write the Config's JSON (the keys set) on standard output and return 0, or write the one-line error on
-    standard error and return 2."""
+    input, write the Config pickled (its keys set with it; gpuwarden.config.read_config_pickle) on standard output
+    and return 0, or write the one-line error on standard error and return 2."""
     try:
         asked = json.loads(sys.stdin.read())
         path = asked.get("path")
@@ -199,7 +200,8 @@ def main() -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    sys.stdout.write(cfg.model_dump_json(exclude_unset=True))
+    sys.stdout.buffer.write(pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))  # read_config_pickle reads it
+    sys.stdout.flush()
     return 0
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwarden.insight.analyzer import InsightAnalyzer, InsightResult
 from gpuwarden.insight.document import DiagnosisDocument, GpuDiagnosisDocument, diagnosis_document
@@ -26,6 +26,8 @@ from gpuwarden.terminal import plain, visible
 
 class VerdictSpan(BaseModel):
     """A stretch of consecutive polls with the same verdict on one GPU (offsets in seconds from the start)."""
+
+    model_config = ConfigDict(defer_build=True)
 
     gpu: int
     verdict: str | None = Field(description="None: not enough history yet")
@@ -39,6 +41,8 @@ class DiagnoseReport(BaseModel):
 
     ``polls`` and ``seconds`` are None for a daemon's diagnosis (``--url``): its window is the document's.
     """
+
+    model_config = ConfigDict(defer_build=True)
 
     source: str
     scenario: str | None = None

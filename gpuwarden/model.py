@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class _Model(BaseModel):
     # a trace line holding NaN or an infinity (JSON accepts NaN and Infinity tokens) is refused, not replayed
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class GpuStatic(_Model):

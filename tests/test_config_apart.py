@@ -81,7 +81,7 @@ def test_a_child_that_fails_is_one_line(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(ConfigError, match=r"^the configuration loader failed: ImportError: no pydantic$"):
         load_config_apart(None, {})
     _child(tmp_path, monkeypatch, "garbage", 'cat >/dev/null\necho \'{"poll_interval_seconds": "soon"}\'\n')
-    with pytest.raises(ConfigError, match=r"^the configuration loader wrote no valid configuration"):
+    with pytest.raises(ConfigError, match=r"^the configuration loader wrote no configuration: "):
         load_config_apart(None, {})
     monkeypatch.setattr(sys, "executable", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match=r"^the configuration loader did not run: "):
@@ -90,7 +90,9 @@ def test_a_child_that_fails_is_one_line(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_a_serving_daemon_never_imports_pydantic_settings_or_pyyaml(tmp_path: Path) -> None:
     """``gpuwarden serve --demo`` loads its configuration in a child and serves: once /readyz answers 200 and a reload
-    (SIGHUP) applied, neither pydantic-settings nor PyYAML is in the daemon's modules."""
+    (SIGHUP) applied, neither pydantic-settings nor PyYAML is in the daemon's modules, and neither the configuration,
+    the insight result nor the readiness answer has had a pydantic validator built (the replay's trace models do:
+    a trace is input, validated)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from helpers import free_port
 
@@ -117,8 +119,12 @@ def watch():
     os.kill(os.getpid(), signal.SIGHUP)
     while loaded_at(url) == first:  # the reload applied: the configuration loaded again
         time.sleep(0.1)
-    print(json.dumps({{m: m in sys.modules for m in ("pydantic_settings", "yaml", "gpuwarden.config_load")}}),
-          flush=True)
+    from gpuwarden.config import Config
+    from gpuwarden.insight.result import GpuInsight, InsightResult
+    from gpuwarden.web.app import Readiness
+    seen = {{m: m in sys.modules for m in ("pydantic_settings", "yaml", "gpuwarden.config_load")}}
+    seen.update({{c.__name__: c.__pydantic_complete__ for c in (Config, InsightResult, GpuInsight, Readiness)}})
+    print(json.dumps(seen), flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
 
 threading.Thread(target=watch, daemon=True).start()
@@ -128,7 +134,15 @@ sys.exit(main(["serve", "--demo", "--web.listen-address", "127.0.0.1:{port}"]))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     assert lines, out.stderr[-2000:]
-    assert json.loads(lines[-1]) == {"pydantic_settings": False, "yaml": False, "gpuwarden.config_load": False}
+    assert json.loads(lines[-1]) == {
+        "pydantic_settings": False,
+        "yaml": False,
+        "gpuwarden.config_load": False,
+        "Config": False,
+        "InsightResult": False,
+        "GpuInsight": False,
+        "Readiness": False,
+    }
 
 
 def test_the_child_is_the_first_to_go_when_memory_runs_out() -> None:
@@ -145,3 +159,29 @@ def test_a_loader_killed_by_the_oom_killer_is_one_line(tmp_path: Path, monkeypat
     _child(tmp_path, monkeypatch, "killed", "kill -9 $$\n")
     with pytest.raises(ConfigError, match=r"^the configuration loader failed: exit status -9$"):
         load_config_apart(None, {})
+
+
+def test_the_pickled_configuration_keeps_its_keys_and_names_nothing_else(tmp_path: Path) -> None:
+    """The child's pickle gives the Config the loader made, keys set included; bytes naming anything but the Config
+    models and paths are refused before anything is made (no command runs), as is a pickle of anything else."""
+    import pickle
+
+    from gpuwarden.config import read_config_pickle
+
+    cfg = load_config(None, {"kubelet_socket": str(tmp_path / "kubelet.sock"), "collectors": {"enable": ["nvlink"]}})
+    back = read_config_pickle(pickle.dumps(cfg))
+    assert back == cfg and back.model_fields_set == cfg.model_fields_set == {"kubelet_socket", "collectors"}
+    assert back.kubelet_socket == tmp_path / "kubelet.sock"
+    witness = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):  # noqa: ANN204
+            return (os.system, (f"touch {witness}",))
+
+    with pytest.raises(ConfigError, match=r"^the configuration loader wrote no configuration: .*system is no part"):
+        read_config_pickle(pickle.dumps(Evil()))
+    assert not witness.exists()
+    with pytest.raises(ConfigError, match=r"^the configuration loader wrote no configuration: a list$"):
+        read_config_pickle(pickle.dumps([1, 2]))
+    with pytest.raises(ConfigError, match=r"^the configuration loader wrote no configuration: "):
+        read_config_pickle(b"{}")

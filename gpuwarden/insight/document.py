@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwarden.code_evidence import CodeEvidence
 from gpuwarden.insight.result import GpuInsight, JobInsight, ProcessJob, snapshot_insight
@@ -27,6 +27,8 @@ class DiagnosisDocument(BaseModel):
     ``available`` is False (and ``reason`` says why) when there is no analysis to report: before the first
     poll, while the data is stale, or when the insight analyzer is not running.
     """
+
+    model_config = ConfigDict(defer_build=True)
 
     hostname: str
     source: str
