@@ -161,7 +161,7 @@ class NvmlSource:
             self._down = "nvml_unavailable"
             self._down_words = str(exc)
             self._retry_at = time.monotonic() + self._backoff
-            self.static = NodeStatic(hostname=socket.gethostname())
+            self.static = NodeStatic.model_construct(hostname=socket.gethostname())
             return self.static
         self.static = self._discover()
         return self.static
