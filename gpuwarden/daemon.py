@@ -118,7 +118,7 @@ def _listener(web: Any) -> tuple[Any, ...]:
 def release_free_heap() -> bool:
     """Hand the C heap's free pages back to the system: glibc's ``malloc_trim(0)`` (malloc(3)), through ctypes.
 
-    Start-up frees much of what it allocated (pydantic's schema building, the imports' temporaries, the first
+    Start-up frees much of what it allocated (the imports' temporaries, the configuration's hand-over, the first
     poll), but glibc keeps freed pages below the heap's top resident until trimmed. Returns True when memory was
     released, False when none was or the C library has no ``malloc_trim`` (musl, macOS). Raises nothing.
     """
@@ -198,7 +198,7 @@ class Daemon:
         Then moves every object alive after start-up (modules, pydantic schemas, the app) out of the garbage
         collector's sight (``gc.freeze``): they live as long as the process, and a full collection would
         otherwise walk them all again and again over the daemon's life; and hands the memory freed by start-up
-        (schema building, the first poll) back to the system (``release_free_heap``).
+        (imports, the first poll) back to the system (``release_free_heap``).
         """
         self.poller.start(ready=False)  # a SIGHUP meanwhile sets hup_pending (gpuwarden.cli.main)
         if self.code_evidence is not None:

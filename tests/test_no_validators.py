@@ -1,6 +1,6 @@
 """A serving daemon builds no pydantic validator: the models defer their schemas (``defer_build``) and the NVML
 layer, the kubelet client and the insight analysis make them without validation (``model_construct``), so that
-pydantic's schema machinery (about 8 MiB a daemon would keep for its life) is loaded only when a JSON route, a page,
+pydantic's schema machinery (about 5 MiB a daemon would keep for its life) is loaded only when a JSON route, a page,
 a reply of the API reference or a trace's input asks for it. Run in a child interpreter: the models of this one
 are built by other tests."""
 

@@ -108,7 +108,7 @@ def reload_timestamp(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> S
     return _value(fam, snap.reload_success_timestamp) if snap.reload_success_timestamp is not None else None
 
 
-#: The page size and clock tick /proc counts in.
+#: The page size /proc/self/statm counts in.
 _PAGE = resource.getpagesize()
 
 
