@@ -305,9 +305,9 @@ def load_config_apart(path: Path | None = None, overrides: dict[str, Any] | None
 
     Returns the same Config as ``load_config`` (the keys set are the same), as the child validated it: the child
     hands it over pickled (``read_config_pickle``), so that the daemon builds no pydantic validator of its own (the
-    schemas and pydantic's schema machinery: about 5 MiB a serving daemon would keep for its life). Raises ConfigError: the
-    child's one line for a bad configuration, or one line saying the child failed (could not start, timed out after
-    LOAD_TIMEOUT, died, or wrote no Config).
+    schemas and pydantic's schema machinery: about 5 MiB a serving daemon would keep for its life). Raises
+    ConfigError: the child's one line for a bad configuration, or one line saying the child failed (could not start,
+    timed out after LOAD_TIMEOUT, died, or wrote no Config).
     """
     import json
     import subprocess
