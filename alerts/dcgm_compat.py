@@ -113,8 +113,10 @@ def _labels_rule(hosts: tuple[str, ...]) -> str:
     """The expression of LABELS_RULE: per GPU, dcgm-exporter's labels from gpuwarden's info series - ``UUID``,
     ``modelName`` (gpu_info's name), ``pci_bus_id``, ``device`` (``nvidia`` + the minor number, its /dev node),
     ``DCGM_FI_DRIVER_VERSION`` (gpu_driver_info), each of ``hosts`` (gpu_devices' nodename) - and ``namespace``,
-    ``pod`` and ``container`` where the kubelet assigned the GPU (gpu_pod_info)."""
-    gpu = "group by (instance, job, gpu, uuid, name, pci_bus_id, minor_number) (gpu_info)"
+    ``pod`` and ``container`` where the kubelet assigned the GPU (gpu_pod_info). Every other label of the GPU's
+    series is kept (the target's ``cluster``, ``node``, ...: a dashboard selects by them), so ``without``, not
+    ``by``."""
+    gpu = "group without (serial, vbios_version, architecture, compute_capability) (gpu_info)"
     for new, old, fmt in (("UUID", "uuid", "$1"), ("modelName", "name", "$1"), ("device", "minor_number", "nvidia$1")):
         gpu = f'label_replace({gpu}, "{new}", "{fmt}", "{old}", "(.+)")'
     node = "group by (instance, job, nodename) (gpu_devices)"
@@ -127,8 +129,8 @@ def _labels_rule(hosts: tuple[str, ...]) -> str:
     added = ", ".join(["UUID", "modelName", "pci_bus_id", "device", "DCGM_FI_DRIVER_VERSION", *hosts])
     joined = f"{gpu} * on (instance, job) group_left ({', '.join(hosts)}) {node}"
     joined += f" * on (instance, job) group_left (DCGM_FI_DRIVER_VERSION) {driver}"
-    base = f"group by (instance, job, gpu, uuid, {added}) ({joined})"
-    pods = "group by (instance, job, gpu, uuid, namespace, pod, container) (gpu_pod_info)"
+    base = f"group without (name, minor_number) ({joined})"
+    pods = "group without (device_id, resource) (gpu_pod_info)"
     return (
         f"({pods} * on (instance, job, gpu, uuid) group_left ({added}) {base}) or on (instance, job, gpu, uuid) {base}"
     )

@@ -272,7 +272,8 @@ class Family:
     A family that shows one field needs no code: ``reading`` names a ``GpuReading`` field (one sample per GPU
     that is up and has it), or ``static`` a ``GpuStatic`` field (one per GPU). ``key`` picks one entry of a
     dict-valued field; where the whole dict is shown, ``labels[0]`` takes its keys. ``only_if`` names a
-    ``GpuStatic`` attribute that must be true for a GPU's sample. Families with neither ``reading`` nor
+    ``GpuStatic`` attribute that must be true for a GPU's sample. ``keys`` keeps only those keys of a dict-valued
+    field (None: every key). Families with neither ``reading`` nor
     ``static`` are built by their collector's own code from this declaration; ``shows`` names the ``GpuReading``
     field such a family is made from, where it is one.
     """
@@ -288,6 +289,7 @@ class Family:
     per_gpu: bool = True
     only_if: str | None = None
     shows: str | None = None
+    keys: tuple[str, ...] | None = None
 
     @property
     def base_name(self) -> str:
@@ -383,7 +385,7 @@ FAMILIES: tuple[Family, ...] = (
     _g(
         "gpu_memory_copy_utilization_ratio",
         "Fraction of the last sample period in which device memory was read or written (NVML util.memory).",
-        "utilization",
+        "detail",
         reading="utilization_memory_ratio",
     ),
     _g(
@@ -395,11 +397,11 @@ FAMILIES: tuple[Family, ...] = (
     # memory
     _g("gpu_memory_total_bytes", "Total device memory, in bytes.", "memory", reading="memory_total_bytes"),
     _g("gpu_memory_used_bytes", "Device memory used by allocations, in bytes.", "memory", reading="memory_used_bytes"),
-    _g("gpu_memory_free_bytes", "Device memory free, in bytes.", "memory", reading="memory_free_bytes"),
+    _g("gpu_memory_free_bytes", "Device memory free, in bytes.", "detail", reading="memory_free_bytes"),
     _g(
         "gpu_memory_reserved_bytes",
         "Device memory reserved by the driver and firmware, in bytes.",
-        "memory",
+        "detail",
         reading="memory_reserved_bytes",
     ),
     # thermal
@@ -423,10 +425,12 @@ FAMILIES: tuple[Family, ...] = (
     ),
     _g(
         "gpu_temperature_threshold_celsius",
-        "The card's temperature thresholds: slowdown (clocks drop), shutdown, gpu_max and memory_max (max operating).",
+        "The card's temperature thresholds that the alerts compare with: slowdown (clocks drop) and memory_max (the "
+        "memory's max operating temperature).",
         "thermal",
         static="temperature_thresholds_celsius",
         labels=("threshold",),
+        keys=("memory_max", "slowdown"),
     ),
     # power
     _g("gpu_power_usage_watts", "Power draw of the board, in watts.", "power", reading="power_usage_watts"),
@@ -439,7 +443,7 @@ FAMILIES: tuple[Family, ...] = (
     _g(
         "gpu_power_default_limit_watts",
         "Default power limit of the board, in watts.",
-        "power",
+        "detail",
         static="power_limit_default_watts",
     ),
     _c(
@@ -449,37 +453,46 @@ FAMILIES: tuple[Family, ...] = (
         reading="energy_joules_total",
     ),
     # clocks
-    _g("gpu_clock_hertz", "Current clock frequency, in hertz.", "clocks", reading="clock_hertz", labels=("clock",)),
+    _g(
+        "gpu_clock_hertz",
+        "Current clock frequency of the SMs and the memory, in hertz.",
+        "clocks",
+        reading="clock_hertz",
+        labels=("clock",),
+        keys=("memory", "sm"),
+    ),
     _g(
         "gpu_clock_max_hertz",
         "Maximum clock frequency of the GPU, in hertz.",
-        "clocks",
+        "detail",
         static="clock_max_hertz",
         labels=("clock",),
     ),
     _g(
         "gpu_performance_state",
         "Performance state (P-state): 0 is the highest performance, 15 the lowest.",
-        "clocks",
+        "detail",
         reading="performance_state",
     ),
     # clock_events
     _g(
         "gpu_clock_event_reason_active",
-        "1 when this clock event reason holds the clocks down now (nvmlDeviceGetCurrentClocksEventReasons).",
+        "1 when this clock event reason holds the clocks down now (nvmlDeviceGetCurrentClocksEventReasons); the "
+        "reasons that do not have no series.",
         "clock_events",
         labels=("reason",),
         shows="clock_event_reasons",
     ),
     _c(
         "gpu_clock_event_reason_seconds_total",
-        "Cumulative time the clocks were held down for this reason, in seconds (NVML duration counters).",
+        "Cumulative time the clocks were held down for this reason, in seconds (NVML duration counters); a reason "
+        "still at 0 has no series.",
         "clock_events",
-        reading="clock_event_seconds_total",
         labels=("reason",),
+        shows="clock_event_seconds_total",
     ),
     # pcie
-    _g("gpu_pcie_link_generation", "Current PCIe link generation.", "pcie", reading="pcie_generation"),
+    _g("gpu_pcie_link_generation", "Current PCIe link generation.", "detail", reading="pcie_generation"),
     _g("gpu_pcie_link_width", "Current PCIe link width (lanes).", "pcie", reading="pcie_width"),
     _g(
         "gpu_pcie_receive_bytes_per_second",
@@ -498,7 +511,7 @@ FAMILIES: tuple[Family, ...] = (
     _g(
         "gpu_pcie_link_max_generation",
         "Maximum PCIe link generation of the GPU and slot.",
-        "pcie",
+        "detail",
         static="pcie_max_generation",
     ),
     _g("gpu_pcie_link_max_width", "Maximum PCIe link width (lanes).", "pcie", static="pcie_max_width"),
@@ -536,7 +549,8 @@ FAMILIES: tuple[Family, ...] = (
         "gpu_nvlink_link_errors_total",
         "NVLink errors of each link since the driver loaded, by type: replay, recovery, crc_flit, crc_data, ecc_data "
         "(nvmlDeviceGetNvLinkErrorCounter); on Blackwell recovery_successful, recovery_failed (link recovery events), "
-        "effective_errors, symbol_errors (NVML_FI_DEV_NVLINK_COUNT_*). Read every 10 slow reads (300 s by default).",
+        "effective_errors, symbol_errors (NVML_FI_DEV_NVLINK_COUNT_*). Read every 10 slow reads (300 s by default); a "
+        "counter still at 0 has no series.",
         "nvlink",
         labels=("link", "type"),
         shows="nvlink_link_errors_total",
@@ -544,7 +558,7 @@ FAMILIES: tuple[Family, ...] = (
     _g(
         "gpu_fabric_state",
         "The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV): 1 for its state (not_started, "
-        "in_progress, completed), 0 for the others; no series where the GPU has no fabric.",
+        "in_progress, completed); the other states have no series, nor a GPU without a fabric.",
         "nvlink",
         labels=("state",),
         shows="fabric",
@@ -571,7 +585,7 @@ FAMILIES: tuple[Family, ...] = (
     _g(
         "gpu_graphics_engine_activity_ratio",
         "Fraction of time the graphics or compute engine was active (GPM graphics util).",
-        "gpm",
+        "detail",
         reading="gpm",
         key="graphics_activity",
     ),
@@ -612,7 +626,7 @@ FAMILIES: tuple[Family, ...] = (
     _g(
         "gpu_pipe_activity_ratio",
         "Fraction of time the SMs used this non-tensor pipe (GPM).",
-        "gpm",
+        "detail",
         labels=("pipe",),
     ),
     _g(
@@ -632,7 +646,7 @@ FAMILIES: tuple[Family, ...] = (
         only_if="nvlink_link_count",
     ),
     # ecc
-    _g("gpu_ecc_enabled", "1 when ECC is enabled on the GPU.", "ecc", static="ecc_enabled"),
+    _g("gpu_ecc_enabled", "1 when ECC is enabled on the GPU.", "detail", static="ecc_enabled"),
     _c(
         "gpu_ecc_errors_total",
         "ECC errors by type (corrected, uncorrected); counter volatile counts since the driver loaded, aggregate "
@@ -664,7 +678,8 @@ FAMILIES: tuple[Family, ...] = (
     # xid
     _c(
         "gpu_xid_errors_total",
-        "XID errors reported by the driver since gpuwarden started, by XID code.",
+        "XID errors reported by the driver since gpuwarden started, by XID code; a code has series only once it "
+        "occurred.",
         "xid",
         labels=("xid",),
     ),
@@ -723,7 +738,8 @@ FAMILIES: tuple[Family, ...] = (
     # insight
     _c(
         "gpu_state_seconds_total",
-        "Seconds the GPU spent in each state (see docs/scores.md).",
+        "Seconds the GPU spent in each state (see docs/scores.md); a state the GPU has not been in since gpuwarden "
+        "started has no series.",
         "insight",
         labels=("state",),
     ),
@@ -731,8 +747,9 @@ FAMILIES: tuple[Family, ...] = (
         "gpu_idle_seconds_total",
         "Seconds the GPU idled, by cause: input_cpu, input_io, input (job CPU unknown), launch (gaps between kernels "
         "launched one at a time), checkpoint, startup (from the job's start to its first sustained kernels), paused, "
-        "held_idle, free, unknown, lost (the GPU could not be read); "
-        "with the busy seconds of gpu_state_seconds_total they add up to wall time (docs/scores.md).",
+        "held_idle, free, unknown, lost (the GPU could not be read); with the busy seconds of gpu_state_seconds_total "
+        "they add up to wall time (docs/scores.md). A cause the GPU has not idled for since gpuwarden started has no "
+        "series.",
         "insight",
         labels=("cause",),
     ),
@@ -740,13 +757,14 @@ FAMILIES: tuple[Family, ...] = (
         "gpu_held_idle_energy_joules_total",
         "Energy the GPU drew above its own idle floor (the lowest power seen since gpuwarden started) while held "
         "idle: memory held by processes, no kernel running; in joules.",
-        "insight",
+        "idle_energy",
     ),
     _c(
         "gpu_idle_energy_joules_total",
         "Energy the GPU drew above its own idle floor (the lowest power seen since gpuwarden started) while idle, by "
-        "the cause of gpu_idle_seconds_total; in joules: what each cause of idle time costs in power.",
-        "insight",
+        "the cause of gpu_idle_seconds_total (the causes it has idled for); in joules: what each cause of idle time "
+        "costs in power.",
+        "idle_energy",
         labels=("cause",),
     ),
     _c(
@@ -759,7 +777,7 @@ FAMILIES: tuple[Family, ...] = (
         "gpu_peer_wait_energy_joules_total",
         "Energy the GPU drew above its own idle floor (as gpu_idle_energy_joules_total) while waiting in a collective "
         "on another GPU of its job (the seconds of gpu_peer_wait_seconds_total); in joules.",
-        "insight",
+        "idle_energy",
     ),
     _g(
         "gpu_starved_ratio",
@@ -768,7 +786,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     _g(
         "gpu_diagnosis",
-        "1 when the reason is the GPU's verdict or an extra finding, else 0.",
+        "1 for the GPU's verdict and for each extra finding; the other reasons have no series.",
         "insight",
         labels=("reason",),
     ),
@@ -939,32 +957,41 @@ COLLECTORS: dict[str, CollectorInfo] = {
     c.name: c
     for c in (
         CollectorInfo("clock_events", True, "Clock event (throttle) reasons as 0/1 per reason, and seconds per reason"),
-        CollectorInfo("clocks", True, "Current and maximum clocks (SM, memory, graphics, video) and P-state"),
+        CollectorInfo("clocks", True, "Current SM and memory clocks"),
+        CollectorInfo(
+            "detail",
+            False,
+            "Readings beyond the default profile: maximum clocks and P-state, graphics and pipe activity (GPM), PCIe "
+            "generations, memory free and reserved, memory copy utilization, default power limit, ECC mode",
+        ),
         CollectorInfo("device", True, "GPU identity (gpu_info), driver versions, up/down per GPU, GPU count"),
         CollectorInfo(
-            "ecc", True, "ECC mode and error counters, remapped rows, row-remap pending/failure, recovery action"
+            "ecc", True, "ECC error counters, remapped rows, row-remap pending/failure, recovery action"
         ),
         CollectorInfo(
             "exporter", True, "gpuwarden's own metrics: build info, polls, poll duration, freshness, NVML errors"
         ),
         CollectorInfo(
-            "gpm", True, "GPM activity: SM activity/occupancy, tensor, DRAM, FP16/32/64/integer pipes, NVLink"
+            "gpm", True, "GPM activity: SM activity/occupancy, tensor, DRAM, FLOP utilization, NVLink"
         ),
         CollectorInfo("insight", True, "GPU state seconds, starved ratio, imbalance, job attribution and diagnosis"),
-        CollectorInfo("memory", True, "Device memory total/used/free/reserved (nvmlDeviceGetMemoryInfo v2)"),
+        CollectorInfo(
+            "idle_energy", False, "Energy drawn above the idle floor while idle, by idle cause, held idle and waiting on peers"
+        ),
+        CollectorInfo("memory", True, "Device memory total and used (nvmlDeviceGetMemoryInfo v2)"),
         CollectorInfo("mig", True, "MIG mode, and memory and GPM activity per MIG device"),
         CollectorInfo(
-            "pcie", True, "PCIe link generation/width, RX/TX bytes per second (GPM), replay errors; NVLink CRC errors"
+            "pcie", True, "PCIe link width, RX/TX bytes per second (GPM), replay errors; NVLink CRC errors"
         ),
         CollectorInfo(
             "nvlink", True, "Each NVLink link: up or not, errors by type (replay, recovery, CRC, ...); the fabric"
         ),
-        CollectorInfo("power", True, "Power draw, enforced/default power limits, energy counter"),
+        CollectorInfo("power", True, "Power draw, enforced power limit, energy counter"),
         CollectorInfo("processes", True, "Compute process count and GPU memory per process (top N per GPU)"),
         CollectorInfo(
-            "thermal", True, "GPU and memory temperature, the card's slowdown/shutdown thresholds, fan speed"
+            "thermal", True, "GPU and memory temperature, the card's slowdown and memory maximum thresholds, fan speed"
         ),
-        CollectorInfo("utilization", True, "GPU and memory-controller utilization (nvmlDeviceGetUtilizationRates)"),
+        CollectorInfo("utilization", True, "GPU and encoder utilization (nvmlDeviceGetUtilizationRates)"),
         CollectorInfo("xid", True, "XID error counters per code and last event time (NVML events)"),
     )
 }

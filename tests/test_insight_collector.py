@@ -26,13 +26,13 @@ def scrape(path, opts: CollectOptions | None = None, polls: int | None = None) -
 def test_h100_starved_dataloader_families() -> None:
     fams = scrape(h100("starved_dataloader"))
     states = {s.labels["state"]: s.value for s in fams["gpu_state_seconds"]}
-    assert set(states) == set(STATES)
+    assert set(states) == {"busy", "starved"} < set(STATES)  # a state the GPU was never in has no series
     assert states["starved"] > states["busy"] > 0
     (ratio,) = fams["gpu_starved_ratio"]
     assert ratio.value > 0.5
     diag = {s.labels["reason"]: s.value for s in fams["gpu_diagnosis"]}
-    assert set(diag) == set(REASONS)
-    assert diag["input_starved"] == 1.0 and sum(diag.values()) == 1.0
+    assert diag == {"input_starved": 1.0}  # the verdict alone: the other reasons have no series
+    assert set(diag) < set(REASONS)
     (info,) = fams["gpu_process_job_info"]
     assert info.labels["job_kind"] == "cgroup" and info.labels["pid"] == "702"
     assert info.labels["process_name"] == "python3" and info.labels["job_scope"] == "node"

@@ -46,12 +46,13 @@ poller = Poller(source, 0.05, analyzers=build_analyzers(load_config_apart(None, 
 poller.start(thread=False)
 expo = Exposition(poller, select_collectors(), CollectOptions())
 fake.inject_xid(0, 79)
-for _ in range(6):
-    poller.poll_once()
-    expo.render(poller.snapshot)
+for n in range(3000):  # six polls at least, and until the XID watcher's thread delivered the event (a code's
+    poller.poll_once()  # series appear only once it occurred)
+    text = expo.render(poller.snapshot).decode()
     dict(readiness(poller.snapshot, 60.0))
-    time.sleep(0.06)
-text = expo.render(poller.snapshot).decode()
+    if n >= 5 and "gpu_xid_errors_total" in text:
+        break
+    time.sleep(0.02)
 print(json.dumps({{"new": sorted(built() - before), "before": sorted(before), "xid": "gpu_xid_errors_total" in text,
                   "fabric": any(g.fabric is not None for g in poller.snapshot.poll.gpus)}}))
 """

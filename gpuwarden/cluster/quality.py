@@ -84,7 +84,7 @@ def quality(acc: Accounting, straggler_for: str = "5m", min_jobs: int = 3) -> li
         if down >= 1:
             q.reasons.append(("service", "it could not be read at times (lost: off the bus, or XID 79)"))
     xids = acc.metric("gpu_xid_errors_total")
-    for q, labels, n in each(f"sum by ({c}instance, gpu, uuid, xid) (increase({xids}[{r}]))", "xid"):
+    for q, labels, n in each(f"sum by ({c}instance, gpu, uuid, xid) ({grown(xids, r)})", "xid"):
         if n >= 1:
             tier = "service" if XID_CRITICAL.match(labels["xid"]) else "watch"
             q.reasons.append((tier, f"XID {labels['xid']} ({n:.0f}x)"))
@@ -108,6 +108,15 @@ def quality(acc: Accounting, straggler_for: str = "5m", min_jobs: int = 3) -> li
     return sorted(gpus.values(), key=lambda q: (q.score, q.cluster, q.instance, _index(q.gpu)))
 
 
+def grown(selector: str, range_: str) -> str:
+    """PromQL for the growth of the counters ``selector`` selects over ``range_``, per series: ``increase()``, plus the
+    first value of a counter that appeared within the range (gpuwarden exports an XID code, a link's error counter or
+    a clock event reason's seconds only once it counted something, and ``increase()`` of a counter that appears at 1
+    and stays there is 0)."""
+    appeared = f"(min_over_time({selector}[{range_}]) unless {selector} offset {range_})"
+    return f"increase({selector}[{range_}]) + {appeared} or increase({selector}[{range_}]) or {appeared}"
+
+
 def _index(gpu: str) -> int:
     return int(gpu) if gpu.isdigit() else -1
 
@@ -124,7 +133,7 @@ def _nvlink(acc: Accounting, each: Each) -> None:
                             f" and (max_over_time({up}[{r}]) == 1))"):  # fmt: skip
         q.reasons.append(("service", f"{links:.0f} NVLink link(s) went down"))
     recoveries = acc.metric("gpu_nvlink_link_errors_total", 'type=~"recovery|recovery_successful|recovery_failed"')
-    for q, _, n in each(f"sum by ({c}instance, gpu, uuid) (increase({recoveries}[{r}]))"):
+    for q, _, n in each(f"sum by ({c}instance, gpu, uuid) ({grown(recoveries, r)})"):
         if n >= 1:
             q.reasons.append(("watch", f"{n:.0f} NVLink link recoveries"))
     state = acc.metric("gpu_fabric_state", 'state!="completed"')
@@ -151,7 +160,7 @@ def _pcie_and_clocks(acc: Accounting, each: Each, gpus: dict[GpuKey, GpuQuality]
         q.reasons.append(("watch", f"its PCIe link narrowed to x{v:.0f}"))
     events = acc.metric("gpu_clock_event_reason_seconds_total", 'reason=~"' + "|".join(HW_EVENTS) + '"')
     seconds: dict[GpuKey, dict[str, float]] = {}
-    for q, labels, s in each(f"sum by ({c}instance, gpu, uuid, reason) (increase({events}[{r}]))", "reason"):
+    for q, labels, s in each(f"sum by ({c}instance, gpu, uuid, reason) ({grown(events, r)})", "reason"):
         seconds.setdefault((q.cluster, q.instance, q.gpu), {})[labels["reason"]] = s
     for key, reasons in seconds.items():
         for reason, s in sorted(reasons.items()):

@@ -51,12 +51,13 @@ def suspects(acc: Accounting, straggler_for: str = "5m", min_jobs: int = 3) -> l
     least ``min_jobs`` distinct jobs over ``acc``'s range, most jobs first, each with its evidence. Raises
     PrometheusError when Prometheus cannot answer."""
     flag = acc.metric("gpu_diagnosis", 'reason="straggler"')
-    info = acc.metric("gpu_process_job_info")
+    info, up = acc.metric("gpu_process_job_info"), acc.metric("gpu_up")
     c = acc.cluster_by
     held = f"max by ({c}instance, gpu, uuid, job_id) ({info})"
     held_before = f"max by ({c}instance, gpu, uuid, job_id) ({info} offset {straggler_for})"
-    sustained = (f"((min_over_time({flag}[{straggler_for}]) == 1) * on ({c}instance, gpu, uuid) group_right ()"
-                 f" ({held} and {held_before}))")  # fmt: skip
+    # flagged at every scrape of the window: the flag has a series only while it holds (gpu_diagnosis)
+    every = f"count_over_time({flag}[{straggler_for}]) >= ignoring (reason) count_over_time({up}[{straggler_for}])"
+    sustained = f"((0 * ({every}) + 1) * on ({c}instance, gpu, uuid) group_right () ({held} and {held_before}))"
     q = (f"count by ({c}instance, gpu, uuid) (count_over_time({sustained}[{acc.range}:{acc.step}]))"
          f" >= {int(min_jobs)}")  # fmt: skip
     found = [Suspect(s.labels["instance"], s.labels["gpu"], s.labels.get("uuid", ""), int(s.value),

@@ -5,14 +5,15 @@ Diagnosis models, and each GPU's findings); definitions in docs/scores.md.
 
 - ``gpu_state_seconds_total{gpu,uuid,state}`` counter: seconds the GPU spent in each state since the daemon
   started; ``state`` is one of busy, starved, paused, held_idle, free, unknown, lost (they add up to the accounted wall
-  time).
+  time); a state the GPU has not been in since the daemon started has no series (so for the idle causes of
+  ``gpu_idle_seconds_total`` and their energy).
 - ``gpu_starved_ratio{gpu,uuid}``: starved seconds / accounted seconds over the analyzer window (default 5 min).
 - ``gpu_node_imbalance_ratio``: load imbalance over all GPUs of the node in [0, 1] (0 balanced, 1 one GPU does
   all the work), on GPM SM activity where every GPU has it, else util.gpu. Absent with fewer than 2 GPUs.
 - ``gpu_job_imbalance_ratio{job_id,job_kind}``: the same over the GPUs where one job holds the most memory; only
   jobs on 2+ GPUs, at most 64 jobs.
 - ``gpu_diagnosis{gpu,uuid,reason}``: 1 for the verdict and for each extra finding (throttled,
-  memory_nearly_full), 0 for every other reason of the fixed set (``gpuwarden.insight.reasons.REASONS``);
+  memory_nearly_full); the other reasons of the fixed set (``gpuwarden.insight.reasons.REASONS``) have no series;
   absent until the analyzer has 2 s of history for the GPU.
 - ``gpu_process_job_info{gpu,uuid,pid,job_id,job_kind,job_scope,container_id,user,process_name,...}`` = 1: the job
   of each GPU process (``job_scope``: cluster for ids that mean the same job on every node, else node;
@@ -70,16 +71,41 @@ def _per_gpu(
     return metric if numbers else None
 
 
+def _grown(
+    snap: NodeSnapshot, fam: Family, totals: Callable[[GpuInsight], dict[str, float] | None], order: tuple[str, ...]
+) -> Series | None:
+    """Return ``fam`` with each GPU's counters by key (the family's one extra label), in ``order``, for the keys that
+    have grown since the daemon started: a key still at 0 has no series (a GPU that never idled for a cause costs no
+    series for it). A key's series appears with its first growth, its value then the seconds or joules since that
+    growth began, which ``gpuwarden top`` and ``report`` count whole (a counter absent at a step's start grew from
+    0: gpuwarden.cluster.usage). None before the first analysis or without any sample."""
+    res = _result(snap)
+    if res is None:
+        return None
+    metric = new_values(fam)
+    labels, numbers = metric.labels, metric.numbers
+    for g in res.gpus:
+        got = totals(g)
+        if not got:
+            continue
+        keys = tuple(k for k in order if got.get(k))
+        if not keys:
+            continue
+        labels.extend(gpu_rows(g.gpu, g.uuid, keys))
+        numbers.extend([float(got[k]) for k in keys])
+    return metric if numbers else None
+
+
 @builds("gpu_state_seconds_total")
 def state_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
-    """Return the seconds each GPU spent in each state (every state, 0 included)."""
-    return _per_gpu(snap, fam, lambda g: [g.state_seconds_total.get(s, 0.0) for s in STATES], STATES)
+    """Return the seconds each GPU spent in each state it has been in since the daemon started."""
+    return _grown(snap, fam, lambda g: g.state_seconds_total, STATES)
 
 
 @builds("gpu_idle_seconds_total")
 def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
-    """Return the seconds each GPU idled by cause (every cause, 0 included)."""
-    return _per_gpu(snap, fam, lambda g: [g.idle_seconds_total.get(c, 0.0) for c in IDLE_CAUSES], IDLE_CAUSES)
+    """Return the seconds each GPU idled by each cause it has idled for since the daemon started."""
+    return _grown(snap, fam, lambda g: g.idle_seconds_total, IDLE_CAUSES)
 
 
 def _one(value: float | None) -> list[float] | None:
@@ -109,15 +135,10 @@ def peer_wait_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> S
 
 @builds("gpu_idle_energy_joules_total")
 def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
-    """Return the joules each GPU drew above its idle floor while idle, by cause (every cause, 0 included;
-    GpuInsight.idle_energy_joules_total: power minus the lowest power seen, times each poll interval's idle seconds
+    """Return the joules each GPU drew above its idle floor while idle, by each cause it has idled for
+    (GpuInsight.idle_energy_joules_total: power minus the lowest power seen, times each poll interval's idle seconds
     of the cause). Absent for a GPU that reports no power."""
-
-    def values(g: GpuInsight) -> list[float] | None:
-        joules = g.idle_energy_joules_total
-        return None if joules is None else [joules.get(c, 0.0) for c in IDLE_CAUSES]
-
-    return _per_gpu(snap, fam, values, IDLE_CAUSES)
+    return _grown(snap, fam, lambda g: g.idle_energy_joules_total, IDLE_CAUSES)
 
 
 @builds("gpu_starved_ratio")
@@ -130,22 +151,24 @@ def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
 
 @builds("gpu_diagnosis")
 def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
-    """Return 1 for each GPU's verdict and findings and 0 for every other reason of the fixed set."""
+    """Return 1 for each GPU's verdict and each of its findings; the other reasons have no series (a one-hot of
+    every reason would cost a series per reason and GPU for zeros)."""
     core = _core(snap)
     if core is None:
         return None
     metric = new_values(fam)
     for g, found in zip(core.base.gpus, core.findings, strict=True):
-        if found is not None:
-            metric.labels.extend(gpu_rows(g.gpu, g.uuid, REASONS))
-            metric.numbers.extend(_flags(found))
+        keys = _held(found) if found else ()
+        if keys:
+            metric.labels.extend(gpu_rows(g.gpu, g.uuid, keys))
+            metric.numbers.extend((1.0,) * len(keys))
     return metric if metric.numbers else None
 
 
 @functools.lru_cache(maxsize=256)
-def _flags(findings: tuple[str, ...]) -> tuple[float, ...]:
-    """1.0 for each reason of REASONS among ``findings``, else 0.0 (GPUs of a node share a few sets of findings)."""
-    return tuple(1.0 if r in findings else 0.0 for r in REASONS)
+def _held(findings: tuple[str, ...]) -> tuple[str, ...]:
+    """The reasons of REASONS among ``findings``, in REASONS' order (GPUs of a node share a few sets of findings)."""
+    return tuple(r for r in REASONS if r in findings)
 
 
 @builds("gpu_job_shortfall_ratio")

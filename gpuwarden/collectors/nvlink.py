@@ -26,11 +26,15 @@ FABRIC_STATES = ("not_started", "in_progress", "completed")
 
 @builds("gpu_nvlink_link_errors_total")
 def link_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
-    """Return each link's error counters, keys ``LINK:TYPE`` split into the labels ``link`` and ``type``."""
+    """Return each link's error counters that have counted an error, keys ``LINK:TYPE`` split into the labels
+    ``link`` and ``type``: a counter still at 0 has no series (an SXM GPU has 18 links and 5 counters a link, nearly
+    all 0 on a healthy one)."""
     errors = new_values(fam)
     for g in health_readings(snap):
         labels = gpu_label_values(g)
         for key, value in sorted(g.nvlink_link_errors_total.items(), key=lambda kv: _order(kv[0])):
+            if not value:
+                continue
             link, _, kind = key.partition(":")
             errors.add_metric([*labels, link, kind], value)
     return errors if errors else None
@@ -43,12 +47,12 @@ def _order(key: str) -> tuple[int, str]:
 
 @builds("gpu_fabric_state")
 def fabric_state(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
-    """Return 1 for the fabric's state and 0 for the other states, per GPU with a fabric."""
+    """Return 1 for the fabric's state (one of FABRIC_STATES), per GPU with a fabric; the other states have no
+    series."""
     states = new_values(fam)
     for g in readings(snap):
-        if g.fabric is not None:
-            for state in FABRIC_STATES:
-                states.add_metric([*gpu_label_values(g), state], 1.0 if g.fabric.state == state else 0.0)
+        if g.fabric is not None and g.fabric.state in FABRIC_STATES:
+            states.add_metric([*gpu_label_values(g), g.fabric.state], 1.0)
     return states if states else None
 
 

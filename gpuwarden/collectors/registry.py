@@ -190,7 +190,8 @@ def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
     """Return the family of a declared field for every GPU that has it, or None when no GPU has it.
 
     ``fam.reading`` reads the up GPUs' ``GpuReading`` field, ``fam.static`` each GPU's ``GpuStatic`` field; a
-    dict-valued field gives one sample per key (label ``fam.labels[0]``, keys sorted) unless ``fam.key`` picks one.
+    dict-valued field gives one sample per key (label ``fam.labels[0]``, keys sorted, or ``fam.keys`` in their order)
+    unless ``fam.key`` picks one.
     The samples go straight into the family's columns (``Series.labels``, ``Series.numbers``): this runs for every
     declared family of every GPU at every render.
     """
@@ -219,7 +220,7 @@ def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
             continue
         if value.__class__ is dict:
             if key is None:
-                keys = tuple(sorted(value))
+                keys = tuple(sorted(value)) if fam.keys is None else tuple(k for k in fam.keys if k in value)
                 labels.extend(gpu_rows(g.index, g.uuid, keys))
                 numbers.extend([float(value[k]) for k in keys])
                 continue
