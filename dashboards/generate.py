@@ -334,7 +334,8 @@ def fleet() -> gd.Dashboard:
     )  # fmt: skip
     lay.add(
         ts("Memory headroom of the fullest GPU per node",
-           [(f"min by (instance) (1 - gpu_memory_used_bytes{{{sel}}} / gpu_memory_total_bytes{{{sel}}})", "{{instance}}")],
+           [(f"min by (instance) (1 - gpu_memory_used_bytes{{{sel}}} / gpu_memory_total_bytes{{{sel}}})",
+             "{{instance}}")],
            "percentunit", "GpuMemoryAlmostFull opens a ticket below 10% (a plateau is normal for caching "
            "allocators); GpuMemoryFillingUp pages when it heads for 0.", limits=steps((None, RED), (0.1, GREEN)),
            min=0, max=1),

@@ -196,9 +196,10 @@ READINGS: tuple[Reading, ...] = (
     Reading("power_usage_watts", "nvmlDeviceGetPowerUsage", scale=_MILLI),
     Reading("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", scale=_MILLI),
     Reading("fan_speed_ratio", "nvmlDeviceGetFanSpeed", scale=_PERCENT),
-    *(
-        Reading("clock_hertz", "nvmlDeviceGetClockInfo", key=domain, args=(ctype,), scale=1e6)
-        for domain, ctype in CLOCK_DOMAINS.items()
+    *(  # the SM clock (the diagnosis's FLOP utilization, fail-slow evidence) and the memory clock, not the graphics
+        # clock (the SM clock on data-center GPUs) or the video clock
+        Reading("clock_hertz", "nvmlDeviceGetClockInfo", key=domain, args=(CLOCK_DOMAINS[domain],), scale=1e6)
+        for domain in ("sm", "memory")
     ),
     Reading("clock_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", integer=True),
     Reading("performance_state", "nvmlDeviceGetPerformanceState", integer=True),
@@ -658,7 +659,7 @@ FAMILIES: tuple[Family, ...] = (
     _c(
         "gpu_remapped_rows_total",
         "Rows remapped because of corrected or uncorrected errors.",
-        "ecc",
+        "detail",
         labels=("type",),
     ),
     _g(
@@ -722,7 +723,7 @@ FAMILIES: tuple[Family, ...] = (
         labels=("namespace", "pod", "container", "device_id", "resource"),
     ),
     # mig
-    _g("gpu_mig_mode_enabled", "1 when MIG mode is enabled on the GPU.", "mig", static="mig_enabled"),
+    _g("gpu_mig_mode_enabled", "1 when MIG mode is enabled on the GPU.", "detail", static="mig_enabled"),
     _g("gpu_mig_memory_used_bytes", "Memory used on the MIG device, in bytes.", "mig", labels=_MIG_LABELS),
     _g("gpu_mig_memory_total_bytes", "Memory of the MIG device, in bytes.", "mig", labels=_MIG_LABELS),
     _g("gpu_mig_sm_activity_ratio", "SM activity of the MIG device (GPM).", "mig", labels=_MIG_LABELS),
@@ -962,27 +963,24 @@ COLLECTORS: dict[str, CollectorInfo] = {
             "detail",
             False,
             "Readings beyond the default profile: maximum clocks and P-state, graphics and pipe activity (GPM), PCIe "
-            "generations, memory free and reserved, memory copy utilization, default power limit, ECC mode",
+            "generations, memory free and reserved, memory copy utilization, default power limit, ECC and MIG mode, "
+            "remapped row counts",
         ),
         CollectorInfo("device", True, "GPU identity (gpu_info), driver versions, up/down per GPU, GPU count"),
-        CollectorInfo(
-            "ecc", True, "ECC error counters, remapped rows, row-remap pending/failure, recovery action"
-        ),
+        CollectorInfo("ecc", True, "ECC error counters, row-remap pending/failure, recovery action"),
         CollectorInfo(
             "exporter", True, "gpuwarden's own metrics: build info, polls, poll duration, freshness, NVML errors"
         ),
-        CollectorInfo(
-            "gpm", True, "GPM activity: SM activity/occupancy, tensor, DRAM, FLOP utilization, NVLink"
-        ),
+        CollectorInfo("gpm", True, "GPM activity: SM activity/occupancy, tensor, DRAM, FLOP utilization, NVLink"),
         CollectorInfo("insight", True, "GPU state seconds, starved ratio, imbalance, job attribution and diagnosis"),
         CollectorInfo(
-            "idle_energy", False, "Energy drawn above the idle floor while idle, by idle cause, held idle and waiting on peers"
+            "idle_energy",
+            False,
+            "Energy drawn above the idle floor while idle, by idle cause, held idle and waiting on peers",
         ),
         CollectorInfo("memory", True, "Device memory total and used (nvmlDeviceGetMemoryInfo v2)"),
         CollectorInfo("mig", True, "MIG mode, and memory and GPM activity per MIG device"),
-        CollectorInfo(
-            "pcie", True, "PCIe link width, RX/TX bytes per second (GPM), replay errors; NVLink CRC errors"
-        ),
+        CollectorInfo("pcie", True, "PCIe link width, RX/TX bytes per second (GPM), replay errors; NVLink CRC errors"),
         CollectorInfo(
             "nvlink", True, "Each NVLink link: up or not, errors by type (replay, recovery, CRC, ...); the fabric"
         ),

@@ -122,8 +122,9 @@ def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> S
 @builds("gpu_peer_wait_seconds_total")
 def peer_wait_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the busy seconds each GPU spent waiting in a collective on another GPU of its job
-    (GpuInsight.peer_wait_seconds_total)."""
-    return _per_gpu(snap, fam, lambda g: [g.peer_wait_seconds_total])
+    (GpuInsight.peer_wait_seconds_total), for the GPUs that have waited since the daemon started (a GPU that never
+    waited has no series: as ``_grown``)."""
+    return _per_gpu(snap, fam, lambda g: [g.peer_wait_seconds_total] if g.peer_wait_seconds_total else None)
 
 
 @builds("gpu_peer_wait_energy_joules_total")

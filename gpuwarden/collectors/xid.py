@@ -16,6 +16,7 @@ from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_valu
 from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
+
 @builds("gpu_xid_errors_total")
 def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the XID count per code and GPU since start, for the codes that occurred."""
