@@ -476,8 +476,8 @@ def node() -> gd.Dashboard:
         12, 8,
     )  # fmt: skip
     lay.add(
-        ts("SM clock and its maximum",
-           [(f'gpu_clock_hertz{{{g}, clock="sm"}}', leg), (f'gpu_clock_max_hertz{{{g}, clock="sm"}}', leg + " max")],
+        ts("SM clock",
+           [(f'gpu_clock_hertz{{{g}, clock="sm"}}', leg)],
            "hertz", lost_of=g),
         12, 8,
     )  # fmt: skip

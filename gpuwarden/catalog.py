@@ -386,7 +386,7 @@ FAMILIES: tuple[Family, ...] = (
     _g(
         "gpu_memory_copy_utilization_ratio",
         "Fraction of the last sample period in which device memory was read or written (NVML util.memory).",
-        "detail",
+        "utilization",
         reading="utilization_memory_ratio",
     ),
     _g(
@@ -963,7 +963,7 @@ COLLECTORS: dict[str, CollectorInfo] = {
             "detail",
             False,
             "Readings beyond the default profile: maximum clocks and P-state, graphics and pipe activity (GPM), PCIe "
-            "generations, memory free and reserved, memory copy utilization, default power limit, ECC and MIG mode, "
+            "generations, memory free and reserved, default power limit, ECC and MIG mode, "
             "remapped row counts",
         ),
         CollectorInfo("device", True, "GPU identity (gpu_info), driver versions, up/down per GPU, GPU count"),
@@ -989,7 +989,9 @@ COLLECTORS: dict[str, CollectorInfo] = {
         CollectorInfo(
             "thermal", True, "GPU and memory temperature, the card's slowdown and memory maximum thresholds, fan speed"
         ),
-        CollectorInfo("utilization", True, "GPU and encoder utilization (nvmlDeviceGetUtilizationRates)"),
+        CollectorInfo(
+            "utilization", True, "GPU, memory-controller and encoder utilization (nvmlDeviceGetUtilizationRates)"
+        ),
         CollectorInfo("xid", True, "XID error counters per code and last event time (NVML events)"),
     )
 }

@@ -146,10 +146,11 @@ def rss_mib(pid: int) -> float:
 
 
 def replay_nodes(
-    traces: dict[str, str], env: dict[str, dict[str, str]]
+    traces: dict[str, str], env: dict[str, dict[str, str]], args: tuple[str, ...] = ()
 ) -> tuple[list[subprocess.Popen], dict[str, int]]:
     """Start one ``serve --replay`` daemon per node of ``traces`` (node -> trace name in tests/data/traces), each on a
-    free port with its ``env`` added (node -> variables); returns the processes and each node's port."""
+    free port with its ``env`` added (node -> variables) and ``args`` (flags); returns the processes and each node's
+    port."""
     ports = {n: free_port() for n in traces}
     procs = [
         subprocess.Popen(
@@ -164,6 +165,7 @@ def replay_nodes(
                 f"127.0.0.1:{ports[n]}",
                 "--log.level",
                 "warning",
+                *args,
             ],
             cwd=REPO,
             stdout=subprocess.DEVNULL,

@@ -32,7 +32,7 @@ SLUID = "sEKNKTV3WPV500"  # Slurm job 4242's
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("cluster")
     env = {n: {"GPUWARDEN_NODE_NAME": f"node-{n}", "GPUWARDEN_PRICE_PER_GPU_HOUR": PRICE[n]} for n in NODES}
-    procs, ports = replay_nodes(NODES, env)
+    procs, ports = replay_nodes(NODES, env, ("--collector.idle_energy",))  # report's energy wasted by cause
     config = {
         "global": {"scrape_interval": "1s"},
         "scrape_configs": [{"job_name": "gpuwarden",
