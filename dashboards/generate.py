@@ -258,7 +258,7 @@ def fleet() -> gd.Dashboard:
     )  # fmt: skip
     lay.add(
         st("Busy share in range",
-           [(f'sum(increase(gpu_state_seconds_total{{{sel}, state="busy"}}[$__range])) / '
+           [(f'(sum(increase(gpu_state_seconds_total{{{sel}, state="busy"}}[$__range])) or vector(0)) / '
              f"sum(increase(gpu_state_seconds_total{{{sel}}}[$__range]))", "busy")],
            "percentunit", steps((None, RED), (0.5, "orange"), (0.8, GREEN)),
            "Share of the accounted GPU time in which a kernel ran."),
@@ -266,14 +266,16 @@ def fleet() -> gd.Dashboard:
     )  # fmt: skip
     lay.add(
         st("Starved GPU-hours in range",
-           [(f'sum(increase(gpu_state_seconds_total{{{sel}, state="starved"}}[$__range])) / 3600', "GPU-hours")],
+           [(f'(sum(increase(gpu_state_seconds_total{{{sel}, state="starved"}}[$__range])) or vector(0)) / 3600',
+             "GPU-hours")],
            "h", steps((None, GREEN), (1, "orange"), (24, RED)),
            "GPU time spent idle while the job holding the GPU worked (waiting on input, CPU, peers)."),
         4, 4,
     )  # fmt: skip
     lay.add(
         st("Held-idle GPU-hours in range",
-           [(f'sum(increase(gpu_idle_seconds_total{{{sel}, cause="held_idle"}}[$__range])) / 3600', "GPU-hours")],
+           [(f'(sum(increase(gpu_idle_seconds_total{{{sel}, cause="held_idle"}}[$__range])) or vector(0)) / 3600',
+             "GPU-hours")],
            "h", steps((None, GREEN), (1, "orange"), (24, RED)),
            "GPU time held by a job's memory while nothing ran on it (a sleeping notebook, a stopped job)."),
         6, 4,
@@ -345,7 +347,7 @@ def fleet() -> gd.Dashboard:
         ts("XID errors",
            [(f"round(sum by (instance, gpu, xid) (increase(gpu_xid_errors_total{{{sel}}}[$__rate_interval]))) > 0",
              "{{instance}} GPU {{gpu}} XID {{xid}}"),
-            (f"round(sum(increase(gpu_xid_errors_total{{{sel}}}[$__rate_interval])))", "all XIDs")],
+            (f"round(sum(increase(gpu_xid_errors_total{{{sel}}}[$__rate_interval])) or vector(0))", "all XIDs")],
            "short", "XID errors per interval; only codes that occurred are drawn per GPU. Tiers: docs/runbook.md."),
         12, 8,
     )  # fmt: skip
