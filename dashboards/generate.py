@@ -515,7 +515,7 @@ def node() -> gd.Dashboard:
              " > 0", leg + " uncorrectable ECC"),
             (f"round(sum by (gpu) (increase(gpu_nvlink_errors_total{{{g}}}[$__rate_interval]))) > 0",
              leg + " NVLink CRC"),
-            (f"round(sum(increase(gpu_xid_errors_total{{{g}}}[$__rate_interval])))", "all XIDs")],
+            (f"round(sum(increase(gpu_xid_errors_total{{{g}}}[$__rate_interval])) or vector(0))", "all XIDs")],
            "short", "Errors per interval; only the GPUs and codes that had one are drawn."),
         12, 8,
     )  # fmt: skip
