@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 from gpuwarden.catalog import CLOCK_EVENT_REASONS, Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_rows, new_values, readings
+from gpuwarden.collectors.registry import CollectOptions, add_grown, builds, gpu_rows, new_values, readings
 from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -34,13 +34,7 @@ def reason_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Ser
     counters), for the reasons that have: a reason still at 0 has no series."""
     total = new_values(fam)
     for g in readings(snap):
-        got = g.clock_event_seconds_total
-        if got:
-            keys = tuple(k for k in sorted(got) if got[k])
-            if not keys:
-                continue
-            total.labels.extend(gpu_rows(g.index, g.uuid, keys))
-            total.numbers.extend([float(got[k]) for k in keys])
+        add_grown(total, g.index, g.uuid, g.clock_event_seconds_total, sorted(g.clock_event_seconds_total))
     return total if total else None
 
 

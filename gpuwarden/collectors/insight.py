@@ -25,10 +25,10 @@ Diagnosis models, and each GPU's findings); definitions in docs/scores.md.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from gpuwarden.catalog import Family
-from gpuwarden.collectors.registry import CollectOptions, builds, gpu_rows, new_family, new_values
+from gpuwarden.collectors.registry import CollectOptions, add_grown, builds, gpu_rows, new_family, new_values
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.reasons import REASONS
 from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, snapshot_core
@@ -49,25 +49,23 @@ def _result(snap: NodeSnapshot) -> InsightResult | None:
     return None if core is None else core.base
 
 
-#: A GPU's values of one family, one per key of the family's keys (in their order); None: the GPU has none.
-Values = Callable[[GpuInsight], Sequence[float] | None]
+#: A GPU's one value of a family; None: the GPU has none.
+Value = Callable[[GpuInsight], float | None]
 
 
-def _per_gpu(
-    snap: NodeSnapshot, fam: Family, values: Values, keys: tuple[str, ...] = (), doc: str | None = None
-) -> Series | None:
-    """Return ``fam`` with each GPU's ``values`` (labels: the GPU's, then each of ``keys``; one value without keys),
-    None before the first analysis or without any sample. ``doc`` is a help text other than the declared one."""
+def _per_gpu(snap: NodeSnapshot, fam: Family, value: Value, doc: str | None = None) -> Series | None:
+    """Return ``fam`` with each GPU's ``value`` (labels: the GPU's), None before the first analysis or without any
+    sample. ``doc`` is a help text other than the declared one."""
     res = _result(snap)
     if res is None:
         return None
     metric = new_values(fam, doc)
-    labels, numbers = metric.labels, metric.numbers  # the columns, filled directly: 64 GPUs x 20 reasons a render
+    labels, numbers = metric.labels, metric.numbers  # the columns, filled directly
     for g in res.gpus:
-        got = values(g)
+        got = value(g)
         if got is not None:
-            labels.extend(gpu_rows(g.gpu, g.uuid, keys))
-            numbers.extend(map(float, got))
+            labels.append(gpu_rows(g.gpu, g.uuid)[0])
+            numbers.append(float(got))
     return metric if numbers else None
 
 
@@ -75,25 +73,17 @@ def _grown(
     snap: NodeSnapshot, fam: Family, totals: Callable[[GpuInsight], dict[str, float] | None], order: tuple[str, ...]
 ) -> Series | None:
     """Return ``fam`` with each GPU's counters by key (the family's one extra label), in ``order``, for the keys that
-    have grown since the daemon started: a key still at 0 has no series (a GPU that never idled for a cause costs no
-    series for it). A key's series appears with its first growth, its value then the seconds or joules since that
-    growth began, which ``gpuwarden top`` and ``report`` count whole (a counter absent at a step's start grew from
-    0: gpuwarden.cluster.usage). None before the first analysis or without any sample."""
+    have grown since the daemon started (``add_grown``: a GPU that never idled for a cause costs no series for it).
+    A key's series appears with its first growth, its value then the seconds or joules since that growth began, which
+    ``gpuwarden top`` and ``report`` count whole (a counter absent at a step's start grew from 0:
+    gpuwarden.cluster.usage). None before the first analysis or without any sample."""
     res = _result(snap)
     if res is None:
         return None
     metric = new_values(fam)
-    labels, numbers = metric.labels, metric.numbers
     for g in res.gpus:
-        got = totals(g)
-        if not got:
-            continue
-        keys = tuple(k for k in order if got.get(k))
-        if not keys:
-            continue
-        labels.extend(gpu_rows(g.gpu, g.uuid, keys))
-        numbers.extend([float(got[k]) for k in keys])
-    return metric if numbers else None
+        add_grown(metric, g.gpu, g.uuid, totals(g), order)
+    return metric if metric.numbers else None
 
 
 @builds("gpu_state_seconds_total")
@@ -108,15 +98,11 @@ def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Serie
     return _grown(snap, fam, lambda g: g.idle_seconds_total, IDLE_CAUSES)
 
 
-def _one(value: float | None) -> list[float] | None:
-    return None if value is None else [value]
-
-
 @builds("gpu_held_idle_energy_joules_total")
 def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the joules each GPU drew above its idle floor while held idle (GpuInsight.held_idle_energy_joules_total:
     power minus the lowest power seen since start, times the held-idle seconds of each poll interval)."""
-    return _per_gpu(snap, fam, lambda g: _one(g.held_idle_energy_joules_total))
+    return _per_gpu(snap, fam, lambda g: g.held_idle_energy_joules_total)
 
 
 @builds("gpu_peer_wait_seconds_total")
@@ -124,14 +110,14 @@ def peer_wait_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> 
     """Return the busy seconds each GPU spent waiting in a collective on another GPU of its job
     (GpuInsight.peer_wait_seconds_total), for the GPUs that have waited since the daemon started (a GPU that never
     waited has no series: as ``_grown``)."""
-    return _per_gpu(snap, fam, lambda g: [g.peer_wait_seconds_total] if g.peer_wait_seconds_total else None)
+    return _per_gpu(snap, fam, lambda g: g.peer_wait_seconds_total or None)
 
 
 @builds("gpu_peer_wait_energy_joules_total")
 def peer_wait_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return the joules each GPU drew above its idle floor while waiting on a peer
     (GpuInsight.peer_wait_energy_joules_total). Absent for a GPU that reports no power."""
-    return _per_gpu(snap, fam, lambda g: _one(g.peer_wait_energy_joules_total))
+    return _per_gpu(snap, fam, lambda g: g.peer_wait_energy_joules_total)
 
 
 @builds("gpu_idle_energy_joules_total")
@@ -147,7 +133,7 @@ def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
     """Return each GPU's starved share of the analyzer window (help text names the window)."""
     res = _result(snap)
     doc = fam.help.format(window=f"{res.window_seconds:g}") if res is not None else None
-    return _per_gpu(snap, fam, lambda g: _one(g.starved_ratio), doc=doc)
+    return _per_gpu(snap, fam, lambda g: g.starved_ratio, doc=doc)
 
 
 @builds("gpu_diagnosis")
@@ -175,7 +161,7 @@ def _held(findings: tuple[str, ...]) -> tuple[str, ...]:
 @builds("gpu_job_shortfall_ratio")
 def job_shortfall(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
     """Return each GPU's shortfall against the busiest GPU of its job (GPUs of jobs on 2+ GPUs)."""
-    return _per_gpu(snap, fam, lambda g: _one(g.shortfall_ratio))
+    return _per_gpu(snap, fam, lambda g: g.shortfall_ratio)
 
 
 @builds("gpu_node_imbalance_ratio")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gpuwarden.catalog import COLLECTORS, FAMILIES, FAMILY, GPU_LABELS, Family
@@ -141,6 +141,18 @@ def gpu_rows(gpu: int, uuid: str, keys: tuple[str, ...] = ()) -> tuple[tuple[str
     if not keys:
         return ((str(gpu), uuid),)
     return tuple((str(gpu), uuid, k) for k in keys)
+
+
+def add_grown(metric: Series, gpu: int, uuid: str, totals: Mapping[str, float] | None, order: Iterable[str]) -> None:
+    """Add to ``metric`` (a family with one label beyond the GPU's) a GPU's counters by key, in ``order``, for the keys
+    whose counter has grown (is not 0): a counter still at 0 has no series, so a key that never occurred (an idle
+    cause, a clock event reason) costs nothing. ``totals`` None or empty adds nothing."""
+    if not totals:
+        return
+    keys = tuple(k for k in order if totals.get(k))
+    if keys:
+        metric.labels.extend(gpu_rows(gpu, uuid, keys))
+        metric.numbers.extend([float(totals[k]) for k in keys])
 
 
 @functools.lru_cache(maxsize=4096)
