@@ -241,7 +241,8 @@ def bare(text: str) -> str:
 
 def memory_only(text: str) -> str:
     """The memory leak rules of the rules file ``text`` (its recording rules, the GPU's job's and the leak's, and
-    GpuMemoryFillingUp, without annotations) as a file of their own: what alerts/tests/memory.test.yml runs its many shapes through, fast."""
+    GpuMemoryFillingUp, without annotations) as a file of their own: what alerts/tests/memory.test.yml runs its many
+    shapes through, fast."""
     names = {"uuid:gpu_job_holder:info", "uuid:gpu_memory_used_ratio:leaking", "GpuMemoryFillingUp"}
     groups = yaml.safe_load(bare(text).split("\n", 1)[1])["groups"]
     kept = [{**g, "rules": [r for r in g["rules"] if (r.get("record") or r.get("alert")) in names]} for g in groups]
