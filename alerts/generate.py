@@ -77,6 +77,35 @@ def _avg(used: str, window: str, offset: float) -> str:
     return f"avg_over_time({used}[{window}]{f' offset {duration(offset)}' if offset else ''})"
 
 
+#: The records of each trend window (their names end in the window: ``...:mean5m``): the window's mean of the memory
+#: in use, and the variance of that mean (the samples' variance over their number: noise and trend both count).
+WINDOW_MEAN = "uuid:gpu_memory_used_bytes:mean"
+WINDOW_VARIANCE = "uuid:gpu_memory_used_bytes:mean_variance"
+
+
+def trend_windows(values: dict[str, str]) -> list[str]:
+    """The trend detector's windows (``memory_trend_windows``), as PromQL durations."""
+    return [w.strip() for w in str(values["memory_trend_windows"]).split(",")]
+
+
+def memory_window_records(values: dict[str, str]) -> str:
+    """The recording rules the trend detectors read (WINDOW_MEAN, WINDOW_VARIANCE for each window), as the rule
+    entries of a group's YAML: for the GPUs a job holds (more than ``memory_idle_ratio`` of the memory in use; a
+    detector needs a job to have held the GPU throughout the windows it compares, so an idle GPU needs none). In the
+    group of the leak record, evaluated once a minute: a detector reads a window's record ``k`` windows back (whole
+    minutes), which is what the same evaluation computed then from the raw samples. Each window is read from the raw
+    samples once an evaluation instead of about twenty times."""
+    sel = values["selector"]
+    used, total = f"gpu_memory_used_bytes{{{sel}}}", f"gpu_memory_total_bytes{{{sel}}}"
+    held = f"and on (instance, job, gpu, uuid) {used} > {values['memory_idle_ratio']} * {total}"
+    out = []
+    for window in trend_windows(values):
+        variance = f"stddev_over_time({used}[{window}]) ^ 2 / count_over_time({used}[{window}])"
+        for name, expr in ((WINDOW_MEAN, f"avg_over_time({used}[{window}])"), (WINDOW_VARIANCE, variance)):
+            out.append(f"      - record: {name}{window}\n        expr: >\n          {expr}\n          {held}\n")
+    return "".join(out)
+
+
 def memory_leak(values: dict[str, str]) -> str:
     """The detectors of ``memory_leak_detectors`` as one expression, or-ed."""
     return "\n          or\n          ".join(f"(\n            {x}\n          )" for x in memory_leak_detectors(values))
@@ -126,14 +155,14 @@ def memory_leak_detectors(values: dict[str, str]) -> list[str]:
         return f"({ind}{body}\n            )\n            unless on (instance, job, gpu, uuid) ({young})"
 
     parts = []
-    for window in str(values["memory_trend_windows"]).split(","):
-        window = window.strip()
+    for window in trend_windows(values):
         w = seconds(window)
-        means = [_avg(used, window, k * w) for k in range(4)]
-        rise, z = values["memory_trend_min_rise_ratio"], values["memory_trend_z"]
-        # the variance of each window's mean: its samples' variance over their number (noise and trend both count)
+        # each window's mean and the variance of that mean, recorded once a minute (memory_window_records) and
+        # read at whole-window offsets: the values the group recorded at those earlier evaluations
         offsets = [f" offset {duration(k * w)}" if k else "" for k in range(4)]
-        var = [f"stddev_over_time({used}[{window}]{o}) ^ 2 / count_over_time({used}[{window}]{o})" for o in offsets]
+        means = [f"{WINDOW_MEAN}{window}{o}" for o in offsets]
+        var = [f"{WINDOW_VARIANCE}{window}{o}" for o in offsets]
+        rise, z = values["memory_trend_min_rise_ratio"], values["memory_trend_z"]
         checks = [f"({means[k]} - {means[k + 1]}) > {rise} * {total} + {z} * sqrt({var[k]} + {var[k + 1]})"
                   for k in range(3)]  # fmt: skip
         checks.append(f"({means[0]} - {means[1]}) > {values['memory_trend_keep_ratio']} * ({means[1]} - {means[2]})")
@@ -187,6 +216,7 @@ def params(path: Path | None = None) -> dict[str, str]:
     values["memory_full_percent"] = f"{percent:g}"
     out = {k: str(v) for k, v in values.items()}
     out["memory_leak"] = memory_leak(out)
+    out["memory_window_records"] = memory_window_records(out)
     known = out["selector"] + 'job_id!~"[?]/.*"'  # a process /proc does not know (exited: "?/?") names no job
     out["gpu_job_record"] = (
         GPU_JOB_RECORD.replace("SELKNOWN", known).replace("SEL", out["selector"]).replace("CLUSTER", out["cluster_by"])
@@ -244,6 +274,7 @@ def memory_only(text: str) -> str:
     GpuMemoryFillingUp, without annotations) as a file of their own: what alerts/tests/memory.test.yml runs its many
     shapes through, fast."""
     names = {"uuid:gpu_job_holder:info", "uuid:gpu_memory_used_ratio:leaking", "GpuMemoryFillingUp"}
+    names |= {f"{n}{w}" for n in (WINDOW_MEAN, WINDOW_VARIANCE) for w in trend_windows(params())}
     groups = yaml.safe_load(bare(text).split("\n", 1)[1])["groups"]
     kept = [{**g, "rules": [r for r in g["rules"] if (r.get("record") or r.get("alert")) in names]} for g in groups]
     head = "# Generated by alerts/generate.py: the memory leak rules of gpuwarden.rules.yml, for memory.test.yml.\n"
