@@ -6,7 +6,8 @@ resets), so every number is chosen to make a wrong step visible. Clusters ``alph
 ``n1:9400`` (one instance name in both, as two clusters' first nodes often are); alpha has ``n2:9400`` too. A
 Slurm job's SLUID runs in both clusters (two jobs); on alpha's n2 GPU 0 Slurm job 4242 hands over to 4343 at a
 scrape that is neither on a minute nor on any step's end; beta's n1 GPU 1 runs a node-local systemd unit for an
-hour; beta's n1 daemon restarts (its counters start again from zero) after a 30-second gap.
+hour; beta's n1 daemon restarts (its counters start again from zero) after a 30-second gap, and as the daemon does,
+it exports a state or cause only once its counter has grown: each appears at the scrape after its first growth.
 """
 
 from __future__ import annotations
@@ -94,12 +95,16 @@ class Fleet:
                     if restarted:  # a new daemon: its counters hold what it saw since it started
                         states[g] = dict.fromkeys(STATES, 0.0)
                         causes[g] = dict.fromkeys(CAUSES, 0.0)
+                    # a state or cause has a series once its counter has grown (the daemon exports no zeros): after
+                    # the restart, each appears at the scrape after its first growth
                     for s in STATES:
                         states[g][s] += grow_s.get(s, 0)
-                        out[("gpu_state_seconds_total", _key(gl, state=s))].append((t, states[g][s]))
+                        if states[g][s]:
+                            out[("gpu_state_seconds_total", _key(gl, state=s))].append((t, states[g][s]))
                     for c in CAUSES:
                         causes[g][c] += grow_c.get(c, 0)
-                        out[("gpu_idle_seconds_total", _key(gl, cause=c))].append((t, causes[g][c]))
+                        if causes[g][c]:
+                            out[("gpu_idle_seconds_total", _key(gl, cause=c))].append((t, causes[g][c]))
                     out[("gpu_up", _key(gl))].append((t, 1))
                     if job is not None:
                         scope, kind, *_ = JOBS[job]
