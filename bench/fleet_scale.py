@@ -168,13 +168,12 @@ def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None
                   f"{1000 * max(values):6.0f} ms   {100 * share:5.1f}%")  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(tree)}
         gw = [sys.executable, "-m", "gpuwarden"]
+        asked = ("--prometheus", url, "--timeout", "600")
         for rng in ("15m", "1h"):
-            print(
-                f"  top --range {rng:4}               {_timed([*gw, 'top', '--prometheus', url, '--range', rng, '--timeout', '600'], env)}"
-            )  # noqa: E501
-            print(
-                f"  report --job 100000 --range {rng:4} {_timed([*gw, 'report', '--job', '100000', '--prometheus', url, '--range', rng, '--timeout', '600'], env)}"
-            )  # noqa: E501
+            top = _timed([*gw, "top", *asked, "--range", rng], env)
+            report = _timed([*gw, "report", "--job", "100000", *asked, "--range", rng], env)
+            print(f"  top --range {rng:4}               {top}")
+            print(f"  report --job 100000 --range {rng:4} {report}")
     finally:
         proc.terminate()
         proc.wait(30)
