@@ -81,12 +81,12 @@ def _avg(used: str, window: str, offset: float) -> str:
 #: in use, and the variance of that mean (the samples' variance over their number: noise and trend both count).
 WINDOW_MEAN = "uuid:gpu_memory_used_bytes:mean"
 WINDOW_VARIANCE = "uuid:gpu_memory_used_bytes:mean_variance"
-#: The least and the most memory in use over each minute, of every GPU: the records at t, t-1m, ... t-(r-1m) cover
-#: [t-r, t] exactly as the raw samples' range [r] does (Prometheus 2's ranges hold both ends), so the detectors'
-#: "held throughout" (minimum over up to two hours) and the ramp's "above the hour before" (maximum) read one sample a
-#: minute instead of every scrape's.
-WINDOW_MIN = "uuid:gpu_memory_used_bytes:min1m"
-WINDOW_MAX = "uuid:gpu_memory_used_bytes:max1m"
+#: The least and the most memory in use over each interval of the memory group (``memory_interval``), of every GPU:
+#: the records at t, t-i, ... t-(r-i) cover [t-r, t] exactly as the raw samples' range [r] does (Prometheus 2's ranges
+#: hold both ends), so the detectors' "held throughout" (minimum over up to two hours) and the ramp's "above the hour
+#: before" (maximum) read one sample an interval instead of every scrape's.
+WINDOW_MIN = "uuid:gpu_memory_used_bytes:min_interval"
+WINDOW_MAX = "uuid:gpu_memory_used_bytes:max_interval"
 
 
 def trend_windows(values: dict[str, str]) -> list[str]:
@@ -98,14 +98,16 @@ def memory_window_records(values: dict[str, str]) -> str:
     """The recording rules the detectors read, as the rule entries of a group's YAML: WINDOW_MIN and WINDOW_MAX of
     every GPU, then WINDOW_MEAN and WINDOW_VARIANCE of each trend window for the GPUs a job holds (more than
     ``memory_idle_ratio`` of the memory in use; a detector needs a job to have held the GPU throughout the windows it
-    compares, so an idle GPU needs none). In the group of the leak record, evaluated once a minute: a detector reads
-    a window's record ``k`` windows back (whole minutes), which is what the same evaluation computed then from the
-    raw samples. Each window is read from the raw samples once an evaluation instead of about twenty times."""
+    compares, so an idle GPU needs none). In the group of the leak record, evaluated every ``memory_interval``: a
+    detector reads a window's record ``k`` windows back (whole intervals), which is what the same evaluation computed
+    then from the raw samples. Each window is read from the raw samples once an evaluation instead of about twenty
+    times."""
     sel = values["selector"]
     used, total = f"gpu_memory_used_bytes{{{sel}}}", f"gpu_memory_total_bytes{{{sel}}}"
     held = f"and on (instance, job, gpu, uuid) {used} > {values['memory_idle_ratio']} * {total}"
-    out = [f"      - record: {WINDOW_MIN}\n        expr: min_over_time({used}[1m])\n",
-           f"      - record: {WINDOW_MAX}\n        expr: max_over_time({used}[1m])\n"]  # fmt: skip
+    step = values["memory_interval"]
+    out = [f"      - record: {WINDOW_MIN}\n        expr: min_over_time({used}[{step}])\n",
+           f"      - record: {WINDOW_MAX}\n        expr: max_over_time({used}[{step}])\n"]  # fmt: skip
     for window in trend_windows(values):
         variance = f"stddev_over_time({used}[{window}]) ^ 2 / count_over_time({used}[{window}])"
         for name, expr in ((WINDOW_MEAN, f"avg_over_time({used}[{window}])"), (WINDOW_VARIANCE, variance)):
@@ -145,6 +147,7 @@ def memory_leak_detectors(values: dict[str, str]) -> list[str]:
     sel = values["selector"]
     used, total = f"gpu_memory_used_bytes{{{sel}}}", f"gpu_memory_total_bytes{{{sel}}}"
     warmup = seconds(values["memory_warmup"])
+    step = seconds(values["memory_interval"])
     ind = "\n" + " " * 14
 
     def detector(checks: list[str], age: float) -> str:
@@ -156,7 +159,7 @@ def memory_leak_detectors(values: dict[str, str]) -> list[str]:
         body = (ind + "and ").join([
             f"{used} / {total} > {values['memory_filling_min_ratio']}",
             *checks,
-            f"min_over_time({WINDOW_MIN}[{duration(age - 60)}]) > {values['memory_idle_ratio']} * {total}",
+            f"min_over_time({WINDOW_MIN}[{duration(age - step)}]) > {values['memory_idle_ratio']} * {total}",
             f"{used} offset {duration(age)}",
         ])  # fmt: skip
         return f"({ind}{body}\n            )\n            unless on (instance, job, gpu, uuid) ({young})"
@@ -182,7 +185,7 @@ def memory_leak_detectors(values: dict[str, str]) -> list[str]:
     # in each, and a step followed by noise (one fast rise, then little) is no ramp
     per_window = float(values["memory_ramp_horizon_seconds"]) / w
     checks = [f"{means[0]} + ({means[k]} - {means[k + 1]}) * {per_window:g} >= {total}" for k in range(3)]
-    checks.append(f"avg_over_time({used}[{duration(2 * w)}]) > max_over_time({WINDOW_MAX}[{duration(60 * w - 60)}] "
+    checks.append(f"avg_over_time({used}[{duration(2 * w)}]) > max_over_time({WINDOW_MAX}[{duration(60 * w - step)}] "
                   f"offset {duration(5 * w)}) + {values['memory_ramp_margin_ratio']} * {total}")  # fmt: skip
     parts.append(detector(checks, warmup + 5 * w))
     return parts
@@ -219,6 +222,11 @@ def params(path: Path | None = None) -> dict[str, str]:
     # the cluster labels of an alert, matched in a query of its annotations: printf's format and its arguments
     values["cluster_match"] = "".join(f"{x}=%q," for x in labels)
     values["cluster_args"] = "".join(f" $labels.{x}" for x in labels)
+    step = seconds(str(values["memory_interval"]))
+    windows = [*str(values["memory_trend_windows"]).split(","), values["memory_ramp_window"], values["memory_warmup"]]
+    if any(seconds(str(w).strip()) % step for w in windows):
+        raise ValueError(f"memory_trend_windows, memory_ramp_window and memory_warmup must be whole multiples of "
+                         f"memory_interval ({values['memory_interval']})")  # fmt: skip
     percent = float(values["memory_full_ratio"]) * 100
     values["memory_full_percent"] = f"{percent:g}"
     out = {k: str(v) for k, v in values.items()}

@@ -73,6 +73,7 @@ def test_parameters_change_thresholds_selectors_and_urls(tmp_path: Path, capsys)
         ("grafana_url: /grafana", "grafana_url must be an absolute http(s) URL"),
         ("grafana_url: 'javascript:alert(1)'", "grafana_url must be an absolute http(s) URL"),
         ("cluster_labels: 'cluster, bad-label'", "cluster_labels must be label names"),
+        ("memory_interval: 7m", "must be whole multiples of memory_interval (7m)"),
     ],
 )
 def test_relative_links_and_bad_label_lists_are_refused(tmp_path: Path, capsys, param: str, message: str) -> None:  # noqa: ANN001

@@ -71,7 +71,8 @@ NODES = {
 }
 #: Shorter windows than production, so the rules see enough data within the test: the memory page's minutes are
 #: seconds here (its traces are one poll a second for one sample a minute: tools/memory_shapes.py's time scale).
-PARAMS = {"memory_warmup": "30s", "memory_trend_windows": "5s, 10s, 20s, 30s", "memory_trend_horizon_seconds": 60,
+PARAMS = {"memory_interval": "1s", "memory_warmup": "30s", "memory_trend_windows": "5s, 10s, 20s, 30s",
+          "memory_trend_horizon_seconds": 60,
           "memory_ramp_window": "1s", "memory_ramp_horizon_seconds": 15, "held_idle_range": "20s",
           "straggler_for": "10s", "suspect_range": "5m", "grafana_url": "https://grafana.example"}  # fmt: skip
 
