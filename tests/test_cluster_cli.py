@@ -196,6 +196,42 @@ def test_report_summarizes_one_job(prom: dict) -> None:
 
 
 @pytest.mark.e2e
+def test_a_jobs_report_asks_only_about_its_gpus_and_equals_the_fleets_accounting(prom: dict) -> None:
+    """After one lookup of the GPUs the job held, every query of a report names those GPUs' UUIDs (a job's report
+    costs what the job is, not what the fleet is), and it gives the job what the fleet-wide accounting gives it."""
+    from gpuwarden.cluster.promapi import Prometheus
+    from gpuwarden.cluster.usage import Accounting
+
+    client = Prometheus(prom["url"], timeout=30)
+    asked: list[str] = []
+    query = client.query
+
+    def recorded(promql: str, at: float | None = None) -> list:
+        asked.append(promql)
+        return query(promql, at)
+
+    client.query = recorded  # type: ignore[method-assign]
+    try:
+        at = time.time()
+        narrow = Accounting(client, "30s", "1s", at=at).job_details(SLUID)
+        lookups, rest = asked[:1], asked[1:]
+        asked.clear()
+        whole = Accounting(client, "30s", "1s", at=at).jobs()
+    finally:
+        client.close()
+    [(key, u)] = narrow.items()
+    assert "gpu_process_job_info" in lookups[0] and "uuid=~" not in lookups[0]
+    uuids = {x for q in rest for x in q.split('uuid=~"')[1].split('"')[0].split("|")}
+    assert rest and all('uuid=~"' in q for q in rest)
+    assert len(uuids) == len(u.gpus) == 4  # the job's four GPUs on nodes a and b, not node c's or d's
+    assert all("uuid=~" not in q for q in asked)  # the fleet-wide accounting is not narrowed
+    assert u.gpus == whole[key].gpus and u.held_hours == pytest.approx(whole[key].held_hours, rel=1e-9)
+    assert u.busy_hours == pytest.approx(whole[key].busy_hours, rel=1e-9)
+    assert u.lost_hours == pytest.approx(whole[key].lost_hours, rel=1e-9, abs=1e-12)
+    assert u.reasons == whole[key].reasons
+
+
+@pytest.mark.e2e
 def test_the_slurm_epilog_writes_one_record_per_job(prom: dict, tmp_path: Path) -> None:
     """deploy/slurm/epilog.sh as slurmd runs it (the job's environment, no scontrol on this machine): it asks for the
     SLUID first (the job's cgroups carry it) and leaves one JSON record, named by the numeric id, of the job, its 4

@@ -214,6 +214,7 @@ class Accounting:
         # how far the range's end lies past a multiple of the step: PromQL's subquery steps fall on those multiples
         self._shift_ms = round(self.at * 1000) % self._step_ms
         self._reasons: dict[GpuKey, dict[str, float]] | None = None
+        self._narrow = False  # restricted to one job's GPUs already (``narrowed``)
         # jobs are attributed at steps of at most ATTRIBUTION_SECONDS that tile the step (the range's steps of a
         # finer accounting): a GPU that changed hands within a long step is split where it changed, to that step
         if not attribution > 0.001:
@@ -402,9 +403,37 @@ class Accounting:
                     named.names[name] = named.names.get(name) or s.labels.get(name, "")
         return out
 
+    def narrowed(self, job_filter: str) -> Accounting | None:
+        """This accounting restricted to the GPUs the job(s) of ``job_filter`` (label matchers) held in the range (a
+        ``uuid=~`` matcher added to its selector), so that a job's queries cost what the job is, not what the fleet
+        is: other jobs' shares of those GPUs are still counted. None when no such job held a GPU in the range; self
+        when a series of the job names no UUID (nothing to narrow by)."""
+        if self._narrow:
+            return self
+        info = self.metric("gpu_process_job_info", job_filter)
+        window = self._range_ms + self._step_ms  # the first step's presence reads a step before the range
+        q = f"group by (uuid) (last_over_time({info}[{window}ms]))"
+        found = self.prom.query(q, self.at)
+        if not found:
+            return None
+        uuids = sorted({s.labels.get("uuid", "") for s in found})
+        if "" in uuids:
+            return self
+        regex = _escape("|".join(re.escape(u) for u in uuids))
+        sel = ", ".join(x for x in (self.sel, f'uuid=~"{regex}"') if x)
+        narrow = Accounting(self.prom, self.range, self.step, sel, at=self.at, cluster_labels=self.cluster_labels,
+                            attribution=self._fine.step_s)  # fmt: skip
+        narrow._narrow = narrow._fine._narrow = True
+        return narrow
+
     def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
         """``jobs()`` of one id, with energy added: all of it, above the idle floor by lost cause, and above it while
-        waiting on peers."""
+        waiting on peers. Asks only about the GPUs the id held (``narrowed``)."""
+        narrow = self.narrowed(_job_filter(job_id, instance))
+        if narrow is None:
+            return {}
+        if narrow is not self:
+            return narrow.job_details(job_id, instance)
         if self._fine is not self:
             self._fine._reasons = self._gpu_reasons()
             return self._fine.job_details(job_id, instance)
@@ -430,9 +459,14 @@ class Accounting:
     def stragglers(self, key: JobKey) -> list[tuple[str, str, float]]:
         """GPUs of the job the daemons flagged ``straggler`` in at least STRAGGLER_MIN_SHARE of the steps the job held
         them: (instance, gpu, share), most flagged first."""
+        jf = _key_filter(key, self.cluster_labels)
+        narrow = self.narrowed(jf)
+        if narrow is None:
+            return []
+        if narrow is not self:
+            return narrow.stragglers(key)
         if self._fine is not self:
             return self._fine.stragglers(key)
-        jf = _key_filter(key, self.cluster_labels)
         straggler = self._at_step("gpu_diagnosis", 'reason="straggler"')
         flagged = self.samples(self._per_job(f"{straggler} == bool 1", jf, by="instance, gpu"), "instance", "gpu")
         held = {
@@ -459,6 +493,11 @@ class Accounting:
     def lost_gpus(self, key: JobKey) -> list[tuple[str, str]]:
         """The GPUs of the job that went down (``gpu_up`` 0) in the range within LOST_WITHIN_SECONDS of the job's
         last sample on them: (instance, gpu), sorted."""
+        narrow = self.narrowed(_key_filter(key, self.cluster_labels))
+        if narrow is None:
+            return []
+        if narrow is not self:
+            return narrow.lost_gpus(key)
         c = self._c
         info = self.metric("gpu_process_job_info", _key_filter(key, self.cluster_labels))
         recent = f"max by ({c}instance, gpu, uuid) (max_over_time({info}[{LOST_WITHIN_SECONDS}s]))"
