@@ -115,6 +115,99 @@ def memory_window_records(values: dict[str, str]) -> str:
     return "".join(out)
 
 
+#: Idle causes of lost time (every cause of gpu_idle_seconds_total but ``free``; gpuwarden.cluster.usage.LOST_CAUSES,
+#: which tests/test_alerts.py holds this to): one usage record each.
+LOST_CAUSES = ("input_cpu", "input_io", "input", "launch", "checkpoint", "startup", "paused", "held_idle", "unknown",
+               "lost")  # fmt: skip
+#: The usage records (``usage_records``): a GPU's share of each job that held it, then per job and node the seconds
+#: held, busy, lost by cause, waiting on peers, effective and at peak, joules drawn held idle, the diagnosis's
+#: scrapes by reason; and a heartbeat the fleet commands check that the records cover their range by.
+USAGE_SHARE = "uuid_job_id:gpu_job_share:ratio"
+USAGE_HEARTBEAT = "instance:gpu_usage_recorded:count"
+USAGE = {
+    "held": "instance_job_id:gpu_held_seconds:increase",
+    "busy": "instance_job_id:gpu_busy_seconds:increase",
+    "lost": "instance_job_id:gpu_lost_seconds:increase",
+    "peer_wait": "instance_job_id:gpu_peer_wait_seconds:increase",
+    "held_idle_energy": "instance_job_id:gpu_held_idle_energy_joules:increase",
+    "effective": "instance_job_id:gpu_effective_seconds:sum",
+    "peak_equivalent": "instance_job_id:gpu_peak_equivalent_seconds:sum",
+    "reasons": "instance_job_id:gpu_diagnosis_scrapes:count",
+}
+#: Records read the window that ended this long before their evaluation: a scrape's samples carry its start time and
+#: are written when it ends (scrape timeouts are at most 10 s by convention), so the window is complete when read.
+USAGE_OFFSET = "15s"
+#: The scrape interval the effective time is sampled at (gpuwarden.cluster.usage.ATTRIBUTION_SECONDS).
+USAGE_SAMPLE = "15s"
+
+
+def usage_records(values: dict[str, str]) -> str:
+    """The recording rules ``gpuwarden top`` reads for long ranges (gpuwarden.cluster.usage), as the rule entries of
+    a group evaluated every ``usage_interval`` w, each over the window w that ended USAGE_OFFSET before:
+
+    - USAGE_SHARE per (GPU, job): the share of the window's scrapes in which the job held the GPU, over the sum of
+      those of every job that held it (N jobs at once: 1/N each), as the accounting's ``_share``: the GPUs of each
+      job, for a reader; each rule below computes the share itself (a rule that read this record could read a job's
+      share after it ended where the record has no staleness marker, as in blocks backfilled by promtool, and would
+      need a backfill pass of its own);
+    - per (node, job) the window's growth of each counter times each GPU's share, summed over the job's GPUs of the
+      node: held (every state but free), busy, lost by cause (one rule a cause: the share and the causes are both
+      several series a GPU, which PromQL cannot match many-to-many), waiting on peers, joules drawn held idle. The
+      growth is the counter at the window's end minus at its start, or its value where it restarted or appeared
+      (``_increase``): consecutive windows tile time, so their sum telescopes to the counter's growth;
+    - effective seconds: w times the share of the samples (at USAGE_SAMPLE steps) with SM activity (util.gpu without
+      GPM) at least 0.5 (a share: Prometheus 2's ranges hold both ends, 3's only the last), times the GPU's share; peak-equivalent seconds: the window's mean FLOP utilization estimate times
+      w times the share;
+    - the diagnosis's scrapes by reason, given to the job with the largest share of each GPU (a GPU shared by jobs
+      gives them its reasons once: the verdict ranks reasons, it does not add them);
+    - USAGE_HEARTBEAT: the GPUs up per node (its cluster, instance and job), so a reader knows from when the records
+      exist for the nodes it selects.
+
+    Every per-job record but the effective seconds keeps only values above 0: a cause that did not occur writes no
+    sample; the effective seconds are written for every job whose GPUs report activity, 0 included."""
+    sel, c, w = values["selector"], values["cluster_by"], values["usage_interval"]
+    gpu = f"{c}instance, job, gpu, uuid"
+    window = f"[{w}] offset {USAGE_OFFSET}"
+
+    def grew(metric: str, extra: str = "") -> str:
+        now = f"{metric}{{{sel}{extra}}} offset {USAGE_OFFSET}"
+        before = f"{metric}{{{sel}{extra}}} offset {duration(seconds(w) + seconds(USAGE_OFFSET))}"
+        return f"sum by ({gpu}) ((({now} - {before}) >= 0) or ({now} + 0))"
+
+    presence = f"max by ({gpu}, job_id, job_scope, job_kind) (count_over_time(gpu_process_job_info{{{sel}}}{window}))"
+    share = f"({presence} / on ({gpu}) group_left () sum by ({gpu}) ({presence}))"
+
+    def per_job(value: str, above: str = " > 0") -> str:
+        return (f"sum by ({c}instance, job, job_id, job_scope, job_kind) ({share} * on ({gpu}) "
+                f"group_left () ({value})){above}")  # fmt: skip
+
+    rules = [(f"{USAGE_SHARE}{w}", share, {})]
+    rules.append((f"{USAGE['held']}{w}", per_job(grew("gpu_state_seconds_total", 'state!="free"')), {}))
+    rules.append((f"{USAGE['busy']}{w}", per_job(grew("gpu_state_seconds_total", 'state="busy"')), {}))
+    for cause in LOST_CAUSES:
+        rules.append((f"{USAGE['lost']}{w}", per_job(grew("gpu_idle_seconds_total", f'cause="{cause}"')),
+                      {"cause": cause}))  # fmt: skip
+    rules.append((f"{USAGE['peer_wait']}{w}", per_job(grew("gpu_peer_wait_seconds_total")), {}))
+    rules.append((f"{USAGE['held_idle_energy']}{w}", per_job(grew("gpu_held_idle_energy_joules_total")), {}))
+    activity = f"(gpu_sm_activity_ratio{{{sel}}} or gpu_utilization_ratio{{{sel}}})"
+    sampled = f"[{w}:{USAGE_SAMPLE}] offset {USAGE_OFFSET}"
+    effective = f"{seconds(w):g} * avg_over_time(({activity} >= bool 0.5){sampled})"
+    rules.append((f"{USAGE['effective']}{w}", per_job(effective, ""), {}))  # 0 too: the GPUs report activity
+    ofu = f"{seconds(w):g} * avg_over_time(gpu_flop_utilization_ratio{{{sel}}}{window})"
+    rules.append((f"{USAGE['peak_equivalent']}{w}", per_job(ofu), {}))
+    largest = f"topk by ({gpu}) (1, {share})"
+    scrapes = f"count_over_time(gpu_diagnosis{{{sel}}}{window})"
+    reasons = (f"sum by ({c}instance, job, job_id, job_scope, job_kind, reason) ({scrapes} * on ({gpu}) "
+               f"group_left (job_id, job_scope, job_kind) (0 * {largest} + 1))")  # fmt: skip
+    rules.append((f"{USAGE['reasons']}{w}", reasons, {}))
+    rules.append((USAGE_HEARTBEAT, f"count by ({c}instance, job) (gpu_up{{{sel}}})", {}))
+    out = []
+    for name, expr, labels in rules:
+        extra = "".join(f"\n        labels:\n          {k}: {v}" for k, v in labels.items())
+        out.append(f"      - record: {name}\n        expr: >\n          {expr}{extra}\n")
+    return "".join(out)
+
+
 def memory_leak(values: dict[str, str]) -> str:
     """The detectors of ``memory_leak_detectors`` as one expression, or-ed."""
     return "\n          or\n          ".join(f"(\n            {x}\n          )" for x in memory_leak_detectors(values))
@@ -232,6 +325,7 @@ def params(path: Path | None = None) -> dict[str, str]:
     out = {k: str(v) for k, v in values.items()}
     out["memory_leak"] = memory_leak(out)
     out["memory_window_records"] = memory_window_records(out)
+    out["usage_records"] = usage_records(out)
     known = out["selector"] + 'job_id!~"[?]/.*"'  # a process /proc does not know (exited: "?/?") names no job
     out["gpu_job_record"] = (
         GPU_JOB_RECORD.replace("SELKNOWN", known).replace("SEL", out["selector"]).replace("CLUSTER", out["cluster_by"])

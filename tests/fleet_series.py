@@ -26,6 +26,8 @@ JOBS = {
     "4343": ("cluster", "slurm", 0, "held_idle", "held_idle"),
     UNIT: ("node", "systemd", 5, "paused", "paused"),
 }
+#: job id -> the reason the daemon gives while it holds a GPU (gpu_diagnosis{reason} at 1).
+REASON = {SLUID: "input_starved", "4242": "launch_bound", "4343": "held_idle", UNIT: "paused"}
 STATES = ("busy", "starved", "paused", "held_idle", "free")
 CAUSES = ("input_cpu", "launch", "held_idle", "paused", "free")
 #: (cluster, instance) -> GPUs
@@ -110,6 +112,9 @@ class Fleet:
                         scope, kind, *_ = JOBS[job]
                         info = _key(gl, pid="4711", job_id=job, job_scope=scope, job_kind=kind, user="alice")
                         out[("gpu_process_job_info", info)].append((t, 1))
+                        out[("gpu_diagnosis", _key(gl, reason=REASON[job]))].append((t, 1))
+                    # a kernel ran in this share of the scrape interval (effective: at least half of it)
+                    out[("gpu_utilization_ratio", _key(gl))].append((t, grow_s.get("busy", 0) / SCRAPE))
         return out
 
     def openmetrics(self) -> str:

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -212,15 +212,33 @@ def prometheus(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subproce
 
 
 @contextmanager
-def backfilled_prometheus(prometheus_bin: str, promtool_bin: str, tmp: Path, series_om: str) -> Iterator[str]:
+def backfilled_prometheus(prometheus_bin: str, promtool_bin: str, tmp: Path, series_om: str,
+                          rule_passes: Sequence[tuple[Path, float, float]] = ()) -> Iterator[str]:  # fmt: skip
     """A real Prometheus over ``series_om`` (OpenMetrics text with timestamps, written to ``tmp``/series.om and turned
     into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics``), nothing scraped; yields its URL once ready
-    and stops it after. Raises AssertionError with promtool's error when the blocks cannot be made."""
+    and stops it after. Each of ``rule_passes`` (rules file, start, end: Unix seconds) is then backfilled in turn with
+    ``promtool tsdb create-blocks-from rules`` from the Prometheus holding what came before (a rule that reads another
+    rule's records needs a pass after it), its blocks added to the storage. Raises AssertionError with promtool's
+    error when the blocks cannot be made."""
     (tmp / "series.om").write_text(series_om)
     made = subprocess.run([promtool_bin, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "series.om"),
                            str(tmp / "tsdb")], capture_output=True, text=True, check=False)  # fmt: skip
     assert made.returncode == 0, made.stderr
-    server, url = prometheus(prometheus_bin, tmp, {"global": {"scrape_interval": "15s"}, "scrape_configs": []})
+    config = {"global": {"scrape_interval": "15s"}, "scrape_configs": []}
+    for n, (rules, start, end) in enumerate(rule_passes):
+        server, url = prometheus(prometheus_bin, tmp, config)
+        try:
+            wait_http(f"{url}/-/ready", proc=server)
+            out = tmp / f"rules-{n}"
+            made = subprocess.run([promtool_bin, "tsdb", "create-blocks-from", "rules", f"--url={url}",
+                                   f"--start={start:.0f}", f"--end={end:.0f}", f"--output-dir={out}", "--quiet",
+                                   str(rules)], capture_output=True, text=True, check=False, timeout=600)  # fmt: skip
+            assert made.returncode == 0, made.stderr
+        finally:
+            stop_all([server])
+        for block in out.iterdir():
+            block.rename(tmp / "tsdb" / block.name)
+    server, url = prometheus(prometheus_bin, tmp, config)
     try:
         wait_http(f"{url}/-/ready", proc=server)
         yield url

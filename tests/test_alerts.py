@@ -238,3 +238,22 @@ def test_the_runbook_routing_table_lists_every_alert_as_the_rules_and_routes_hav
         expected = "owners" if rule["labels"].get("notify") == "owner" else receiver[severity]
         assert recv == expected, name
         assert for_ == rule.get("for", "-") and keep == rule.get("keep_firing_for", "-"), name
+
+
+def test_the_usage_records_are_those_top_reads() -> None:
+    """``top --source recorded`` (gpuwarden.cluster.usage) reads the records alerts/generate.py writes, under the same
+    names at the shipped interval, one per lost cause."""
+    from gpuwarden.cluster import usage
+
+    gen = _generate()
+    interval = gen.params()["usage_interval"]  # type: ignore[attr-defined]
+    assert interval == usage.RECORDED_INTERVAL
+    assert gen.LOST_CAUSES == usage.LOST_CAUSES  # type: ignore[attr-defined]
+    assert {k: v + interval for k, v in gen.USAGE.items()} == usage.RECORDED  # type: ignore[attr-defined]
+    assert gen.USAGE_SHARE + interval == usage.RECORDED_SHARE  # type: ignore[attr-defined]
+    assert gen.USAGE_HEARTBEAT == usage.RECORDED_HEARTBEAT  # type: ignore[attr-defined]
+    assert gen.seconds(gen.USAGE_OFFSET) == usage.RECORDED_OFFSET  # type: ignore[attr-defined]
+    records = {r["record"] for r in rules() if "record" in r}
+    assert {*usage.RECORDED.values(), usage.RECORDED_SHARE, usage.RECORDED_HEARTBEAT} <= records
+    lost = [r for r in rules() if r.get("record") == usage.RECORDED["lost"]]
+    assert sorted(r["labels"]["cause"] for r in lost) == sorted(usage.LOST_CAUSES)

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from fleet_series import JOBS, SLUID, Fleet
+import yaml
+from fleet_series import JOBS, REASON, SCRAPE, SLUID, Fleet
 from helpers import REPO, backfilled_prometheus
 
 PROMETHEUS = shutil.which("prometheus")
@@ -33,7 +34,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("fleet")
     t0 = (int(time.time()) // 3600 - 5) * 3600  # hours old, well inside the default retention
     series = Fleet(t0, hours=3.5)
-    with backfilled_prometheus(PROMETHEUS, PROMTOOL, tmp, series.openmetrics()) as url:
+    # the usage records as the shipped rules make them (gpuwarden.usage), backfilled over the series
+    [group] = [g for g in yaml.safe_load((REPO / "alerts" / "gpuwarden.rules.yml").read_text())["groups"]
+               if g["name"] == "gpuwarden.usage"]  # fmt: skip
+    (tmp / "usage.rules.yml").write_text(yaml.safe_dump({"groups": [group]}))
+    passes = [(tmp / "usage.rules.yml", t0, t0 + 3.5 * 3600)]
+    with backfilled_prometheus(PROMETHEUS, PROMTOOL, tmp, series.openmetrics(), passes) as url:
         at = t0 + 15 * 60 + RANGE_S + 7.3  # the range's end: on no step's multiple, between two scrapes
         yield {"url": url, "at": at, "truth": series.truth(at - RANGE_S, at)}
 
@@ -59,7 +65,7 @@ def hand(url: str, expr: str, at: float) -> float:
 
 @pytest.fixture(scope="module")
 def tops(fleet: dict) -> dict[str, dict]:
-    common = ["--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"])]
+    common = ["--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]), "--source", "raw"]
     return {step: gw("top", *common, "--step", step, "--limit", "1") for step in STEPS}
 
 
@@ -122,3 +128,44 @@ def test_report_of_a_job_that_handed_its_gpu_over_mid_step(fleet: dict) -> None:
                  "--step", step)  # fmt: skip
         assert doc["held_gpu_hours"] == pytest.approx(_hours(truth, *HELD), rel=0.01), step
         assert doc["busy_gpu_hours"] == pytest.approx(_hours(truth, "busy"), rel=0.01), step
+
+
+def test_top_from_the_usage_records_is_within_1_percent_of_the_counters(fleet: dict) -> None:
+    """Over a range past an hour ``top`` reads the usage records (the rules' gpuwarden.usage group, backfilled by
+    promtool as Prometheus makes them): every job's and GPU's held, busy and lost hours within 1% of what the counters
+    grew, one id in two clusters two jobs, the GPUs each job held."""
+    doc = gw("top", "--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]), "--limit", "1")
+    assert doc["source"] == "recorded"
+    truth = fleet["truth"]
+    jobs = {(j["job_id"], j["instance"], j["cluster"]["cluster"]): j for j in doc["jobs"]}
+    assert set(jobs) == set(truth.job_states)
+    for key, states in truth.job_states.items():
+        j = jobs[key]
+        held = _hours(states, *HELD)
+        # within 1%, or a record interval (a minute) a GPU at each end of the range where the job held it across
+        edges = 2 * len(j["gpus"]) / 60
+        assert j["held_gpu_hours"] == pytest.approx(held, rel=0.01, abs=edges), key
+        assert j["busy_gpu_hours"] == pytest.approx(_hours(states, "busy"), rel=0.01, abs=edges), key
+        for cause in {c for *_, c in JOBS.values()}:
+            got = j["lost_gpu_hours_by_cause"][cause]
+            assert got == pytest.approx(_hours(truth.job_causes[key], cause), rel=0.01, abs=edges), (key, cause)
+        # the main reason; a GPU changing hands gives its minute's reasons to the job that held it most of it
+        assert j["verdict"][0] == REASON[key[0]], key
+        # effective: the scrapes with util.gpu >= 0.5, 15 s each, while the job held the GPU
+        effective = j["held_gpu_hours"] if JOBS[key[0]][2] >= SCRAPE / 2 else 0.0
+        assert j["effective_gpu_hours"] == pytest.approx(effective, rel=0.01, abs=0.01 * held), key
+    held = [sum(_hours(s, *HELD) for s in truth.job_states.values()), sum(j["held_gpu_hours"] for j in doc["jobs"])]
+    assert held[1] == pytest.approx(held[0], rel=0.01)  # the fleet's
+    assert len(jobs[(SLUID, None, "alpha")]["gpus"]) == 2 and len(jobs[(SLUID, None, "beta")]["gpus"]) == 1
+    gpus = {(g["cluster"]["cluster"], g["instance"], g["gpu"]): g for g in doc["gpus"]}
+    assert set(gpus) == set(truth.gpu_states)
+    for key, states in truth.gpu_states.items():
+        held = _hours(states, *HELD) + _hours(truth.gpu_causes[key], "free")
+        assert gpus[key]["held_gpu_hours"] == pytest.approx(_hours(states, *HELD), rel=0.01, abs=0.01 * held), key
+        assert gpus[key]["free_gpu_hours"] == pytest.approx(_hours(truth.gpu_causes[key], "free"), abs=0.01 * held)
+    raw = gw("top", "--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]), "--source", "raw")
+    assert raw["source"] == "raw"
+    asked = subprocess.run([sys.executable, "-m", "gpuwarden", "top", "--prometheus", fleet["url"], "--range", "3h",
+                            "--at", str(fleet["at"] + 30 * 86400), "--source", "recorded"], capture_output=True,
+                           text=True, cwd=REPO, timeout=120, check=False)  # fmt: skip
+    assert asked.returncode == 1 and "do not cover the last 3h" in asked.stderr and "--source raw" in asked.stderr

@@ -171,6 +171,30 @@ ATTRIBUTION_SECONDS = 15.0
 MAX_ATTRIBUTION_STEPS = 5760
 
 
+#: The usage records (alerts/gpuwarden.rules.yml, group gpuwarden.usage; alerts/generate.py names them) at their
+#: shipped interval, which ``recorded_jobs`` sums: a rule file generated with another ``usage_interval`` names them
+#: by it, and ``top --source raw`` does without them.
+RECORDED_INTERVAL = "1m"
+RECORDED = {
+    "held": "instance_job_id:gpu_held_seconds:increase",
+    "busy": "instance_job_id:gpu_busy_seconds:increase",
+    "lost": "instance_job_id:gpu_lost_seconds:increase",
+    "peer_wait": "instance_job_id:gpu_peer_wait_seconds:increase",
+    "held_idle_energy": "instance_job_id:gpu_held_idle_energy_joules:increase",
+    "effective": "instance_job_id:gpu_effective_seconds:sum",
+    "peak_equivalent": "instance_job_id:gpu_peak_equivalent_seconds:sum",
+    "reasons": "instance_job_id:gpu_diagnosis_scrapes:count",
+}
+RECORDED = {k: v + RECORDED_INTERVAL for k, v in RECORDED.items()}
+RECORDED_SHARE = "uuid_job_id:gpu_job_share:ratio" + RECORDED_INTERVAL
+RECORDED_HEARTBEAT = "instance:gpu_usage_recorded:count"
+#: The records cover a range when they exist within its first this many seconds.
+RECORDED_CHECK = 300
+#: Each record covers the interval that ended this many seconds before its evaluation (alerts/generate.py,
+#: USAGE_OFFSET: the scrapes of the interval are all written by then).
+RECORDED_OFFSET = 15
+
+
 def default_attribution(range_s: float) -> float:
     """The attribution step for a range of ``range_s`` seconds when none is given: ATTRIBUTION_SECONDS, or
     range / MAX_ATTRIBUTION_STEPS (whole seconds) past a day, so that a week costs no more than a day does (its job
@@ -365,6 +389,91 @@ class Accounting:
                 if s.value > 0:
                     u = out[self._job_key(s.labels)]
                     u.reasons[reason] = u.reasons.get(reason, 0.0) + s.value
+        self._price(out.values())
+        return dict(out)
+
+    def recorded(self) -> bool:
+        """Whether the usage records (alerts/gpuwarden.rules.yml, group gpuwarden.usage) cover the range for the
+        selected nodes: a RECORDED_HEARTBEAT sample within the range's first RECORDED_CHECK seconds."""
+        if self._range_ms < 2 * RECORDED_CHECK * 1000:
+            return False
+        beat = self.metric(RECORDED_HEARTBEAT)
+        start = self._range_ms // 1000 - RECORDED_CHECK
+        return bool(self.prom.query(f"count(count_over_time({beat}[{RECORDED_CHECK}s] offset {start}s))", self.at))
+
+    def recorded_jobs(self) -> dict[JobKey, Usage]:
+        """``jobs()`` from the usage records (``recorded`` says whether they cover the range): every job that held a
+        GPU in the range, each figure the sum over the range of the records of its nodes, one sample a node and
+        record interval (what the records are: alerts/generate.py, usage_records). Within about 1% of ``jobs()``
+        over hours: the records cover whole intervals (1 minute), so the range's ends are those of the intervals
+        nearest them (a GPU held across an end counts up to an interval more or less there), a GPU that changed
+        hands within an interval is split by its scrapes there, an evaluation Prometheus missed is a gap, and the
+        reasons are GPU-scrapes (``jobs()``: GPU-steps), which only rank them."""
+        c = self._c
+        window = f"[{self._range_ms}ms]"
+        by = f"{c}instance, job_id, job_scope, job_kind"
+        out: dict[JobKey, Usage] = defaultdict(Usage)
+
+        def summed(name: str, extra: str = "") -> list[Sample]:
+            # each record covers the interval that ended RECORDED_OFFSET before its evaluation: read them that
+            # much later, so that they cover the range
+            q = f"sum by ({by}{extra}) (sum_over_time({self.metric(name)}{window} offset -{RECORDED_OFFSET}s))"
+            return self.samples(q, "instance", "job_id")
+
+        for s in summed(RECORDED["held"]):
+            u = out[self._job_key(s.labels)]
+            u.held_hours += s.value / 3600
+            u.instances.add(s.labels["instance"])
+            u.cluster = self.cluster_of(s.labels)
+            u.kind = s.labels.get("job_kind", u.kind)
+        share = f"last_over_time({self.metric(RECORDED_SHARE)}{window})"
+        for s in self.samples(f"group by ({c}instance, gpu, job_id, job_scope, job_kind) ({share})", *_GPU_JOB):
+            if self._job_key(s.labels) in out:
+                out[self._job_key(s.labels)].gpus.add((s.labels["instance"], s.labels["gpu"]))
+        fields = (("busy", "busy_hours", 3600), ("peer_wait", "peer_wait_hours", 3600),
+                  ("held_idle_energy", "held_idle_energy_joules", 1), ("effective", "effective_hours", 3600),
+                  ("peak_equivalent", "peak_equivalent_hours", 3600))  # fmt: skip
+        for record, attr, unit in fields:
+            for s in summed(RECORDED[record]):
+                if (job := out.get(self._job_key(s.labels))) is not None:
+                    setattr(job, attr, (getattr(job, attr) or 0.0) + s.value / unit)
+        for s in summed(RECORDED["lost"], ", cause"):
+            if (job := out.get(self._job_key(s.labels))) is not None and s.labels.get("cause") in job.lost_hours:
+                job.lost_hours[s.labels["cause"]] += s.value / 3600
+        for s in summed(RECORDED["reasons"], ", reason"):
+            if (job := out.get(self._job_key(s.labels))) is not None and s.labels.get("reason"):
+                job.reasons[s.labels["reason"]] = job.reasons.get(s.labels["reason"], 0.0) + s.value
+        self._price(out.values())
+        return dict(out)
+
+    def gpus_over_range(self) -> dict[GpuKey, Usage]:
+        """``gpus()`` read with ``increase()`` over the whole range (one window a series, no steps): what ``top``
+        reads where the usage records cover a long range. Within about 1% of ``gpus()`` over hours (``increase``
+        extrapolates to the range's ends, by up to a scrape interval at each); the reasons are the scrapes each
+        reason held (``gpus()``: steps)."""
+        out: dict[GpuKey, Usage] = defaultdict(Usage)
+        c = self._c
+        window = f"[{self._range_ms}ms]"
+        q = f"sum by ({c}instance, gpu, cause) (increase({self.metric('gpu_idle_seconds_total')}{window}))"
+        for s in self.samples(q, "instance", "gpu", "cause"):
+            u = out[self.gpu_key(s.labels)]
+            if s.labels["cause"] == "free":
+                u.free_hours += s.value / 3600
+            elif s.labels["cause"] in u.lost_hours:
+                u.lost_hours[s.labels["cause"]] += s.value / 3600
+        for state, attr in (('state="busy"', "busy_hours"), ('state!="free"', "held_hours")):
+            grew = f"increase({self.metric('gpu_state_seconds_total', state)}{window})"
+            for s in self.samples(f"sum by ({c}instance, gpu) ({grew})", "instance", "gpu"):
+                u = out[self.gpu_key(s.labels)]
+                setattr(u, attr, getattr(u, attr) + s.value / 3600)
+        q = f"sum by ({c}instance, gpu, reason) (count_over_time({self.metric('gpu_diagnosis')}{window}))"
+        for s in self.samples(q, "instance", "gpu", "reason"):
+            if self.gpu_key(s.labels) in out:
+                out[self.gpu_key(s.labels)].reasons[s.labels["reason"]] = s.value
+        for (cluster, inst, gpu), u in out.items():
+            u.cluster = cluster
+            u.instances.add(inst)
+            u.gpus.add((inst, gpu))
         self._price(out.values())
         return dict(out)
 

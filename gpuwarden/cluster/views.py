@@ -145,13 +145,30 @@ def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T]
         return None
 
 
+#: Past this range ``top --source auto`` reads the usage records where they cover it.
+RECORDED_FROM_SECONDS = 3600
+
+
+def _top(acc: Accounting, source: str) -> tuple[dict[JobKey, Usage], dict[GpuKey, Usage], Names, Accounting, str]:
+    """The jobs, GPUs and node names of ``top`` from ``source`` (auto, recorded, raw), and the source used; raises
+    ValueError when the records were asked for and do not cover the range."""
+    if source == "auto":
+        source = "recorded" if seconds(acc.range) > RECORDED_FROM_SECONDS and acc.recorded() else "raw"
+    elif source == "recorded" and not acc.recorded():
+        raise ValueError(f"the usage records (rule group gpuwarden.usage) do not cover the last {acc.range} of the "
+                         "selected nodes: load alerts/gpuwarden.rules.yml, or use --source raw")  # fmt: skip
+    if source == "recorded":
+        return acc.recorded_jobs(), acc.gpus_over_range(), acc.node_names(), acc, source
+    return acc.jobs(), acc.gpus(), acc.node_names(), acc, source
+
+
 def top(args: argparse.Namespace) -> int:
     """``gpuwarden top``: print the jobs and GPUs that lost the most GPU-hours (every one of them with ``--json``, the
     first ``--limit`` in the tables); exit 1 with one line on errors."""
-    got = _ask(args, "top", lambda acc: (acc.jobs(), acc.gpus(), acc.node_names(), acc))
+    got = _ask(args, "top", lambda acc: _top(acc, getattr(args, "source", "raw")))
     if got is None:
         return 1
-    jobs, gpus, names, acc = got
+    jobs, gpus, names, acc, source = got
     ranked_jobs = sorted(jobs.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))
     ranked_gpus = sorted(gpus.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))
     if args.json:
@@ -160,6 +177,7 @@ def top(args: argparse.Namespace) -> int:
             "range": args.range,
             "step": args.step,
             "evaluated_at": acc.at,
+            "source": source,
             "jobs": [
                 {"job_id": k.job_id, "instance": k.instance, "job_kind": u.kind, **_usage_json(u, acc.cluster_labels)}
                 for k, u in ranked_jobs
