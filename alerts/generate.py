@@ -156,8 +156,8 @@ def usage_records(values: dict[str, str]) -> str:
       growth is the counter at the window's end minus at its start, or its value where it restarted or appeared
       (``_increase``): consecutive windows tile time, so their sum telescopes to the counter's growth;
     - effective seconds: w times the share of the samples (at USAGE_SAMPLE steps) with SM activity (util.gpu without
-      GPM) at least 0.5 (a share: Prometheus 2's ranges hold both ends, 3's only the last), times the GPU's share; peak-equivalent seconds: the window's mean FLOP utilization estimate times
-      w times the share;
+      GPM) at least 0.5 (a share: Prometheus 2's ranges hold both ends, 3's only the last), times the GPU's share;
+      peak-equivalent seconds: the window's mean FLOP utilization estimate times w times the GPU's share;
     - the diagnosis's scrapes by reason, given to the job with the largest share of each GPU (a GPU shared by jobs
       gives them its reasons once: the verdict ranks reasons, it does not add them);
     - USAGE_HEARTBEAT: the GPUs up per node (its cluster, instance and job), so a reader knows from when the records
