@@ -81,10 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     setup("warning")  # serve sets its configured level and format once it has read them
     try:
         parser = build_parser(chosen if chosen in COMMANDS else None)
-        args, extra = parser.parse_known_args(argv)  # --version prints here
-        if extra:  # said by the subcommand's parser: its usage, not the top level's
-            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
-            sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        try:
+            args, extra = parser.parse_known_args(argv)  # --version prints here
+            if extra:  # said by the subcommand's parser: its usage, not the top level's
+                sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+                sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        except SystemExit as exc:
+            if chosen == "check" and exc.code == 2:  # argparse's usage error: not the CRITICAL a prolog drains for
+                from gpuwarden.commands.check import EXIT_USAGE
+
+                return EXIT_USAGE
+            raise
         return int(args.run(args))
     except KeyboardInterrupt:
         return 130

@@ -130,7 +130,22 @@ def test_without_a_driver_it_is_one_line_and_exit_3(capsys: pytest.CaptureFixtur
 @pytest.mark.parametrize(
     ("argv", "needle"), [(["--gpus", "0,x"], "'x' is not a GPU index"), (["--poll", "999"], "no such poll")]
 )
-def test_bad_flags_are_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli(["--replay", str(TRACES / "h100-idle.jsonl.gz"), *argv]) == 2
+def test_bad_flags_are_one_line_and_exit_64_not_critical(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(["--replay", str(TRACES / "h100-idle.jsonl.gz"), *argv]) == 64
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["--strcit"], ["--format", "yaml"], ["--gpus"]])
+def test_a_typo_in_the_command_line_exits_64_not_2_so_a_prolog_drains_no_node_over_it(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwarden.cli import main
+
+    assert main(["check", "--replay", str(TRACES / "h100-idle.jsonl.gz"), *argv]) == 64
+    assert "usage: gpuwarden check" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # other commands keep argparse's 2
+        main(["top", "--no-such-flag"])
+    assert exited.value.code == 2

@@ -2,7 +2,8 @@
 
 One NVML read of every GPU (no daemon needed), judged by ``gpuwarden.readiness``: PASS, WARN or CRITICAL per GPU
 with the reason and the next action. Exit codes (Nagios's): 0 every GPU PASS or WARN, 1 a WARN with ``--strict``,
-2 a CRITICAL GPU (or bad flags), 3 the GPUs could not be read at all (no driver, NVML failed).
+2 a CRITICAL GPU, 3 the GPUs could not be read at all (no driver, NVML failed); 64 bad flags (sysexits.h's
+EX_USAGE: a prolog tells a typo in its own command line from a bad GPU, and drains no node over it).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from gpuwarden.commands import COMMANDS, EXIT_USAGE, Subparsers, die
+from gpuwarden.commands import COMMANDS, Subparsers, die
 
 if TYPE_CHECKING:
     from gpuwarden.model import NodeStatic, PollResult
     from gpuwarden.readiness import GpuCheck
 
 EXIT_WARN, EXIT_CRITICAL, EXIT_UNKNOWN = 1, 2, 3
+#: Bad flags (sysexits.h's EX_USAGE), apart from CRITICAL: gpuwarden.cli maps check's argparse errors to it.
+EXIT_USAGE = 64
 
 
 def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:

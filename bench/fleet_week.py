@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""What ``gpuwarden top`` costs over a day and a week of a fleet, read from the usage records (the rule group
+gpuwarden.usage) and from every GPU's raw series, on a real Prometheus.
+
+    python3 bench/fleet_week.py [--gpus 1024] [--days 1] [--job-hours 4] [--raw]
+
+It writes ``--days`` of a synthetic fleet of ``--gpus`` GPUs on 8-GPU nodes ending now, as OpenMetrics, and backfills
+it with ``promtool tsdb create-blocks-from openmetrics``: each node runs one job after another, ``--job-hours``
+each (a Slurm job on all 8 GPUs); the GPU series ``top``'s GPU table reads at 15 s scrapes (busy and starved seconds,
+input-idle seconds, the diagnosis), the node's name and price; and the usage records as the rules write them, once a
+minute (per job and node: held, busy, lost by cause, effective, at peak, the diagnosis's scrapes; per GPU and job its
+share; per node the heartbeat) and each process's job (gpu_process_job_info, at the scrapes), with the values a job
+busy 2/3 of the time and input-starved the rest would give.
+Then it times ``gpuwarden top --source recorded`` over a day and, with ``--days`` 7 or more, a week (and ``--raw``: the
+raw accounting over a day, which reads every GPU's series at every scrape). Prints figures; asserts nothing. Needs
+prometheus and promtool on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gpuwarden.cluster.usage import RECORDED, RECORDED_HEARTBEAT, RECORDED_SHARE  # noqa: E402
+
+SCRAPE = 15
+MINUTE = 60
+
+
+def _write(path: Path, gpus: int, days: float, job_hours: float, end: int) -> int:
+    """The fleet's series as OpenMetrics at ``path``; returns the sample count."""
+    start = end - int(days * 86400)
+    scrapes = range(start - start % SCRAPE, end + 1, SCRAPE)
+    minutes = range(start - start % MINUTE + MINUTE, end + 1, MINUTE)
+    job_s = int(job_hours * 3600)
+    n = 0
+    with path.open("w") as f:
+        for node in range(-(-gpus // 8)):
+            inst = f'instance="node-{node}:10400",job="gpuwarden"'
+            f.writelines(f'gpu_devices{{{inst},nodename="node-{node}"}} 8 {t}\n' for t in scrapes)
+            f.writelines(f'gpuwarden_gpu_hour_price{{{inst},currency="USD"}} 2 {t}\n' for t in scrapes)
+            f.writelines(f"{RECORDED_HEARTBEAT}{{{inst}}} 8 {t}\n" for t in minutes)
+            n += 2 * len(scrapes) + len(minutes)
+            for g in range(8):
+                gl = f'{inst},gpu="{g}",uuid="GPU-{node * 8 + g:08d}"'
+                for state, per in (("busy", 10), ("starved", 5)):
+                    f.writelines(f'gpu_state_seconds_total{{{gl},state="{state}"}} {per * k} {t}\n'
+                                 for k, t in enumerate(scrapes))  # fmt: skip
+                idle = f'gpu_idle_seconds_total{{{gl},cause="input"}}'
+                f.writelines(f"{idle} {5 * k} {t}\n" for k, t in enumerate(scrapes))
+                f.writelines(f'gpu_diagnosis{{{gl},reason="input_starved"}} 1 {t}\n' for t in scrapes)
+                n += 4 * len(scrapes)
+            # one job after another on the node: its records while it runs
+            for first in range(start - start % job_s, end, job_s):
+                ts = [t for t in minutes if first <= t < first + job_s]
+                if not ts:
+                    continue
+                job = f'{inst},job_id="{node}-{first}",job_kind="slurm",job_scope="cluster"'
+                for record, value, extra in ((RECORDED["held"], 480, ""), (RECORDED["busy"], 320, ""),
+                                             (RECORDED["lost"], 160, ',cause="input"'),
+                                             (RECORDED["effective"], 480, ""), (RECORDED["peak_equivalent"], 240, ""),
+                                             (RECORDED["reasons"], 40, ',reason="input_starved"')):  # fmt: skip
+                    f.writelines(f"{record}{{{job}{extra}}} {value} {t}\n" for t in ts)
+                    n += len(ts)
+                held = [t for t in scrapes if first <= t < first + job_s]
+                for g in range(8):
+                    share = f'{job},gpu="{g}",uuid="GPU-{node * 8 + g:08d}"'
+                    f.writelines(f"{RECORDED_SHARE}{{{share}}} 1 {t}\n" for t in ts)
+                    info = f'{share},pid="{1000 + g}",user="alice"'
+                    f.writelines(f"gpu_process_job_info{{{info}}} 1 {t}\n" for t in held)
+                    n += len(ts) + len(held)
+        f.write("# EOF\n")
+    return n
+
+
+def _ready(url: str, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("Prometheus did not come up")
+
+
+def _timed(cmd: list[str]) -> str:
+    """Wall seconds of ``cmd``, or why it failed."""
+    t = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    wall = time.monotonic() - t
+    return f"{wall:7.1f} s" if done.returncode == 0 else f"{wall:7.1f} s, exit {done.returncode}: " + (
+        done.stderr.strip().splitlines() or ["?"])[-1][:100]  # fmt: skip
+
+
+def main() -> int:
+    """Backfill, start Prometheus, time ``top``; print the figures."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, default=1024)
+    ap.add_argument("--days", type=float, default=1.0)
+    ap.add_argument("--job-hours", type=float, default=4.0)
+    ap.add_argument("--raw", action="store_true", help="also time the raw accounting over a day")
+    args = ap.parse_args()
+    prom, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if not prom or not promtool:
+        print("fleet_week: prometheus and promtool must be on PATH", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as d:
+        work = Path(d)
+        end = int(time.time()) - 60
+        t = time.monotonic()
+        samples = _write(work / "in.om", args.gpus, args.days, args.job_hours, end)
+        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(work / "in.om"), str(work / "tsdb")],
+                       check=True, capture_output=True)  # fmt: skip
+        (work / "in.om").unlink()
+        print(f"{args.gpus} GPUs x {args.days:g} days, jobs of {args.job_hours:g} h: {samples:,} samples backfilled in "
+              f"{time.monotonic() - t:.0f} s")  # fmt: skip
+        (work / "prometheus.yml").write_text("global: {}\n")
+        port = 19900 + os.getpid() % 90
+        url = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen([prom, f"--config.file={work / 'prometheus.yml'}",
+                                   f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+                                   "--storage.tsdb.retention.time=30d", "--query.timeout=20m"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            _ready(url)
+            gw = [sys.executable, "-m", "gpuwarden", "top", "--prometheus", url, "--timeout", "1200", "--json",
+                  "--at", str(end)]  # fmt: skip
+            ranges = ["1d"] + (["7d"] if args.days >= 7 else [])
+            for rng in ranges:
+                took = _timed([*gw, "--range", rng, "--source", "recorded"])
+                print(f"  top --range {rng} --source recorded   {took}")
+            if args.raw:
+                print(f"  top --range 1d --source raw        {_timed([*gw, '--range', '1d', '--source', 'raw'])}")
+        finally:
+            server.terminate()
+            server.wait(60)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
