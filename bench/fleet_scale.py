@@ -2,12 +2,12 @@
 """What a fleet of N GPUs costs a real Prometheus with gpuwarden's rules, and how long ``top`` and ``report`` take
 against it, for the tree and for a git revision side by side.
 
-    python3 bench/fleet_scale.py [--gpus 512] [--hours 2] [--rev bc5f485] [--seconds 120] [--families rules|all]
+    python3 bench/fleet_scale.py [--gpus 512] [--hours 2] [--rev bc5f485 ...] [--seconds 120] [--families rules|all]
 
-For each tree (the working tree, then ``--rev`` checked out in a temporary worktree) it takes that tree's exposition
-of a real H100 recording (tests/data/golden/h100-compute_bound.prom: 40 polls of a compute-bound job, as the daemon of
-that tree exports it), repeats its GPU across ``--gpus`` GPUs on 8-GPU nodes (instance, gpu, uuid, pid and the job
-made distinct: one Slurm job a node), writes ``--hours`` of it at 15 s scrapes ending now (gauges constant, counters
+For each tree (the working tree, then each ``--rev`` checked out in a temporary worktree) it takes that tree's
+exposition of a real H100 recording (tests/data/golden/h100-compute_bound.prom: 40 polls of a compute-bound job, as the
+daemon of that tree exports it), repeats its GPU across ``--gpus`` GPUs on 8-GPU nodes (instance, gpu, uuid, pid and the
+job made distinct: one Slurm job a node), writes ``--hours`` of it at 15 s scrapes ending now (gauges constant, counters
 growing 15 s a scrape) as OpenMetrics, backfills it with ``promtool tsdb create-blocks-from openmetrics``, and runs
 Prometheus over it with that tree's alerts/gpuwarden.rules.yml at a 15 s evaluation interval. It prints:
 
@@ -113,10 +113,11 @@ def _ready(url: str, seconds: float = 120) -> None:
     raise RuntimeError("Prometheus did not come up")
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> str:
-    """Wall seconds of ``cmd``, or why it failed."""
+def _timed(cmd: list[str], env: dict[str, str], cwd: Path) -> str:
+    """Wall seconds of ``cmd`` run in ``cwd`` (``python -m`` imports the package of its working directory first), or
+    why it failed."""
     t = time.monotonic()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=cwd)
     wall = time.monotonic() - t
     return f"{wall:6.1f} s" if done.returncode == 0 else f"{wall:6.1f} s, exit {done.returncode}: " + (
         done.stderr.strip().splitlines() or ["?"])[-1][:100]  # fmt: skip
@@ -170,8 +171,8 @@ def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None
         gw = [sys.executable, "-m", "gpuwarden"]
         asked = ("--prometheus", url, "--timeout", "600")
         for rng in ("15m", "1h"):
-            top = _timed([*gw, "top", *asked, "--range", rng], env)
-            report = _timed([*gw, "report", "--job", "100000", *asked, "--range", rng], env)
+            top = _timed([*gw, "top", *asked, "--range", rng], env, tree)
+            report = _timed([*gw, "report", "--job", "100000", *asked, "--range", rng], env, tree)
             print(f"  top --range {rng:4}               {top}")
             print(f"  report --job 100000 --range {rng:4} {report}")
     finally:
@@ -184,7 +185,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=512)
     ap.add_argument("--hours", type=float, default=2.0)
-    ap.add_argument("--rev", default="", help="a git revision to measure beside the working tree")
+    ap.add_argument("--rev", action="append", default=[], help="a git revision to measure beside the working tree "
+                    "(repeatable)")  # fmt: skip
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--families", choices=("rules", "all"), default="rules")
     args = ap.parse_args()
@@ -194,12 +196,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         measure(REPO, "working tree", args, tmp)
-        if args.rev:
-            other = tmp / "rev"
-            subprocess.run(["git", "worktree", "add", "--detach", str(other), args.rev], cwd=REPO, check=True,
+        for rev in args.rev:
+            other = tmp / f"rev-{rev}"
+            subprocess.run(["git", "worktree", "add", "--detach", str(other), rev], cwd=REPO, check=True,
                            capture_output=True)  # fmt: skip
             try:
-                measure(other, args.rev, args, tmp)
+                measure(other, rev, args, tmp)
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=REPO, capture_output=True)
     return 0

@@ -87,7 +87,9 @@ def test_a_missing_policy_file_is_one_line(tmp_path: Path, capsys: pytest.Captur
 def test_the_defaults_are_safe() -> None:
     policy = Policy.model_validate(POLICY)
     assert policy.dry_run is True
-    assert policy.reclaimable_causes == ["held_idle", "paused"]
+    # paused (idle within seconds of GPU work) is how a server waiting for requests reads: not climbed by default
+    assert policy.reclaimable_causes == ["held_idle"] and policy.climbing_verdicts == ["held_idle"]
+    assert "job_paused" in policy.blocking_verdicts()
     assert {"input_starved", "launch_bound", "waiting_on_peers", "checkpoint_bound", "starting"} <= (
         policy.blocking_verdicts()
     )
@@ -272,6 +274,27 @@ def test_the_example_policy_loads_and_runs_dry() -> None:
     policy = load_policy(Path(__file__).parent.parent / "deploy" / "reclaim-policy.example.yml")
     assert policy.dry_run and [s.name for s in policy.steps] == ["notify", "warn", "reclaim"]
     assert policy.steps[2].command == ["scontrol", "requeue", "{slurm_job_id}"]
+    assert policy.selector == "" and policy.job_selector == 'job_kind="slurm"'
+
+
+@pytest.mark.parametrize("selector", ['job_kind="slurm"', 'cluster="a",user=~"al.*"', 'namespace!="ml"'])
+def test_a_job_label_in_the_selector_is_refused_with_where_it_goes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], selector: str
+) -> None:
+    """The selector matches every series the ladder reads; the GPU counters carry no job label, so a job label there
+    would select no GPU time and nothing would ever climb: refused, in the file and on the command line."""
+    policy = tmp_path / "p.yml"
+    policy.write_text(f"selector: '{selector}'\nsteps: [{{name: notify, after: 5m}}]\n")
+    assert main(["reclaim", "--policy", str(policy), "--prometheus", "http://127.0.0.1:9", "--report"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "put it in job_selector" in err
+    policy.write_text("steps: [{name: notify, after: 5m}]\n")
+    argv = ["reclaim", "--policy", str(policy), "--prometheus", "http://127.0.0.1:9", "--report"]
+    assert main([*argv, "--selector", selector]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "put it in job_selector" in err and "selector" in err
+    policy.write_text('selector: \'cluster="job_kind=x"\'\nsteps: [{name: notify, after: 5m}]\n')  # a value
+    assert load_policy(policy).selector == 'cluster="job_kind=x"'
 
 
 def test_the_controller_logs_counts_and_serves_each_decision(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,7 +1,8 @@
-"""The reclaim ladder on a real Prometheus over recordings: 45 minutes of three nodes' real exposition (each a
-recorded H100 trace replayed through the poller, analyzer and collectors in recorded time, tests/backfill.py),
-backfilled with promtool. node-a's job holds 60 GB and runs nothing (h100-held_idle), node-b's is starved by its data
-loader (h100-starved_dataloader), node-c's runs bf16 products (h100-compute_bound). The held-idle job climbs to
+"""The reclaim ladder on a real Prometheus over recordings: 45 minutes of three nodes' real exposition (each a recorded
+H100 trace replayed through the poller, analyzer and collectors in recorded time, tests/backfill.py), backfilled with
+promtool. node-a's job holds 60 GB and runs nothing (h100-held_idle), node-b's is starved by its data loader
+(h100-starved_dataloader), node-c's runs bf16 products (h100-compute_bound); node-a's and node-b's jobs are labelled
+Slurm jobs (the recordings' are plain processes: the label is changed, the samples are not). The held-idle job climbs to
 reclaim in the dry-run report, one step at a time; the starved and the busy ones never appear. The controller with
 actions on runs the first step's command once, for the held-idle job only."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,8 +54,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     start = end - MINUTES * 60
     series = [replayed(trace(name), {"instance": inst, "job": "gpuwarden"}, start, MINUTES * 60)
               for inst, name in NODES.items()]  # fmt: skip
+    # node-a's and node-b's jobs as Slurm jobs (the recordings' are plain processes): what the example policy selects
+    series = [{(name, _as_slurm(labels) if inst != "node-c:10400" else labels): points
+               for (name, labels), points in s.items()} for inst, s in zip(NODES, series, strict=True)]  # fmt: skip
     with backfilled_prometheus(PROMETHEUS, PROMTOOL, tmp, openmetrics(*series)) as url:
         yield {"url": url, "end": end, "tmp": tmp}
+
+
+def _as_slurm(labels: str) -> str:
+    """A series' label text with its job's kind set to slurm."""
+    return re.sub(r'job_kind="[^"]*"', 'job_kind="slurm"', labels)
 
 
 def _policy(tmp: Path, dry_run: bool) -> tuple[Path, Path]:
@@ -108,3 +118,16 @@ def test_the_controller_runs_the_first_step_once_for_the_held_idle_job_only(stac
     assert len(ran) == 1 and ran[0].endswith(" node-a:10400"), ran
     assert "step notify:" in res.stderr and "outcome=ran" in res.stderr, res.stderr
     assert "node-b" not in res.stderr and "node-c" not in res.stderr
+
+
+def test_the_shipped_example_policy_climbs_the_held_idle_slurm_job_only(stack: dict) -> None:
+    """deploy/reclaim-policy.example.yml as shipped (Slurm jobs, held_idle): the held-idle Slurm job climbs to its
+    reclaim step in the dry-run report; the starved Slurm job and the busy plain process never appear."""
+    example = REPO / "deploy" / "reclaim-policy.example.yml"
+    res = gw("reclaim", "--policy", str(example), "--prometheus", stack["url"], "--report", "--json",
+             "--range", "40m", "--at", f"{stack['end']:.3f}")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)["decisions"]
+    assert {r["instance"] for r in rows} == {"node-a:10400"}, rows
+    assert [r["step"] for r in rows] == ["notify"]  # 30 minutes idle; warn comes at an hour
+    assert rows[0]["job_kind"] == "slurm" and "held_idle" in rows[0]["reasons"]

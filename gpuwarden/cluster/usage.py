@@ -477,30 +477,32 @@ class Accounting:
         self._price(out.values())
         return dict(out)
 
-    def idle_facts(self, reclaimable: tuple[str, ...]) -> dict[JobKey, IdleFacts]:
+    def idle_facts(self, reclaimable: tuple[str, ...], job_filter: str = "") -> dict[JobKey, IdleFacts]:
         """What the reclaim ladder (gpuwarden.reclaim) asks of each job over the range: the seconds it held its GPUs
         (every state but free, while it held them), how many of those went to the ``reclaimable`` idle causes (e.g.
         held_idle, paused), the GPUs, the reasons the daemons gave for them, and the job's names from gpu_job_info
-        at the range's end (namespace, pod, slurm_job_id, where a daemon knew them)."""
+        at the range's end (namespace, pod, slurm_job_id, where a daemon knew them). ``job_filter``: label matchers
+        of the jobs asked about, on their gpu_process_job_info series (e.g. ``job_kind="slurm"``)."""
         if self._fine is not self:
             self._fine._reasons = self._gpu_reasons()
-            return self._fine.idle_facts(reclaimable)
+            return self._fine.idle_facts(reclaimable, job_filter)
+        jf = job_filter.strip().strip(",")
         out: dict[JobKey, IdleFacts] = {}
         held = self._gpu_increase("gpu_state_seconds_total", 'state!="free"')
-        for s in self.samples(self._per_job(held, by="instance, gpu, job_id, job_scope, job_kind"), *_GPU_JOB):
+        for s in self.samples(self._per_job(held, jf, by="instance, gpu, job_id, job_scope, job_kind"), *_GPU_JOB):
             f = out.setdefault(self._job_key(s.labels), IdleFacts(kind=s.labels.get("job_kind", "")))
             f.held_seconds += s.value
             f.gpus.add((s.labels["instance"], s.labels["gpu"]))
         if reclaimable:
             causes = "|".join(re.escape(c) for c in reclaimable)
             idle = self._gpu_increase("gpu_idle_seconds_total", f'cause=~"{causes}"')
-            for s in self.samples(self._per_job(idle), "job_id"):
+            for s in self.samples(self._per_job(idle, jf), "job_id"):
                 if self._job_key(s.labels) in out:
                     out[self._job_key(s.labels)].reclaimable_seconds += s.value
         seen = {r for reasons in self._gpu_reasons().values() for r in reasons}
         for reason in sorted(seen):
             flagged = f"{self._at_step('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
-            for s in self.samples(self._per_job(flagged), "job_id"):
+            for s in self.samples(self._per_job(flagged, jf), "job_id"):
                 if s.value > 0 and self._job_key(s.labels) in out:
                     out[self._job_key(s.labels)].reasons.add(reason)
         info = f"last_over_time({self.metric('gpu_job_info')}[{self._range_ms}ms])"

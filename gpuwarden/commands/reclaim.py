@@ -56,10 +56,18 @@ def run(args: argparse.Namespace) -> int:
         policy = load_policy(args.policy)
     except PolicyError as exc:
         return die(f"reclaim: {brief(exc, 400)}", EXIT_USAGE)
+    from pydantic import ValidationError
+
+    changed: dict[str, str] = {}
     if args.step is not None:
-        policy = policy.model_copy(update={"interval": args.step})
+        changed["interval"] = args.step
     if args.selector:
-        policy = policy.model_copy(update={"selector": ",".join(x for x in (policy.selector, args.selector) if x)})
+        changed["selector"] = ",".join(x for x in (policy.selector, args.selector) if x)
+    try:  # validated as the file's own values are (a job label in --selector selects nothing)
+        policy = type(policy).model_validate({**policy.model_dump(), **changed})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        return die(f"reclaim: {'.'.join(map(str, problem['loc']))}: {brief(problem['msg'], 400)}", EXIT_USAGE)
     labels = tuple(args.cluster_labels)
     try:
         if args.report:

@@ -113,7 +113,7 @@ class Controller:
         try:
             acc = Accounting(prom, self.policy.interval, self.policy.interval, self.policy.selector, at=at,
                              cluster_labels=self.cluster_labels)  # fmt: skip
-            return acc.idle_facts(tuple(self.policy.reclaimable_causes))
+            return acc.idle_facts(tuple(self.policy.reclaimable_causes), self.policy.job_selector)
         finally:
             prom.close()
 

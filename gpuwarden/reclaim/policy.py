@@ -47,6 +47,10 @@ PLACEHOLDERS = frozenset(
 
 #: Idle causes that cannot mean a job left its GPUs idle: nobody held the GPU, or it could not be read.
 _NOT_RECLAIMABLE = frozenset({"free", "lost", "unknown"})
+#: Labels of the jobs' series (gpu_process_job_info, gpu_job_info) that the GPU counters do not carry: a ``selector``
+#: naming one would select no GPU time at all.
+JOB_LABELS = frozenset({"job_id", "job_kind", "job_scope", "user", "pid", "process_name", "namespace", "pod",
+                        "container", "container_id", "slurm_job_id"})  # fmt: skip
 
 
 def _fields(template: str) -> set[str]:
@@ -132,16 +136,26 @@ class Policy(BaseModel):
         default=0.9, gt=0, le=1.0, description="... and the job held each of its GPUs at least this share of it"
     )
     reclaimable_causes: list[str] = Field(
-        default_factory=lambda: ["held_idle", "paused"],
+        default_factory=lambda: ["held_idle"],
         min_length=1,
-        description="idle causes (gpu_idle_seconds_total) that climb the ladder",
+        description="idle causes (gpu_idle_seconds_total) that climb the ladder; paused (the job idles within "
+        "seconds of GPU work) is also how a server waiting for requests reads, so it is not climbed by default",
     )
     climbing_verdicts: list[str] = Field(
-        default_factory=lambda: ["held_idle", "job_paused"],
+        default_factory=lambda: ["held_idle"],
         description="verdicts a job may be given and still climb: any other verdict for one of its GPUs in a tick "
         "(input_starved, launch_bound, waiting_on_peers, checkpoint_bound, ...) makes the tick not idle",
     )
-    selector: str = Field(default="", description="label matchers for the series the ladder reads")
+    selector: str = Field(
+        default="",
+        description="label matchers for every series the ladder reads (the nodes': cluster, instance, job); "
+        "a job's labels go in job_selector",
+    )
+    job_selector: str = Field(
+        default="",
+        description="label matchers for the jobs that may climb, on their gpu_process_job_info series (job_kind, "
+        'job_id, user, namespace, pod, ...), e.g. job_kind="slurm"',
+    )
     exempt_jobs: list[str] = Field(default_factory=list, description="job ids never climbing (full-match regexes)")
     steps: list[Step] = Field(min_length=1, max_length=10)
     max_concurrent_actions: int = Field(default=4, ge=1, le=64, description="actions running at once")
@@ -167,6 +181,19 @@ class Policy(BaseModel):
         for verdict in value:
             if verdict not in VERDICT_ORDER:
                 raise ValueError(f"{verdict!r} is not a verdict ({', '.join(VERDICT_ORDER)})")
+        return value
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        unquoted = re.sub(r'"(?:[^"\\]|\\.)*"', '""', value)
+        named = set(re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", unquoted))
+        jobs = sorted(named & JOB_LABELS)
+        if jobs:
+            raise ValueError(
+                f"selector matches every series the ladder reads, and {', '.join(jobs)} is a label "
+                "of the jobs only (no GPU counter has it: nothing would climb); put it in job_selector"
+            )
         return value
 
     @field_validator("exempt_jobs")
