@@ -293,7 +293,7 @@ def test_a_job_label_in_the_selector_is_refused_with_where_it_goes(
     assert main([*argv, "--selector", selector]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "put it in job_selector" in err and "selector" in err
-    policy.write_text('selector: \'cluster="job_kind=x"\'\nsteps: [{name: notify, after: 5m}]\n')  # a value
+    policy.write_text("selector: 'cluster=\"job_kind=x\"'\nsteps: [{name: notify, after: 5m}]\n")  # a value
     assert load_policy(policy).selector == 'cluster="job_kind=x"'
 
 
