@@ -45,6 +45,17 @@ GPU_JOB_RECORD = (
 #: Joined to a per-GPU expression (value kept): the GPU's job and user as labels, from the record above (each alert
 #: joined the expression itself before: 25 joins over 15 minutes of job info an evaluation).
 GPU_JOB = "* on (instance, job, gpu, uuid) group_left (job_id, job_kind, user) uuid:gpu_job_holder:info"
+#: GpuStarved's most starved GPUs (at most 3: instance, GPU, ratio) in its annotation, looked up when the alert is
+#: evaluated: of its job where it names one (and of its node, for a node-local id), else of its node's GPUs no job
+#: names.
+STARVED_TEXT = (
+    '{{ $q := printf "topk(3, gpu_starved_ratio{CLUSTERMATCHinstance=~%q} * on (instance, job, gpu, uuid) group_left () '
+    'uuid:gpu_job_holder:info{job_id=%q})" CLUSTERARGS (or $labels.instance ".*") $labels.job_id }}'
+    '{{ if not $labels.job_id }}{{ $q = printf "topk(3, gpu_starved_ratio{CLUSTERMATCHinstance=%q} unless on (instance, '
+    'job, gpu, uuid) uuid:gpu_job_holder:info)" CLUSTERARGS $labels.instance }}{{ end }}'
+    '{{ range $i, $s := query $q }}{{ if $i }}, {{ end }}{{ $s.Labels.instance }} GPU {{ $s.Labels.gpu }} '
+    '{{ $s.Value | humanizePercentage }}{{ end }}'
+)
 #: The largest holder in an annotation, looked up when the alert is evaluated (process name and pid are not labels).
 HOLDER_TEXT = (
     '{{ with printf "topk(1, gpu_process_memory_used_bytes{instance=%q,uuid=%q})" $labels.instance $labels.uuid '
@@ -332,6 +343,10 @@ def params(path: Path | None = None) -> dict[str, str]:
     )
     out["gpu_job"] = GPU_JOB
     out["holder_text"] = HOLDER_TEXT
+    out["starved_percent"] = f"{float(values['starved_ratio']) * 100:g}"
+    out["starved_text"] = STARVED_TEXT.replace("CLUSTERMATCH", out["cluster_match"]).replace(
+        "CLUSTERARGS", out["cluster_args"]
+    )
     return out
 
 

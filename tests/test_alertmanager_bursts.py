@@ -53,8 +53,9 @@ def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     for route in cfg["route"]["routes"]:
         if "group_wait" in route:
             route["group_wait"] = "4s" if route["receiver"] == "chat" else "2s"
-    for r in cfg["receivers"]:
-        r["webhook_configs"] = [{"url": f"http://127.0.0.1:{hook.server_port}/{r['name']}", "send_resolved": False}]
+    for r in cfg["receivers"]:  # the shipped webhooks' settings (max_alerts), delivered here
+        r["webhook_configs"] = [{**w, "url": f"http://127.0.0.1:{hook.server_port}/{r['name']}", "send_resolved": False}
+                                for w in r["webhook_configs"]]  # fmt: skip
     try:
         with alertmanager(ALERTMANAGER, tmp, cfg) as url:
             yield url
@@ -71,11 +72,9 @@ def _post(am: str, alerts: list[dict[str, str]]) -> None:
 def _storm() -> list[dict[str, str]]:
     """What a Prometheus restart lets fire at one moment on a 6-node cluster."""
     out: list[dict[str, str]] = []
-    for job in range(14):  # 14 jobs on two nodes each: starved and imbalanced, 28 info alerts
-        for node in (1, 2):
-            out.append({"alertname": "GpuStarved", "severity": "info", "cluster": "a", "instance": f"n{node}:10400",
-                        "gpu": str(job % 8), "uuid": f"GPU-{node}-{job}", "job_id": f"{4000 + job}",
-                        "user": f"user{job}"})  # fmt: skip
+    for job in range(14):  # 14 Slurm jobs with starved GPUs (an alert a job), one imbalanced across its nodes
+        out.append({"alertname": "GpuStarved", "severity": "info", "cluster": "a", "job_id": f"{4000 + job}",
+                    "job_kind": "slurm", "user": f"user{job}"})  # fmt: skip
     out.append({"alertname": "GpuJobImbalancedAcrossNodes", "severity": "info", "cluster": "a", "job_id": "4001"})
     for gpu in range(8):  # a cooling failure on n3: 8 hot GPUs, and GPU 3 fell off the bus
         out.append({"alertname": "GpuOverheating", "severity": "critical", "cluster": "a", "instance": "n3:10400",
@@ -110,11 +109,28 @@ def test_a_storm_is_one_notification_per_node_and_one_chat_digest(am: str) -> No
     # one ticket per node with plateaus (five), never one per GPU
     assert sorted(m["groupLabels"]["instance"] for m in tickets) == [f"n{n}:10400" for n in range(4, 9)]
     assert all(len(m["alerts"]) == 2 for m in tickets)
-    # one chat digest for the cluster: 28 starved GPUs of 14 jobs and the cross-node imbalance
+    # one chat digest for the cluster: the 14 starved jobs and the cross-node imbalance
     assert len(chat) == 1 and chat[0]["groupLabels"] == {"cluster": "a"}
-    assert len(chat[0]["alerts"]) == 29
+    assert len(chat[0]["alerts"]) == 15 and chat[0]["truncatedAlerts"] == 0
     # no group is keyed on a job
     assert not any("job_id" in m["groupLabels"] for _, m in _Hook.received)
+
+
+def test_a_cluster_of_200_starved_jobs_is_one_bounded_chat_digest(am: str) -> None:
+    """200 jobs with starved GPUs (a 1,600-GPU cluster of 8-GPU jobs, every one starved) make one chat message of at
+    most 30 alerts, which says how many it left out."""
+    _post(am, [{"alertname": "GpuStarved", "severity": "info", "cluster": "big", "job_id": f"{9000 + j}",
+                "job_kind": "slurm", "user": f"u{j % 17}"} for j in range(200)])  # fmt: skip
+
+    def big() -> list[dict]:
+        return [m for m in _deliveries("chat") if m["groupLabels"] == {"cluster": "big"}]
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not big():
+        time.sleep(0.5)
+    [digest] = big()
+    assert len(digest["alerts"]) == 30 and digest["truncatedAlerts"] == 170
+    assert len(json.dumps(digest)) < 64 * 1024  # a chat message, not a quarter of a megabyte
 
 
 def test_another_hot_gpu_on_the_node_does_not_page_again_within_the_group_interval(am: str) -> None:
