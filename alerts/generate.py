@@ -49,10 +49,10 @@ GPU_JOB = "* on (instance, job, gpu, uuid) group_left (job_id, job_kind, user) u
 #: evaluated: of its job where it names one (and of its node, for a node-local id), else of its node's GPUs no job
 #: names.
 STARVED_TEXT = (
-    '{{ $q := printf "topk(3, gpu_starved_ratio{CLUSTERMATCHinstance=~%q} * on (instance, job, gpu, uuid) group_left () '
-    'uuid:gpu_job_holder:info{job_id=%q})" CLUSTERARGS (or $labels.instance ".*") $labels.job_id }}'
-    '{{ if not $labels.job_id }}{{ $q = printf "topk(3, gpu_starved_ratio{CLUSTERMATCHinstance=%q} unless on (instance, '
-    'job, gpu, uuid) uuid:gpu_job_holder:info)" CLUSTERARGS $labels.instance }}{{ end }}'
+    '{{ $q := printf "topk(3, gpu_starved_ratio{CLUSTERMATCHinstance=~%q} * on (instance, job, gpu, uuid) '
+    'group_left () uuid:gpu_job_holder:info{job_id=%q})" CLUSTERARGS (or $labels.instance ".*") $labels.job_id }}'
+    '{{ if not $labels.job_id }}{{ $q = printf "topk(3, gpu_starved_ratio{CLUSTERMATCHinstance=%q} unless on '
+    '(instance, job, gpu, uuid) uuid:gpu_job_holder:info)" CLUSTERARGS $labels.instance }}{{ end }}'
     '{{ range $i, $s := query $q }}{{ if $i }}, {{ end }}{{ $s.Labels.instance }} GPU {{ $s.Labels.gpu }} '
     '{{ $s.Value | humanizePercentage }}{{ end }}'
 )
