@@ -53,8 +53,8 @@ STARVED_TEXT = (
     'group_left () uuid:gpu_job_holder:info{job_id=%q})" CLUSTERARGS (or $labels.instance ".*") $labels.job_id }}'
     '{{ if not $labels.job_id }}{{ $q = printf "topk(3, gpu_starved_ratio{CLUSTERMATCHinstance=%q} unless on '
     '(instance, job, gpu, uuid) uuid:gpu_job_holder:info)" CLUSTERARGS $labels.instance }}{{ end }}'
-    '{{ range $i, $s := query $q }}{{ if $i }}, {{ end }}{{ $s.Labels.instance }} GPU {{ $s.Labels.gpu }} '
-    '{{ $s.Value | humanizePercentage }}{{ end }}'
+    "{{ range $i, $s := query $q }}{{ if $i }}, {{ end }}{{ $s.Labels.instance }} GPU {{ $s.Labels.gpu }} "
+    "{{ $s.Value | humanizePercentage }}{{ end }}"
 )
 #: The largest holder in an annotation, looked up when the alert is evaluated (process name and pid are not labels).
 HOLDER_TEXT = (
