@@ -252,6 +252,40 @@ def test_clients_that_pipeline_and_never_read_are_closed(daemon: tuple[str, subp
     assert proc.poll() is None
 
 
+def test_a_header_flood_behind_a_request_in_flight_is_cut_and_memory_stays_bounded(tmp_path: Path) -> None:
+    """A request whose wrong password is being checked (bcrypt at cost 14: about a second, during which the request is
+    in flight) and, behind it on the same connection, the next request's head without end: 8 MB of one-line headers,
+    which uvicorn's parser kept header by header (the daemon was OOM-killed at 128 MiB). The bytes count against the
+    head bound as a head's do: the connection is closed, memory stays bounded, scrapes with the password answer."""
+    import bcrypt
+
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{bcrypt.hashpw(b'pw', bcrypt.gensalt(14)).decode()}'\n")
+    with serving("--web.config.file", str(web), log=tmp_path / "serve.log") as (proc, port):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", auth=("prometheus", "pw"), timeout=30).raise_for_status()
+        before = rss_mib(proc.pid)
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        wrong = b"authorization: Basic cHJvbWV0aGV1czp3cm9uZw==\r\n"  # prometheus:wrong
+        s.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n" + wrong + b"\r\nGET /metrics HTTP/1.1\r\nhost: x\r\n")
+        flood = b"a: b\r\n" * 10_000
+        sent, cut = 0, False
+        try:
+            while sent < 8 * 2**20:
+                s.sendall(flood)
+                sent += len(flood)
+        except (BrokenPipeError, ConnectionResetError):
+            cut = True
+        try:
+            during = rss_mib(proc.pid)
+            cut = cut or _ends(s, 10.0)
+        finally:
+            s.close()
+        assert cut, f"sent {sent} bytes of headers and the connection is still open"
+        assert during - before < 25, (before, during)
+        r = httpx.get(f"http://127.0.0.1:{port}/metrics", auth=("prometheus", "pw"), timeout=30)
+        assert r.status_code == 200 and proc.poll() is None
+
+
 def _ends(s: socket.socket, timeout: float) -> bool:
     """Whether the server closes ``s`` (EOF or reset) within ``timeout`` s, whatever it sent before."""
     s.settimeout(timeout)

@@ -15,7 +15,9 @@ HTTP parsing stays uvicorn's:
 - **head deadline**: a request head must be complete within ``head_timeout`` seconds of the connection or of its
   first byte (slowloris, idle sockets), and the next request on a kept-alive connection must start within
   ``keep_alive`` seconds of the previous response: else the connection is closed;
-- **head size**: a request line and headers over ``max_head_bytes`` get ``431`` and the connection is closed;
+- **head size**: a request line and headers over ``max_head_bytes`` get ``431`` and the connection is closed; the
+  bytes that arrive while a request is in flight (the next pipelined request's head, which uvicorn parses at once)
+  count from its head on, so past the bound such a connection is closed too;
 - **pipelining**: a client that sends more than ``max_pipelined`` requests ahead of its answers is closed (uvicorn
   queues every request of a read, a few KiB each, for a client that may never read an answer);
 - **unsent answers**: each connection's write buffer pauses its writer past SEND_HIGH_WATER_BYTES (answers go out

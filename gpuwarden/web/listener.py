@@ -252,17 +252,25 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
                 self.close_pending()
 
         def data_received(self, data: bytes) -> None:
-            if self in limits.pending:
-                if self._head_bytes == 0 and limits.keep_alive != limits.head_timeout:
-                    self._await_head(limits.head_timeout)  # a request began: its head has the head deadline
-                self._head_bytes += len(data)
-                if self._head_bytes > limits.max_head_bytes:
-                    limits.counts["head_too_large"] += 1
-                    limits.pending.pop(self, None)
-                    self._cancel_head_timer()
+            pending = self in limits.pending
+            if pending and self._head_bytes == 0 and limits.keep_alive != limits.head_timeout:
+                self._await_head(limits.head_timeout)  # a request began: its head has the head deadline
+            # every byte from the start of a request's head until its answer is complete counts: while a request is
+            # in flight (its answer waits for the client, or its password for its turn), what arrives is the next
+            # pipelined request's head, which uvicorn parses at once, each header into a list (every route is a GET:
+            # no body to tell apart)
+            self._head_bytes += len(data)
+            if self._head_bytes > limits.max_head_bytes:
+                limits.counts["head_too_large"] += 1
+                limits.pending.pop(self, None)
+                self._cancel_head_timer()
+                if pending:
                     self.transport.write(_431)
                     self.transport.close()
-                    return
+                else:  # an answer is being written: nothing can follow it on this connection
+                    self.pipeline.clear()
+                    self.transport.abort()
+                return
             super().data_received(data)
             if len(self.pipeline) > limits.max_pipelined and not self.transport.is_closing():
                 # uvicorn queues every pipelined request of a read (a 64 KiB read holds ~1,800 small ones, each a
