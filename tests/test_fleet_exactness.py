@@ -169,3 +169,18 @@ def test_top_from_the_usage_records_is_within_1_percent_of_the_counters(fleet: d
                             "--at", str(fleet["at"] + 30 * 86400), "--source", "recorded"], capture_output=True,
                            text=True, cwd=REPO, timeout=120, check=False)  # fmt: skip
     assert asked.returncode == 1 and "do not cover the last 3h" in asked.stderr and "--source raw" in asked.stderr
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["plain", 'a"b\\c', "line\nbreak", "tab\tcr\r\x00\x07\x1b[2J", "ünïcødé ✓ 😀", "\\n literal", "'single'"],
+)
+def test_label_values_reach_the_query_whole_whatever_they_hold(fleet: dict, value: str) -> None:
+    """Every label value the commands put in a query (job ids, instances, clusters: machine text) is one PromQL string
+    literal (gpuwarden.cluster.usage.promql_string): Prometheus's parser gives back exactly the value."""
+    from gpuwarden.cluster.usage import promql_string
+
+    expr = f'label_replace(vector(1), "got", {promql_string(value)}, "", "")'
+    body = httpx.get(f"{fleet['url']}/api/v1/query", params={"query": expr}, timeout=30).json()
+    assert body["status"] == "success", body
+    assert body["data"]["result"][0]["metric"]["got"] == value

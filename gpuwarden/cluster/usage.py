@@ -39,6 +39,7 @@ range counts for each job only while that job held it.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import defaultdict
@@ -384,7 +385,7 @@ class Accounting:
         # match many-to-many)
         seen = {r for reasons in self._gpu_reasons().values() for r in reasons}
         for reason in sorted(seen):
-            flagged = f"{self._at_step('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
+            flagged = f"{self._at_step('gpu_diagnosis', f'reason={promql_string(reason)}')} == bool 1"
             for s in self.samples(self._per_job(flagged, jf), "job_id"):
                 if s.value > 0:
                     u = out[self._job_key(s.labels)]
@@ -501,7 +502,7 @@ class Accounting:
                     out[self._job_key(s.labels)].reclaimable_seconds += s.value
         seen = {r for reasons in self._gpu_reasons().values() for r in reasons}
         for reason in sorted(seen):
-            flagged = f"{self._at_step('gpu_diagnosis', f'reason={_quote(reason)}')} == bool 1"
+            flagged = f"{self._at_step('gpu_diagnosis', f'reason={promql_string(reason)}')} == bool 1"
             for s in self.samples(self._per_job(flagged, jf), "job_id"):
                 if s.value > 0 and self._job_key(s.labels) in out:
                     out[self._job_key(s.labels)].reasons.add(reason)
@@ -530,8 +531,8 @@ class Accounting:
         uuids = sorted({s.labels.get("uuid", "") for s in found})
         if "" in uuids:
             return self
-        regex = _escape("|".join(re.escape(u) for u in uuids))
-        sel = ", ".join(x for x in (self.sel, f'uuid=~"{regex}"') if x)
+        regex = promql_string("|".join(re.escape(u) for u in uuids))
+        sel = ", ".join(x for x in (self.sel, f"uuid=~{regex}") if x)
         narrow = Accounting(self.prom, self.range, self.step, sel, at=self.at, cluster_labels=self.cluster_labels,
                             attribution=self._fine.step_s)  # fmt: skip
         narrow._narrow = narrow._fine._narrow = True
@@ -555,7 +556,7 @@ class Accounting:
                 u = out[self._job_key(s.labels)]
                 u.peer_wait_energy_joules = (u.peer_wait_energy_joules or 0.0) + s.value
         for cause in LOST_CAUSES:  # one query per cause: the job shares have several series per GPU too
-            joules = self._increase("gpu_idle_energy_joules_total", f"cause={_quote(cause)}")
+            joules = self._increase("gpu_idle_energy_joules_total", f"cause={promql_string(cause)}")
             for s in self.samples(self._per_job(joules, jf), "job_id"):
                 if self._job_key(s.labels) in out:
                     u = out[self._job_key(s.labels)]
@@ -596,7 +597,7 @@ class Accounting:
         """The job ids (SLUIDs), with their clusters, of the Slurm jobs whose series carry ``slurm_job_id`` =
         ``number`` in the range: a job keyed by its SLUID (Slurm 26.05+ cgroups) found by the numeric id users know.
         Sorted; [] when no daemon could read the number (it comes from a process's environment)."""
-        info = self.metric("gpu_process_job_info", f'job_kind="slurm", slurm_job_id={_quote(number)}')
+        info = self.metric("gpu_process_job_info", f'job_kind="slurm", slurm_job_id={promql_string(number)}')
         q = f"group by ({self._c}job_id) (max_over_time({info}[{self.range}]))"
         found = {(s.labels["job_id"], self.cluster_of(s.labels)) for s in self.samples(q, "job_id")}
         return sorted(x for x in found if x[0] != number)
@@ -686,21 +687,19 @@ class Accounting:
 
 def _job_filter(job_id: str | None, instance: str | None) -> str:
     """Label matchers selecting one job id and/or one instance ('' for neither)."""
-    parts = [f'{k}="{_escape(v)}"' for k, v in (("job_id", job_id), ("instance", instance)) if v is not None]
+    parts = [f"{k}={promql_string(v)}" for k, v in (("job_id", job_id), ("instance", instance)) if v is not None]
     return ", ".join(parts)
 
 
 def _key_filter(key: JobKey, cluster_labels: tuple[str, ...]) -> str:
     """Label matchers selecting the series of one job: its id, its instance if node-local, its cluster."""
-    cluster = [f'{label}="{_escape(v)}"' for label, v in zip(cluster_labels, key.cluster, strict=False)]
+    cluster = [f"{label}={promql_string(v)}" for label, v in zip(cluster_labels, key.cluster, strict=False)]
     return ", ".join([_job_filter(key.job_id, key.instance), *cluster])
 
 
-def _quote(value: str) -> str:
-    """A PromQL double-quoted string of ``value``."""
-    return f'"{_escape(value)}"'
-
-
-def _escape(value: str) -> str:
-    """A label value inside a PromQL double-quoted string."""
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+def promql_string(value: str) -> str:
+    """``value`` as a PromQL double-quoted string literal, whatever it holds: JSON's string syntax is a subset of the
+    Go escapes PromQL unquotes (``\\n``, ``\\"``, ``\\\\``, ``\\u00XX`` for every control character), non-ASCII
+    text kept as it is. A newline written raw would end the query's string (Prometheus: "unterminated quoted
+    string") and fail every query that names the value."""
+    return json.dumps(value, ensure_ascii=False)
