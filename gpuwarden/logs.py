@@ -87,6 +87,10 @@ def setup(level: str = "info", fmt: str = "logfmt") -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    # httpx and httpcore log every request's full URL at INFO and DEBUG: a Prometheus URL's user:password and a chat
+    # webhook's URL, which is its secret. Their warnings only, at any level; gpuwarden logs its requests' outcomes.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     # Access lines only at debug (uvicorn decides per connection from whether its access logger has a handler to
     # reach), and at most ACCESS_LINES_BURST of them per ACCESS_LINES_PERIOD whatever the level.
     access = logging.getLogger("uvicorn.access")

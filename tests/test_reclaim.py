@@ -328,3 +328,35 @@ def test_the_controller_logs_counts_and_serves_each_decision(caplog: pytest.LogC
     lines = [r for r in caplog.records if r.name == "gpuwarden.reclaim"]
     assert [getattr(r, "step", None) for r in lines] == ["notify", "warn", "reclaim", "reset"]
     assert all(getattr(r, "evidence", "") for r in lines) and getattr(lines[-1], "outcome", "") == "reset"
+
+
+class _EmptyProm(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        body = b'{"status": "success", "data": {"resultType": "vector", "result": []}}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_no_credential_in_the_prometheus_url_reaches_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The controller's queries to a Prometheus URL with user:password: httpx logs each request's URL at INFO, which
+    would write the password (and a chat webhook's URL, its secret) into the log at every tick."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyProm)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    policy = tmp_path / "p.yml"
+    policy.write_text("steps: [{name: notify, after: 5m}]\n")
+    try:
+        url = f"http://scraper:s3kr1t-pw@127.0.0.1:{httpd.server_address[1]}"
+        assert main(["reclaim", "--policy", str(policy), "--prometheus", url, "--once"]) == 0
+    finally:
+        httpd.shutdown()
+    out = capsys.readouterr()
+    assert "s3kr1t-pw" not in out.err + out.out
