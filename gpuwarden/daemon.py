@@ -235,6 +235,10 @@ class Daemon:
         try:
             new = self._reload()
             web = self._reload_web(new)
+            if self.web is not None:
+                # the same files, rotated on disk: read before anything is applied, so that a pair caught half
+                # written refuses the whole reload and the running configuration stays whole
+                self.web.reload_certificates()
         except ConfigError as exc:
             log.error("reload refused, keeping the running configuration: %s", exc)
             self.poller.reload_successful = False
@@ -250,8 +254,6 @@ class Daemon:
             if getattr(new, key) != getattr(self.cfg, key):
                 log.warning("reload: %s changed; it takes effect after a restart", key)
         self.cfg = new
-        if self.web is not None:
-            self.web.reload_certificates()  # the same files, rotated on disk
         self.gate.set_users(web.users if web is not None else {})
         self.poller.reload_successful = True
         self.poller.reload_success_timestamp = time.time()

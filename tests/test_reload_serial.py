@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from pathlib import Path
 
+import pytest
 from conftest import trace
 
 from gpuwarden.config import Config, load_config
@@ -55,3 +58,32 @@ def test_reload_returns_whether_this_call_applied_a_configuration() -> None:
     daemon = Daemon(load_config(overrides=base), reload=lambda: load_config(overrides=base))
     assert daemon.reload() is True
     assert Daemon(load_config(overrides=base)).reload() is False  # no reload source
+
+
+def test_a_certificate_that_fails_to_load_mid_reload_refuses_the_whole_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The certificate pair rotated on disk is read last in a reload; caught half written there (after the web config
+    was checked), it raised out of the reload with the new poll interval, collectors and log level already applied and
+    the users not. It is read before anything applies: the reload is refused whole, in one line."""
+    from gpuwarden.web.config import WebConfig, WebConfigError
+
+    web = tmp_path / "web.yml"
+    web.write_text("")
+    base = {"listen_address": "127.0.0.1:0", "replay": str(trace("h200x2-ddp_straggler")), "web_config_file": str(web)}
+    daemon = Daemon(
+        load_config(overrides=base), reload=lambda: load_config(overrides={**base, "poll_interval_seconds": 7.0})
+    )
+
+    def half_written(self: WebConfig) -> int:
+        raise WebConfigError("key_file: the key does not match the certificate")
+
+    monkeypatch.setattr(WebConfig, "reload_certificates", half_written)
+    before = daemon.poller.interval
+    with caplog.at_level(logging.ERROR):
+        assert daemon.reload() is False
+    assert daemon.poller.interval == before and daemon.cfg.poll_interval_seconds != 7.0
+    assert daemon.poller.reload_successful is False
+    assert [r.getMessage() for r in caplog.records if "reload refused" in r.getMessage()] == [
+        "reload refused, keeping the running configuration: key_file: the key does not match the certificate"
+    ]

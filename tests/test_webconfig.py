@@ -319,6 +319,36 @@ def _served_serial(url: str, pki: PKI) -> int:
 
 
 @pytest.mark.e2e
+def test_a_certificate_caught_half_written_refuses_the_whole_reload(pki: PKI, tmp_path: Path) -> None:
+    """SIGHUP while the key file is half written, with a new user in the same web config: one line says the reload
+    is refused, nothing of it applies (the new user gets 401), the running certificate and users keep serving, no
+    traceback. (A pair that goes bad between the web config's check and the certificate's read: test_reload_serial.)"""
+    pair = pki.ca.issue("rotating", True)
+    old = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
+    tls = f"tls_server_config:\n  cert_file: {pair.cert}\n  key_file: {pair.key}\n"
+    web = write_config(tmp_path, tls + f"basic_auth_users:\n  a: '{old}'\n")
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"web_config_file: {web}\nlog_level: info\n")
+    log = tmp_path / "serve.log"
+    with serving("--config.file", str(cfg), log=log) as (proc, port):
+        url = f"https://127.0.0.1:{port}/metrics"
+        with httpx.Client(verify=client_ctx(pki), timeout=10) as c:
+            assert c.get(url, auth=("a", "pw")).status_code == 200
+            web.write_text(tls + f"basic_auth_users:\n  a: '{old}'\n  b: '{old}'\n")
+            pair.key.write_text("-----BEGIN PRIVATE KEY-----\ntruncated\n")
+            proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while "reload refused" not in log.read_text():
+                assert time.monotonic() < deadline, log.read_text()[-2000:]
+                time.sleep(0.05)
+            assert c.get(url, auth=("b", "pw")).status_code == 401  # nothing of the refused reload applied
+            assert c.get(url, auth=("a", "pw")).status_code == 200
+        text = log.read_text()
+        assert "Traceback" not in text and text.count("reload refused") == 1
+        assert proc.poll() is None
+
+
+@pytest.mark.e2e
 def test_a_sighup_storm_on_a_tls_daemon_keeps_it_serving(pki: PKI, tmp_path: Path) -> None:
     """One SIGHUP every 5 ms for 2 s while clients handshake: every reload loads the certificate, none at the same
     time as another, none into a context a handshake is reading; the daemon lives and every scrape is answered."""
