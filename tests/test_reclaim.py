@@ -181,6 +181,26 @@ def test_templates_take_the_jobs_names_and_refuse_hostile_or_missing_ones() -> N
         fill("{pod}", values(_decision()))
 
 
+@pytest.mark.parametrize("named", ["9999", "4243,4244,4245", "4242"])
+def test_a_slurm_number_from_a_process_environment_is_never_acted_on(named: str) -> None:
+    """A SLUID-keyed job's Slurm number comes from its processes' environment (SLURM_JOB_ID), which the tenant sets:
+    a step that needs {slurm_job_id} is refused for it, whatever the number (another user's job, a list of jobs, even
+    one that looks right); {job_id} gives the SLUID."""
+    f = _facts()
+    f.names["slurm_job_id"] = named
+    given = values(Decision(600.0, JobKey("sEKNKTV3WPV500", None, ("c1",)), "notify", 0, 600.0, f, "evidence"))
+    with pytest.raises(Exception, match="not known"):
+        fill("{slurm_job_id}", given)
+    assert fill("{job_id}", given) == "sEKNKTV3WPV500"
+
+
+def test_only_ascii_digits_are_a_slurm_number() -> None:
+    f = _facts()
+    given = values(Decision(600.0, JobKey("٤٢٤٢", None, ("c1",)), "notify", 0, 600.0, f, "evidence"))  # Arabic-Indic
+    with pytest.raises(Exception, match="not known"):
+        fill("{slurm_job_id}", given)
+
+
 def test_a_command_that_fails_hangs_or_floods_is_bounded() -> None:
     assert run_command([sys.executable, "-c", "print('ok')"], 10) == ("ran", "ok")
     outcome, detail = run_command([sys.executable, "-c", "import sys; print('no'); sys.exit(3)"], 10)

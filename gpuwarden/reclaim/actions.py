@@ -5,7 +5,8 @@ can never hold the ladder up.
   (gpuwarden.reclaim.policy.PLACEHOLDERS) take the decision's values. Values come from the machine (job ids, pod
   names) and are hostile: one with a control character, or one that would begin an argument with ``-`` (read as an
   option by scancel or kubectl), refuses the action ("refused"), as does a placeholder the job has no value for (a
-  job without a Slurm id asked for ``{slurm_job_id}``). A webhook gets the decision as JSON.
+  job without a Slurm id asked for ``{slurm_job_id}``, which only a job keyed by its Slurm number from its cgroup
+  has: never a number from a process's environment). A webhook gets the decision as JSON.
 - **Bounds.** At most ``max_concurrent`` actions run at once, in worker threads, and at most MAX_QUEUED wait; past
   that an action is dropped ("dropped"). A command that outlives its step's ``timeout_seconds`` is killed with its
   process group ("timed_out"); its output is kept to OUTPUT_BYTES and the rest read and dropped (a command that
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -54,8 +56,10 @@ def values(decision: Decision, cluster_labels: tuple[str, ...] = ("cluster",)) -
         "instance": key.instance or "",
         "nodes": ",".join(sorted({inst for inst, _ in f.gpus})),
         "gpus": str(len(f.gpus)),
-        "slurm_job_id": f.names.get("slurm_job_id", "")
-        or (key.job_id if f.kind == "slurm" and key.job_id.isdigit() else ""),  # fmt: skip
+        # only the number Slurm vouches for: the job's key from its cgroup (job_<number>), ASCII digits. Not the
+        # slurm_job_id a daemon read from the job's environment (a SLUID-keyed job's): a process sets its own
+        # SLURM_JOB_ID, and would aim the action at another user's job
+        "slurm_job_id": key.job_id if f.kind == "slurm" and re.fullmatch(r"[0-9]+", key.job_id) else "",
         "namespace": f.names.get("namespace", ""),
         "pod": f.names.get("pod", ""),
         "step": decision.step,
