@@ -3,6 +3,7 @@ uvicorn server with gpuwarden's listener in a thread, real sockets on the loopba
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import socket
 import ssl
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -22,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gpuwarden.web import listener
+from gpuwarden.web import accept, listener
 from gpuwarden.web.app import PartedResponse
 from gpuwarden.web.limits import ANSWER_PART_BYTES, HttpLimits
 
@@ -121,6 +123,33 @@ def test_at_the_cap_the_oldest_idle_connection_makes_room_and_accept_never_fails
         assert limits.open <= limits.max_connections
         assert limits.counts["accept_failed"] == 0
         assert sum(_closed(s) for s in idle[:22]) == 22  # the oldest ones went
+        for s in idle:
+            s.close()
+        _wait(lambda: limits.open == 0)
+
+
+def test_at_the_cap_with_every_connection_still_starting_accept_resumes_once_they_can_be_evicted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst fills the cap before any of its connections' protocols has started (each starts in a task after the
+    accept batch): none is waiting for a head yet, so none can be evicted and the listener pauses. Once they start
+    (held here until an event is set, not by a sleep), it accepts again and evicts the oldest: a scraper gets in
+    within seconds, not at the 30 s head deadline."""
+    gate = threading.Event()
+    started = accept.Listener._connect
+
+    async def held(self: accept.Listener, *args: Any) -> None:
+        await asyncio.to_thread(gate.wait)
+        await started(self, *args)
+
+    monkeypatch.setattr(accept.Listener, "_connect", held)
+    limits = HttpLimits(max_connections=4, head_timeout=30.0)
+    with server(limits) as (port, _):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(6)]
+        _wait(lambda: limits.open == 4)
+        gate.set()
+        assert _get(port).startswith(b"HTTP/1.1 200")
+        assert limits.counts["evicted"] >= 3 and limits.counts["accept_failed"] == 0
         for s in idle:
             s.close()
         _wait(lambda: limits.open == 0)

@@ -127,6 +127,14 @@ class Listener:
             limits.peak = 0
             self.loop.call_later(1.0, give_back_memory)  # after the loop has freed the transports
 
+    def waiting(self) -> None:
+        """A served connection now waits for its request head, where it can be evicted: accept again if paused at
+        the cap. The connections of one accept batch are in no list until their protocols start (a task each, run
+        after the batch): at the cap with all of them starting, nothing could be evicted, and accepting would have
+        waited for a head deadline."""
+        if not self._accepting and self.limits.open >= self.limits.max_connections:
+            self._resume()
+
     def _make_room(self) -> bool:
         """At the cap: close the connection waiting longest for its request. True when a descriptor is free now (a
         connection before its handshake closes at once; a served one when its transport has closed: released())."""

@@ -223,6 +223,8 @@ def bounded_protocol(limits: HttpLimits) -> type[HttpToolsProtocol]:
             # asyncio pauses a writer past 64 KiB on a socket and 512 KiB on TLS, after a write of any size
             transport.set_write_buffer_limits(SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES)
             self._await_head(limits.head_timeout)
+            if self.slot is not None:
+                self.slot.listener.waiting()  # evictable now: a listener paused at the cap may accept again
 
         def _await_head(self, seconds: float) -> None:
             self._head_bytes = 0
