@@ -45,6 +45,20 @@ GPU_JOB_RECORD = (
 #: Joined to a per-GPU expression (value kept): the GPU's job and user as labels, from the record above (each alert
 #: joined the expression itself before: 25 joins over 15 minutes of job info an evaluation).
 GPU_JOB = "* on (instance, job, gpu, uuid) group_left (job_id, job_kind, user) uuid:gpu_job_holder:info"
+#: The job and user of the process whose memory grew the most over the last 10 minutes on each GPU (value 1),
+#: recorded each memory evaluation as ``uuid:gpu_memory_grower:info``: GpuMemoryFillingUp names the job that grows,
+#: not the largest holder (two jobs on a GPU: the smaller one may be the one leaking).
+GPU_GROWER_RECORD = (
+    "0 * max by (CLUSTERinstance, job, gpu, uuid, job_id, job_kind, user) ("
+    "topk by (instance, job, gpu, uuid) (1, delta(gpu_process_memory_used_bytes{SEL}[10m]) > 0) "
+    "* on (instance, job, gpu, uuid, pid) group_left (job_id, job_kind, user) gpu_process_job_info{SELKNOWN}) + 1"
+)
+#: The growing process in an annotation (name, pid, growth over 10 minutes), looked up when the alert is evaluated.
+GROWER_TEXT = (
+    '{{ with printf "topk(1, delta(gpu_process_memory_used_bytes{instance=%q,uuid=%q}[10m]) > 0)" $labels.instance '
+    '$labels.uuid | query }}{{ with first . }}{{ label "process_name" . }} pid {{ label "pid" . }}, +{{ value . | '
+    'humanize1024 }}B in 10 minutes{{ end }}{{ else }}no process seen growing{{ end }}'
+)
 #: GpuStarved's most starved GPUs (at most 3: instance, GPU, ratio) in its annotation, looked up when the alert is
 #: evaluated: of its job where it names one (and of its node, for a node-local id), else of its node's GPUs no job
 #: names.
@@ -57,11 +71,12 @@ STARVED_TEXT = (
     "{{ $s.Value | humanizePercentage }}{{ end }}"
 )
 #: The largest holder in an annotation, looked up when the alert is evaluated (process name and pid are not labels).
-HOLDER_TEXT = (
+HOLDER_PROCESS_TEXT = (
     '{{ with printf "topk(1, gpu_process_memory_used_bytes{instance=%q,uuid=%q})" $labels.instance $labels.uuid '
     '| query }}{{ with first . }}{{ label "process_name" . }} pid {{ label "pid" . }}{{ end }}{{ else }}no process '
-    "visible{{ end }}{{ with $labels.job_id }}, job {{ . }} of {{ $labels.user }}{{ end }}"
+    "visible{{ end }}"
 )
+HOLDER_TEXT = HOLDER_PROCESS_TEXT + "{{ with $labels.job_id }}, job {{ . }} of {{ $labels.user }}{{ end }}"
 
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -338,9 +353,11 @@ def params(path: Path | None = None) -> dict[str, str]:
     out["memory_window_records"] = memory_window_records(out)
     out["usage_records"] = usage_records(out)
     known = out["selector"] + 'job_id!~"[?]/.*"'  # a process /proc does not know (exited: "?/?") names no job
-    out["gpu_job_record"] = (
-        GPU_JOB_RECORD.replace("SELKNOWN", known).replace("SEL", out["selector"]).replace("CLUSTER", out["cluster_by"])
-    )
+    for key, record in (("gpu_job_record", GPU_JOB_RECORD), ("gpu_grower_record", GPU_GROWER_RECORD)):
+        named = record.replace("SELKNOWN", known).replace("SEL", out["selector"])
+        out[key] = named.replace("CLUSTER", out["cluster_by"])
+    out["grower_text"] = GROWER_TEXT
+    out["holder_process_text"] = HOLDER_PROCESS_TEXT
     out["gpu_job"] = GPU_JOB
     out["holder_text"] = HOLDER_TEXT
     out["starved_percent"] = f"{float(values['starved_ratio']) * 100:g}"
@@ -397,7 +414,8 @@ def memory_only(text: str) -> str:
     """The memory leak rules of the rules file ``text`` (its recording rules, the GPU's job's and the leak's, and
     GpuMemoryFillingUp, without annotations) as a file of their own: what alerts/tests/memory.test.yml runs its many
     shapes through, fast."""
-    names = {"uuid:gpu_job_holder:info", "uuid:gpu_memory_used_ratio:leaking", "GpuMemoryFillingUp"}
+    names = {"uuid:gpu_job_holder:info", "uuid:gpu_memory_grower:info", "uuid:gpu_memory_used_ratio:leaking",
+             "GpuMemoryFillingUp"}
     names |= {f"{n}{w}" for n in (WINDOW_MEAN, WINDOW_VARIANCE) for w in trend_windows(params())}
     names |= {WINDOW_MIN, WINDOW_MAX}
     groups = yaml.safe_load(bare(text).split("\n", 1)[1])["groups"]
