@@ -57,7 +57,7 @@ GPU_GROWER_RECORD = (
 GROWER_TEXT = (
     '{{ with printf "topk(1, delta(gpu_process_memory_used_bytes{instance=%q,uuid=%q}[10m]) > 0)" $labels.instance '
     '$labels.uuid | query }}{{ with first . }}{{ label "process_name" . }} pid {{ label "pid" . }}, +{{ value . | '
-    'humanize1024 }}B in 10 minutes{{ end }}{{ else }}no process seen growing{{ end }}'
+    "humanize1024 }}B in 10 minutes{{ end }}{{ else }}no process seen growing{{ end }}"
 )
 #: GpuStarved's most starved GPUs (at most 3: instance, GPU, ratio) in its annotation, looked up when the alert is
 #: evaluated: of its job where it names one (and of its node, for a node-local id), else of its node's GPUs no job
@@ -414,8 +414,12 @@ def memory_only(text: str) -> str:
     """The memory leak rules of the rules file ``text`` (its recording rules, the GPU's job's and the leak's, and
     GpuMemoryFillingUp, without annotations) as a file of their own: what alerts/tests/memory.test.yml runs its many
     shapes through, fast."""
-    names = {"uuid:gpu_job_holder:info", "uuid:gpu_memory_grower:info", "uuid:gpu_memory_used_ratio:leaking",
-             "GpuMemoryFillingUp"}
+    names = {
+        "uuid:gpu_job_holder:info",
+        "uuid:gpu_memory_grower:info",
+        "uuid:gpu_memory_used_ratio:leaking",
+        "GpuMemoryFillingUp",
+    }
     names |= {f"{n}{w}" for n in (WINDOW_MEAN, WINDOW_VARIANCE) for w in trend_windows(params())}
     names |= {WINDOW_MIN, WINDOW_MAX}
     groups = yaml.safe_load(bare(text).split("\n", 1)[1])["groups"]
