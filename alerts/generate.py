@@ -295,6 +295,12 @@ def memory_leak_detectors(values: dict[str, str]) -> list[str]:
         checks = [f"({means[k]} - {means[k + 1]}) > {rise} * {total} + {z} * sqrt({var[k]} + {var[k + 1]})"
                   for k in range(3)]  # fmt: skip
         checks.append(f"({means[0]} - {means[1]}) > {values['memory_trend_keep_ratio']} * ({means[1]} - {means[2]})")
+        # where the rises shrink geometrically, by q a window (q = a1 / a2, the rises over the last two windows and
+        # over the two before them: steps that fall unevenly in the windows average out), what is still to come is
+        # r1 q / (1 - q) (r1 the last window's rise): full only if that reaches the total, r1 a1 >= (a2 - a1)
+        # (total - m0); true whenever the rises do not shrink
+        r1, a1, a2 = (f"({means[0]} - {means[1]})", f"({means[0]} - {means[2]})", f"({means[1]} - {means[3]})")
+        checks.append(f"{r1} * {a1} >= ({a2} - {a1}) * ({total} - {means[0]})")
         checks.append(f"predict_linear({used}[{duration(2 * w)}], {values['memory_trend_horizon_seconds']}) >= {total}")
         parts.append(detector(checks, max(4 * w, warmup + 2 * w)))  # the four windows, the last two past the warm-up
     window = values["memory_ramp_window"]

@@ -193,6 +193,19 @@ def healthy() -> list[Shape]:
     # evaluation phases: memory rises for a few minutes every 20 and is released (empty_cache) afterwards
     out.append(Shape("eval-phases-70-85-every-20m", False,
                      lambda t: 70 + (15 * min(1.0, (t % 20) / 4) if (t % 20) < 8 else 0), 180))  # fmt: skip
+    # evaluation phases that grow and release: +2%/min for 5 minutes every 30, one of 15 minutes at +1%/min, +10% in
+    # 4 minutes every 70 (each the first in its hour)
+    out.append(Shape("eval-phases-70-+2pm-5m-every-30m", False,
+                     lambda t: 70 + (2 * (t % 30) if t % 30 < 5 else (10 if t % 30 < 6 else 0)), 300))  # fmt: skip
+    out.append(Shape("eval-phase-70-+1pm-15m-once", False,
+                     lambda t: 70 + (min(15.0, t - 60) if 60 <= t < 76 else 0), 200))  # fmt: skip
+    out.append(Shape("eval-phases-75-+10in4m-every-70m", False,
+                     lambda t: 75 + (2.5 * (t % 70) if t % 70 < 4 else (10 if t % 70 < 5 else 0)), 330))  # fmt: skip
+    # slow warm-ups that approach their level exponentially (each rise a fixed share of the one before), past the
+    # 30-minute warm-up window: never full at their own pace
+    for tau, end in ((8, 95), (12, 92), (20, 90)):
+        out.append(Shape(f"warmup-exp-tau{tau}m-10-{end}", False,
+                         lambda t, e=end, k=tau: e - (e - 10) * math.exp(-t / k), 200))  # fmt: skip
     # a warm-up that steps once more at the first evaluation, 20 minutes in
     out.append(Shape("warmup-then-one-eval-step", False,
                      lambda t: _ramp(30, 80, 0, 10)(t) + (8 if t >= 20 else 0), 150))  # fmt: skip
