@@ -1,19 +1,24 @@
 """``gpuwarden check``: is each GPU ready for the next job? For a Slurm prolog or a Kubernetes init container.
 
 One NVML read of every GPU (no daemon needed), judged by ``gpuwarden.readiness``: PASS, WARN or CRITICAL per GPU
-with the reason and the next action. Exit codes (Nagios's): 0 every GPU PASS or WARN, 1 a WARN with ``--strict``,
-2 a CRITICAL GPU, 3 the GPUs could not be read at all (no driver, NVML failed); 64 bad flags (sysexits.h's
-EX_USAGE: a prolog tells a typo in its own command line from a bad GPU, and drains no node over it).
+with the reason and the next action; with ``--prometheus``, each GPU's history too (``gpuwarden top --quality``'s
+tiers over ``--range``: a GPU to service is CRITICAL, one to watch WARN). Exit codes (Nagios's): 0 every GPU PASS or
+WARN, 1 a WARN with ``--strict``, 2 a CRITICAL GPU, 3 the GPUs could not be read at all (no driver, NVML failed); 64
+bad flags (sysexits.h's EX_USAGE: a prolog tells a typo in its own command line from a bad GPU, and drains no node
+over it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import sys
 import time
 from typing import TYPE_CHECKING
 
 from gpuwarden.commands import COMMANDS, Subparsers, die
+from gpuwarden.commands._prometheus import duration, positive_seconds
 
 if TYPE_CHECKING:
     from gpuwarden.model import NodeStatic, PollResult
@@ -36,6 +41,17 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
         metavar="LIST",
         help="NVML indices to check, comma-separated (a job's own: Slurm's $SLURM_JOB_GPUS); default all",
     )
+    p.add_argument("--prometheus", metavar="URL",
+                   help="add each GPU's history from this Prometheus (gpuwarden top --quality over --range, by UUID): "
+                   "a GPU to take out of service is CRITICAL, one to watch WARN; unreachable: the NVML read alone, "
+                   "said on stderr")  # fmt: skip
+    p.add_argument("--range", default="7d", type=duration, help="with --prometheus: how far back (default 7d)")
+    p.add_argument("--timeout", type=positive_seconds, default=10.0,
+                   help="with --prometheus: seconds to wait for it, all queries together (default 10)")  # fmt: skip
+    p.add_argument("--prometheus.bearer-token-file", dest="bearer_token_file", metavar="FILE",
+                   help="send the token in FILE as Authorization: Bearer")  # fmt: skip
+    p.add_argument("--prometheus.ca-file", dest="ca_file", metavar="FILE",
+                   help="CA certificates (PEM) to verify an https Prometheus with")  # fmt: skip
     return p
 
 
@@ -94,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     except IndexError:
         return die(f"--poll {args.poll}: the trace has no such poll", EXIT_USAGE)
     checks = assess(static, poll)
+    if args.prometheus:
+        checks = _with_history(checks, args)
     level = worst(checks)
     seconds = time.monotonic() - started
     if args.format == "json":
@@ -106,6 +124,55 @@ def run(args: argparse.Namespace) -> int:
     if level == "CRITICAL":
         return EXIT_CRITICAL
     return EXIT_WARN if level == "WARN" and args.strict else 0
+
+
+#: What a GPU's history asks of the next job's owner, by quality tier (gpuwarden.cluster.quality).
+HISTORY_ACTIONS = {
+    "service": "take it out of scheduling and have it serviced (gpuwarden top --quality lists it)",
+    "watch": "it ran slower or closer to failing than its peers: watch it (gpuwarden top --quality)",
+}
+
+
+def _with_history(checks: list[GpuCheck], args: argparse.Namespace) -> list[GpuCheck]:
+    """``checks`` with each GPU's history from ``--prometheus`` added (gpuwarden.cluster.quality over ``--range``, the
+    GPUs selected by UUID): a service reason a CRITICAL finding, a watch reason a WARN. When Prometheus cannot answer,
+    ``checks`` as they are, after one line on stderr: a prolog keeps its NVML verdict, it does not drain for a
+    monitoring outage."""
+    from gpuwarden.cluster.promapi import ClientTls, Prometheus, PrometheusError
+    from gpuwarden.cluster.quality import quality
+    from gpuwarden.cluster.usage import Accounting, promql_string
+    from gpuwarden.readiness import LEVELS, Finding
+    from gpuwarden.terminal import brief
+    from gpuwarden.urls import redacted
+
+    uuids = [c.uuid for c in checks if c.uuid]
+    if not uuids:
+        return checks
+    selector = "uuid=~" + promql_string("|".join(re.escape(u) for u in uuids))
+    try:
+        prom = Prometheus(args.prometheus, timeout=args.timeout, tls=ClientTls(args.ca_file, None, None,
+                                                                                args.bearer_token_file))  # fmt: skip
+        try:
+            found = quality(Accounting(prom, args.range, "1m", selector))
+        finally:
+            prom.close()
+    except (PrometheusError, ValueError) as exc:
+        print(f"gpuwarden check: no history from {redacted(args.prometheus)} ({brief(exc, 300)}): the NVML read alone",
+              file=sys.stderr)  # fmt: skip
+        return checks
+    history = {q.uuid: q for q in found}
+    out = []
+    for c in checks:
+        q = history.get(c.uuid)
+        if q is None or not q.reasons:
+            out.append(c)
+            continue
+        added = [Finding(level="CRITICAL" if tier == "service" else "WARN", reason=f"history, last {args.range}: {why}",
+                         action=HISTORY_ACTIONS[tier]) for tier, why in q.reasons]  # fmt: skip
+        findings = [*c.findings, *added]
+        out.append(c.model_copy(update={"findings": findings,
+                                        "level": max((f.level for f in findings), key=LEVELS.index)}))  # fmt: skip
+    return out
 
 
 def _print(checks: list[GpuCheck], level: str, seconds: float) -> None:
