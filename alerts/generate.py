@@ -149,6 +149,13 @@ LOST_CAUSES = ("input_cpu", "input_io", "input", "launch", "checkpoint", "startu
 #: held, busy, lost by cause, waiting on peers, effective and at peak, joules drawn held idle, the diagnosis's
 #: scrapes by reason; and a heartbeat the fleet commands check that the records cover their range by.
 USAGE_SHARE = "uuid_job_id:gpu_job_share:ratio"
+#: Per GPU (``top``'s GPU table): the growth of each state's and each idle cause's seconds, the diagnosis's scrapes by
+#: reason.
+USAGE_GPU = {
+    "states": "uuid:gpu_state_seconds:increase",
+    "causes": "uuid:gpu_idle_seconds:increase",
+    "reasons": "uuid:gpu_diagnosis_scrapes:count",
+}
 USAGE_HEARTBEAT = "instance:gpu_usage_recorded:count"
 USAGE = {
     "held": "instance_job_id:gpu_held_seconds:increase",
@@ -186,6 +193,8 @@ def usage_records(values: dict[str, str]) -> str:
       peak-equivalent seconds: the window's mean FLOP utilization estimate times w times the GPU's share;
     - the diagnosis's scrapes by reason, given to the job with the largest share of each GPU (a GPU shared by jobs
       gives them its reasons once: the verdict ranks reasons, it does not add them);
+    - per GPU (USAGE_GPU), for the GPU table: each state's and each idle cause's growth (above 0 only), and the
+      diagnosis's scrapes by reason;
     - USAGE_HEARTBEAT: the GPUs up per node (its cluster, instance and job), so a reader knows from when the records
       exist for the nodes it selects.
 
@@ -195,10 +204,10 @@ def usage_records(values: dict[str, str]) -> str:
     gpu = f"{c}instance, job, gpu, uuid"
     window = f"[{w}] offset {USAGE_OFFSET}"
 
-    def grew(metric: str, extra: str = "") -> str:
+    def grew(metric: str, extra: str = "", by: str = "") -> str:
         now = f"{metric}{{{sel}{extra}}} offset {USAGE_OFFSET}"
         before = f"{metric}{{{sel}{extra}}} offset {duration(seconds(w) + seconds(USAGE_OFFSET))}"
-        return f"sum by ({gpu}) ((({now} - {before}) >= 0) or ({now} + 0))"
+        return f"sum by ({gpu}{by}) ((({now} - {before}) >= 0) or ({now} + 0))"
 
     presence = f"max by ({gpu}, job_id, job_scope, job_kind) (count_over_time(gpu_process_job_info{{{sel}}}{window}))"
     share = f"({presence} / on ({gpu}) group_left () sum by ({gpu}) ({presence}))"
@@ -226,6 +235,9 @@ def usage_records(values: dict[str, str]) -> str:
     reasons = (f"sum by ({c}instance, job, job_id, job_scope, job_kind, reason) ({scrapes} * on ({gpu}) "
                f"group_left (job_id, job_scope, job_kind) (0 * {largest} + 1))")  # fmt: skip
     rules.append((f"{USAGE['reasons']}{w}", reasons, {}))
+    rules.append((f"{USAGE_GPU['states']}{w}", f"{grew('gpu_state_seconds_total', by=', state')} > 0", {}))
+    rules.append((f"{USAGE_GPU['causes']}{w}", f"{grew('gpu_idle_seconds_total', by=', cause')} > 0", {}))
+    rules.append((f"{USAGE_GPU['reasons']}{w}", scrapes, {}))
     rules.append((USAGE_HEARTBEAT, f"count by ({c}instance, job) (gpu_up{{{sel}}})", {}))
     out = []
     for name, expr, labels in rules:

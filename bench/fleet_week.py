@@ -4,16 +4,15 @@ gpuwarden.usage) and from every GPU's raw series, on a real Prometheus.
 
     python3 bench/fleet_week.py [--gpus 1024] [--days 1] [--job-hours 4] [--raw]
 
-It writes ``--days`` of a synthetic fleet of ``--gpus`` GPUs on 8-GPU nodes ending now, as OpenMetrics, and backfills
-it with ``promtool tsdb create-blocks-from openmetrics``: each node runs one job after another, ``--job-hours``
-each (a Slurm job on all 8 GPUs); the GPU series ``top``'s GPU table reads at 15 s scrapes (busy and starved seconds,
-input-idle seconds, the diagnosis), the node's name and price; and the usage records as the rules write them, once a
-minute (per job and node: held, busy, lost by cause, effective, at peak, the diagnosis's scrapes; per GPU and job its
-share; per node the heartbeat) and each process's job (gpu_process_job_info, at the scrapes), with the values a job
-busy 2/3 of the time and input-starved the rest would give.
-Then it times ``gpuwarden top --source recorded`` over a day and, with ``--days`` 7 or more, a week (and ``--raw``: the
-raw accounting over a day, which reads every GPU's series at every scrape). Prints figures; asserts nothing. Needs
-prometheus and promtool on PATH.
+It writes ``--days`` of a synthetic fleet of ``--gpus`` GPUs on 8-GPU nodes ending now, as OpenMetrics, and backfills it
+with ``promtool tsdb create-blocks-from openmetrics``: each node runs one job after another, ``--job-hours`` each (a
+Slurm job on all 8 GPUs); the GPU series ``top``'s GPU table reads at 15 s scrapes (busy and starved seconds, input-idle
+seconds, the diagnosis), the node's name and price; and the usage records as the rules write them, once a minute (per
+job and node: held, busy, lost by cause, effective, at peak, the diagnosis's scrapes; per GPU and job its share; per GPU
+its states', causes' and reasons'; per node the heartbeat) and each process's job (gpu_process_job_info, at the
+scrapes), with the values a job busy 2/3 of the time and input-starved the rest would give. Then it times ``gpuwarden
+top --source recorded`` over a day and, with ``--days`` 7 or more, a week (and ``--raw``: the raw accounting over a day,
+which reads every GPU's series at every scrape). Prints figures; asserts nothing. Needs prometheus and promtool on PATH.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuwarden.cluster.usage import RECORDED, RECORDED_HEARTBEAT, RECORDED_SHARE  # noqa: E402
+from gpuwarden.cluster.usage import RECORDED, RECORDED_GPU, RECORDED_HEARTBEAT, RECORDED_SHARE  # noqa: E402
 
 SCRAPE = 15
 MINUTE = 60
@@ -61,6 +60,12 @@ def _write(path: Path, gpus: int, days: float, job_hours: float, end: int) -> in
                 f.writelines(f"{idle} {5 * k} {t}\n" for k, t in enumerate(scrapes))
                 f.writelines(f'gpu_diagnosis{{{gl},reason="input_starved"}} 1 {t}\n' for t in scrapes)
                 n += 4 * len(scrapes)
+                for record, value, extra in ((RECORDED_GPU["states"], 40, ',state="busy"'),
+                                             (RECORDED_GPU["states"], 20, ',state="starved"'),
+                                             (RECORDED_GPU["causes"], 20, ',cause="input"'),
+                                             (RECORDED_GPU["reasons"], 4, ',reason="input_starved"')):  # fmt: skip
+                    f.writelines(f"{record}{{{gl}{extra}}} {value} {t}\n" for t in minutes)
+                    n += len(minutes)
             # one job after another on the node: its records while it runs
             for first in range(start - start % job_s, end, job_s):
                 ts = [t for t in minutes if first <= t < first + job_s]

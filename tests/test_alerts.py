@@ -251,9 +251,11 @@ def test_the_usage_records_are_those_top_reads() -> None:
     assert gen.LOST_CAUSES == usage.LOST_CAUSES  # type: ignore[attr-defined]
     assert {k: v + interval for k, v in gen.USAGE.items()} == usage.RECORDED  # type: ignore[attr-defined]
     assert gen.USAGE_SHARE + interval == usage.RECORDED_SHARE  # type: ignore[attr-defined]
+    assert {k: v + interval for k, v in gen.USAGE_GPU.items()} == usage.RECORDED_GPU  # type: ignore[attr-defined]
     assert gen.USAGE_HEARTBEAT == usage.RECORDED_HEARTBEAT  # type: ignore[attr-defined]
     assert gen.seconds(gen.USAGE_OFFSET) == usage.RECORDED_OFFSET  # type: ignore[attr-defined]
     records = {r["record"] for r in rules() if "record" in r}
-    assert {*usage.RECORDED.values(), usage.RECORDED_SHARE, usage.RECORDED_HEARTBEAT} <= records
+    assert {*usage.RECORDED.values(), *usage.RECORDED_GPU.values(), usage.RECORDED_SHARE,
+            usage.RECORDED_HEARTBEAT} <= records  # fmt: skip
     lost = [r for r in rules() if r.get("record") == usage.RECORDED["lost"]]
     assert sorted(r["labels"]["cause"] for r in lost) == sorted(usage.LOST_CAUSES)

@@ -188,6 +188,11 @@ RECORDED = {
 }
 RECORDED = {k: v + RECORDED_INTERVAL for k, v in RECORDED.items()}
 RECORDED_SHARE = "uuid_job_id:gpu_job_share:ratio" + RECORDED_INTERVAL
+RECORDED_GPU = {
+    "states": "uuid:gpu_state_seconds:increase" + RECORDED_INTERVAL,
+    "causes": "uuid:gpu_idle_seconds:increase" + RECORDED_INTERVAL,
+    "reasons": "uuid:gpu_diagnosis_scrapes:count" + RECORDED_INTERVAL,
+}
 RECORDED_HEARTBEAT = "instance:gpu_usage_recorded:count"
 #: The records cover a range when they exist within its first this many seconds.
 RECORDED_CHECK = 300
@@ -447,28 +452,31 @@ class Accounting:
         self._price(out.values())
         return dict(out)
 
-    def gpus_over_range(self) -> dict[GpuKey, Usage]:
-        """``gpus()`` read with ``increase()`` over the whole range (one window a series, no steps): what ``top``
-        reads where the usage records cover a long range. Within about 1% of ``gpus()`` over hours (``increase``
-        extrapolates to the range's ends, by up to a scrape interval at each); the reasons are the scrapes each
-        reason held (``gpus()``: steps)."""
+    def recorded_gpus(self) -> dict[GpuKey, Usage]:
+        """``gpus()`` from the usage records per GPU (each state's and idle cause's growth a minute, the diagnosis's
+        scrapes by reason), summed over the range as ``recorded_jobs`` sums the jobs' (the same 1% and the same
+        ends). The reasons are scrapes (``gpus()``: steps), which only rank them."""
         out: dict[GpuKey, Usage] = defaultdict(Usage)
         c = self._c
-        window = f"[{self._range_ms}ms]"
-        q = f"sum by ({c}instance, gpu, cause) (increase({self.metric('gpu_idle_seconds_total')}{window}))"
-        for s in self.samples(q, "instance", "gpu", "cause"):
+        window = f"[{self._range_ms}ms] offset -{RECORDED_OFFSET}s"
+
+        def summed(name: str, by: str) -> list[Sample]:
+            q = f"sum by ({c}instance, gpu, {by}) (sum_over_time({self.metric(name)}{window}))"
+            return self.samples(q, "instance", "gpu", by)
+
+        for s in summed(RECORDED_GPU["causes"], "cause"):
             u = out[self.gpu_key(s.labels)]
             if s.labels["cause"] == "free":
                 u.free_hours += s.value / 3600
             elif s.labels["cause"] in u.lost_hours:
                 u.lost_hours[s.labels["cause"]] += s.value / 3600
-        for state, attr in (('state="busy"', "busy_hours"), ('state!="free"', "held_hours")):
-            grew = f"increase({self.metric('gpu_state_seconds_total', state)}{window})"
-            for s in self.samples(f"sum by ({c}instance, gpu) ({grew})", "instance", "gpu"):
-                u = out[self.gpu_key(s.labels)]
-                setattr(u, attr, getattr(u, attr) + s.value / 3600)
-        q = f"sum by ({c}instance, gpu, reason) (count_over_time({self.metric('gpu_diagnosis')}{window}))"
-        for s in self.samples(q, "instance", "gpu", "reason"):
+        for s in summed(RECORDED_GPU["states"], "state"):
+            u = out[self.gpu_key(s.labels)]
+            if s.labels["state"] != "free":
+                u.held_hours += s.value / 3600
+            if s.labels["state"] == "busy":
+                u.busy_hours += s.value / 3600
+        for s in summed(RECORDED_GPU["reasons"], "reason"):
             if self.gpu_key(s.labels) in out:
                 out[self.gpu_key(s.labels)].reasons[s.labels["reason"]] = s.value
         for (cluster, inst, gpu), u in out.items():

@@ -158,7 +158,7 @@ def _top(acc: Accounting, source: str) -> tuple[dict[JobKey, Usage], dict[GpuKey
         raise ValueError(f"the usage records (rule group gpuwarden.usage) do not cover the last {acc.range} of the "
                          "selected nodes: load alerts/gpuwarden.rules.yml, or use --source raw")  # fmt: skip
     if source == "recorded":
-        return acc.recorded_jobs(), acc.gpus_over_range(), acc.node_names(), acc, source
+        return acc.recorded_jobs(), acc.recorded_gpus(), acc.node_names(), acc, source
     return acc.jobs(), acc.gpus(), acc.node_names(), acc, source
 
 
