@@ -101,7 +101,8 @@ def _write(path: Path, lines: list[tuple[str, str, float]], end: int, hours: flo
     return n
 
 
-def _ready(url: str, seconds: float = 120) -> None:
+def ready(url: str, seconds: float = 120) -> None:
+    """Wait until the Prometheus at ``url`` says it is ready; RuntimeError after ``seconds``."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -113,7 +114,7 @@ def _ready(url: str, seconds: float = 120) -> None:
     raise RuntimeError("Prometheus did not come up")
 
 
-def _timed(cmd: list[str], env: dict[str, str], cwd: Path) -> str:
+def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> str:
     """Wall seconds of ``cmd`` run in ``cwd`` (``python -m`` imports the package of its working directory first), or
     why it failed."""
     t = time.monotonic()
@@ -150,7 +151,7 @@ def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None
                              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
                              "--query.timeout=10m"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        _ready(url)
+        ready(url)
         time.sleep(20)
         seen: dict[str, list[float]] = {}
         stop = time.monotonic() + args.seconds
@@ -171,8 +172,8 @@ def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None
         gw = [sys.executable, "-m", "gpuwarden"]
         asked = ("--prometheus", url, "--timeout", "600")
         for rng in ("15m", "1h"):
-            top = _timed([*gw, "top", *asked, "--range", rng], env, tree)
-            report = _timed([*gw, "report", "--job", "100000", *asked, "--range", rng], env, tree)
+            top = timed([*gw, "top", *asked, "--range", rng], env, tree)
+            report = timed([*gw, "report", "--job", "100000", *asked, "--range", rng], env, tree)
             print(f"  top --range {rng:4}               {top}")
             print(f"  report --job 100000 --range {rng:4} {report}")
     finally:

@@ -26,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from fleet_scale import ready, timed  # noqa: E402  (this directory: the script's own)
 
 from gpuwarden.cluster.usage import RECORDED, RECORDED_GPU, RECORDED_HEARTBEAT, RECORDED_SHARE  # noqa: E402
 
@@ -89,27 +89,6 @@ def _write(path: Path, gpus: int, days: float, job_hours: float, end: int) -> in
     return n
 
 
-def _ready(url: str, seconds: float = 300) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("Prometheus did not come up")
-
-
-def _timed(cmd: list[str]) -> str:
-    """Wall seconds of ``cmd``, or why it failed."""
-    t = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO)
-    wall = time.monotonic() - t
-    return f"{wall:7.1f} s" if done.returncode == 0 else f"{wall:7.1f} s, exit {done.returncode}: " + (
-        done.stderr.strip().splitlines() or ["?"])[-1][:100]  # fmt: skip
-
-
 def main() -> int:
     """Backfill, start Prometheus, time ``top``; print the figures."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -140,15 +119,16 @@ def main() -> int:
                                    "--storage.tsdb.retention.time=30d", "--query.timeout=20m"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
-            _ready(url)
+            ready(url, 300)
             gw = [sys.executable, "-m", "gpuwarden", "top", "--prometheus", url, "--timeout", "1200", "--json",
                   "--at", str(end)]  # fmt: skip
             ranges = ["1d"] + (["7d"] if args.days >= 7 else [])
             for rng in ranges:
-                took = _timed([*gw, "--range", rng, "--source", "recorded"])
+                took = timed([*gw, "--range", rng, "--source", "recorded"], dict(os.environ), REPO)
                 print(f"  top --range {rng} --source recorded   {took}")
             if args.raw:
-                print(f"  top --range 1d --source raw        {_timed([*gw, '--range', '1d', '--source', 'raw'])}")
+                took = timed([*gw, "--range", "1d", "--source", "raw"], dict(os.environ), REPO)
+                print(f"  top --range 1d --source raw        {took}")
         finally:
             server.terminate()
             server.wait(60)

@@ -479,12 +479,7 @@ class Accounting:
         for s in summed(RECORDED_GPU["reasons"], "reason"):
             if self.gpu_key(s.labels) in out:
                 out[self.gpu_key(s.labels)].reasons[s.labels["reason"]] = s.value
-        for (cluster, inst, gpu), u in out.items():
-            u.cluster = cluster
-            u.instances.add(inst)
-            u.gpus.add((inst, gpu))
-        self._price(out.values())
-        return dict(out)
+        return self._priced_gpus(out)
 
     def idle_facts(self, reclaimable: tuple[str, ...], job_filter: str = "") -> dict[JobKey, IdleFacts]:
         """What the reclaim ladder (gpuwarden.reclaim) asks of each job over the range: the seconds it held its GPUs
@@ -664,6 +659,10 @@ class Accounting:
         for g, reasons in self._gpu_reasons().items():
             if g in out:
                 out[g].reasons = reasons
+        return self._priced_gpus(out)
+
+    def _priced_gpus(self, out: dict[GpuKey, Usage]) -> dict[GpuKey, Usage]:
+        """``out`` with each GPU's cluster, instance and GPU set on its usage, and its cost (``_price``)."""
         for (cluster, inst, gpu), u in out.items():
             u.cluster = cluster
             u.instances.add(inst)
