@@ -210,7 +210,7 @@ def test_a_jobs_report_asks_only_about_its_gpus_and_equals_the_fleets_accounting
         asked.append(promql)
         return query(promql, at)
 
-    client.query = recorded  # type: ignore[method-assign]
+    client.query = recorded  # type: ignore[method-assign,assignment]
     try:
         at = time.time()
         narrow = Accounting(client, "30s", "1s", at=at).job_details(SLUID)

@@ -154,8 +154,8 @@ def test_top_from_the_usage_records_is_within_1_percent_of_the_counters(fleet: d
         # effective: the scrapes with util.gpu >= 0.5, 15 s each, while the job held the GPU
         effective = j["held_gpu_hours"] if JOBS[key[0]][2] >= SCRAPE / 2 else 0.0
         assert j["effective_gpu_hours"] == pytest.approx(effective, rel=0.01, abs=0.01 * held), key
-    held = [sum(_hours(s, *HELD) for s in truth.job_states.values()), sum(j["held_gpu_hours"] for j in doc["jobs"])]
-    assert held[1] == pytest.approx(held[0], rel=0.01)  # the fleet's
+    fleet_held = sum(_hours(s, *HELD) for s in truth.job_states.values())
+    assert sum(j["held_gpu_hours"] for j in doc["jobs"]) == pytest.approx(fleet_held, rel=0.01)  # the fleet's
     assert len(jobs[(SLUID, None, "alpha")]["gpus"]) == 2 and len(jobs[(SLUID, None, "beta")]["gpus"]) == 1
     gpus = {(g["cluster"]["cluster"], g["instance"], g["gpu"]): g for g in doc["gpus"]}
     assert set(gpus) == set(truth.gpu_states)
