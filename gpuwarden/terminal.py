@@ -31,9 +31,14 @@ def listed(values: Iterable[object], most: int = 5, limit: int = 80) -> str:
     return ", ".join(shown[:most]) + more
 
 
+#: The most characters of one value a table shows (``plain``): every real job id, cgroup path or host name whole,
+#: ready to paste; a hostile 100 kB one cut, the cut said (``brief``). JSON output keeps values whole.
+SHOWN_CHARS = 512
+
+
 def plain(text: object, style: str = "") -> Any:
-    """A ``rich.text.Text`` of ``visible(text)`` in ``style``: printed as it is, never read as markup (a process
-    named ``[/]`` or ``[link=...]`` is shown, not obeyed)."""
+    """A ``rich.text.Text`` of ``brief(text, SHOWN_CHARS)`` in ``style``: printed as it is, never read as markup (a
+    process named ``[/]`` or ``[link=...]`` is shown, not obeyed), and never kilobytes of one value."""
     from rich.text import Text
 
-    return Text(visible(text), style=style)
+    return Text(brief(text, SHOWN_CHARS), style=style)

@@ -22,7 +22,7 @@ from gpuwarden.cluster.usage import (
     default_attribution,
     seconds,
 )
-from gpuwarden.terminal import brief, listed, plain, visible
+from gpuwarden.terminal import SHOWN_CHARS, brief, listed, plain, visible
 from gpuwarden.urls import redacted
 
 if TYPE_CHECKING:
@@ -322,8 +322,9 @@ def _print(console: Any, renderable: Any) -> None:
 
 
 def _tsv_cell(text: str) -> str:
-    """A cell of a tab-separated line: shown as ``visible`` shows it, a tab written as its escape."""
-    return visible(text).replace("\t", "\\t")
+    """A cell of a tab-separated line: shown as ``brief`` shows it (at most SHOWN_CHARS), a tab written as its
+    escape."""
+    return brief(text, SHOWN_CHARS).replace("\t", "\\t")
 
 
 #: A column of ``top``'s tables: (title, right-aligned, cell of one row).

@@ -111,7 +111,7 @@ def _print_report(rows: list[dict[str, Any]], policy: Any, range_s: float) -> No
     from rich.console import Console
     from rich.table import Table
 
-    from gpuwarden.terminal import plain, visible
+    from gpuwarden.terminal import SHOWN_CHARS, brief, plain
 
     header = ("time (UTC)", "job", "step", "idle min", "GPUs", "nodes", "evidence")
     cells = [
@@ -122,7 +122,7 @@ def _print_report(rows: list[dict[str, Any]], policy: Any, range_s: float) -> No
     title = f"reclaim ladder over the last {range_s / 3600:g} h (dry run): {len(rows)} decision(s)"
     console = Console()
     if not console.is_terminal:
-        lines = [f"# {title}", "\t".join(header), *("\t".join(visible(c).replace("\t", "\\t") for c in row)
+        lines = [f"# {title}", "\t".join(header), *("\t".join(brief(c, SHOWN_CHARS).replace("\t", "\\t") for c in row)
                                                       for row in cells)]  # fmt: skip
         sys.stdout.write("".join(line + "\n" for line in lines))
         return

@@ -162,11 +162,17 @@ class Controller:
 
     def _outcome(self, decision: Decision, outcome: str, detail: str) -> None:
         """Log ``decision`` with its evidence and outcome, and count it."""
+        from gpuwarden.terminal import SHOWN_CHARS, brief
+
+        # a log line holds no value of kilobytes (a hostile job id): each cut to SHOWN_CHARS, the cut said
+        fields = {
+            k: brief(v, SHOWN_CHARS) if isinstance(v, str) else v for k, v in record(decision, outcome, detail).items()
+        }
         log.info(
             "reclaim ladder: %s %s",
             "job worked again:" if decision.step == RESET else f"step {decision.step}:",
-            decision.key.label(),
-            extra=record(decision, outcome, detail),
+            brief(decision.key.label(), SHOWN_CHARS),
+            extra=fields,
         )
         if self.metrics is not None:
             self.metrics.decisions.labels(decision.step, outcome).inc()
