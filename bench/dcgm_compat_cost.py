@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+from fleet_scale import ready  # this directory: the script's own
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "data" / "golden" / "h100-compute_bound.prom"
@@ -102,14 +103,7 @@ def main() -> int:
                                 stderr=subprocess.DEVNULL)  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+            ready(url, 60)
             time.sleep(10)
             seen: dict[str, list[float]] = {}
             end = time.monotonic() + args.seconds

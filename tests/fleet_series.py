@@ -35,6 +35,15 @@ NODES = {("alpha", "n1:9400"): 2, ("alpha", "n2:9400"): 2, ("beta", "n1:9400"): 
 PRICE = 2.0
 
 
+#: The states a job holds its GPU in (every state but free): held hours are their seconds.
+HELD = ("busy", "starved", "paused", "held_idle")
+
+
+def hours(seconds: dict[str, float], *names: str) -> float:
+    """Hours of the ``names`` states or causes of one of Truth's dicts of seconds."""
+    return sum(v for k, v in seconds.items() if k in names) / 3600
+
+
 @dataclass
 class Truth:
     """Seconds the counters grew in (start, end], per GPU ((cluster, instance, gpu) -> state or cause -> s) and per

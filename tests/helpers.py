@@ -22,6 +22,17 @@ REPO = Path(__file__).resolve().parent.parent
 _GIVEN: set[int] = set()
 
 
+def cli_json(*args: str) -> dict:
+    """``gpuwarden ARGS --json`` run from the checkout: its document. Fails the test, with its standard error, when
+    it exits non-zero."""
+    import json
+
+    res = subprocess.run([sys.executable, "-m", "gpuwarden", *args, "--json"], capture_output=True, text=True,
+                         cwd=REPO, timeout=300, check=False, env={**os.environ, "COLUMNS": "160"})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now and that no earlier call in this run returned."""
     while True:

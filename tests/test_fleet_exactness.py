@@ -5,8 +5,6 @@ GPU and per job, within 1% of the counters and of hand-written PromQL; one job i
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,8 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import yaml
-from fleet_series import JOBS, REASON, SCRAPE, SLUID, Fleet
-from helpers import REPO, backfilled_prometheus
+from fleet_series import HELD, JOBS, REASON, SCRAPE, SLUID, Fleet, hours
+from helpers import REPO, backfilled_prometheus, cli_json
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -44,17 +42,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         yield {"url": url, "at": at, "truth": series.truth(at - RANGE_S, at)}
 
 
-def gw(*args: str) -> dict:
-    res = subprocess.run([sys.executable, "-m", "gpuwarden", *args, "--json"], capture_output=True, text=True,
-                         cwd=REPO, timeout=300, check=False, env={**os.environ, "COLUMNS": "160"})  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
-def _hours(seconds: dict[str, float], *names: str) -> float:
-    return sum(v for k, v in seconds.items() if k in names) / 3600
-
-
 def hand(url: str, expr: str, at: float) -> float:
     """One number from hand-written PromQL at ``at``."""
     body = httpx.get(f"{url}/api/v1/query", params={"query": expr, "time": at}, timeout=30).json()
@@ -66,10 +53,7 @@ def hand(url: str, expr: str, at: float) -> float:
 @pytest.fixture(scope="module")
 def tops(fleet: dict) -> dict[str, dict]:
     common = ["--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]), "--source", "raw"]
-    return {step: gw("top", *common, "--step", step, "--limit", "1") for step in STEPS}
-
-
-HELD = ("busy", "starved", "paused", "held_idle")
+    return {step: cli_json("top", *common, "--step", step, "--limit", "1") for step in STEPS}
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -79,11 +63,11 @@ def test_every_gpu_and_the_fleet_are_their_counters_at_any_step(fleet: dict, top
     assert set(gpus) == set(truth.gpu_states)  # n1:9400 twice: once in each cluster
     for key, states in truth.gpu_states.items():
         g = gpus[key]
-        assert g["held_gpu_hours"] == pytest.approx(_hours(states, *HELD), rel=0.01, abs=1e-6), key
-        assert g["busy_gpu_hours"] == pytest.approx(_hours(states, "busy"), rel=0.01, abs=1e-6), key
-        assert g["free_gpu_hours"] == pytest.approx(_hours(truth.gpu_causes[key], "free"), rel=0.01, abs=1e-6), key
+        assert g["held_gpu_hours"] == pytest.approx(hours(states, *HELD), rel=0.01, abs=1e-6), key
+        assert g["busy_gpu_hours"] == pytest.approx(hours(states, "busy"), rel=0.01, abs=1e-6), key
+        assert g["free_gpu_hours"] == pytest.approx(hours(truth.gpu_causes[key], "free"), rel=0.01, abs=1e-6), key
     fleet_held = sum(g["held_gpu_hours"] for g in tops[step]["gpus"])
-    assert fleet_held == pytest.approx(sum(_hours(s, *HELD) for s in truth.gpu_states.values()), rel=0.01)
+    assert fleet_held == pytest.approx(sum(hours(s, *HELD) for s in truth.gpu_states.values()), rel=0.01)
     # by hand: alpha's counters (no restart there) at the range's end minus at its start
     held = 'sum(gpu_state_seconds_total{cluster="alpha", state!="free"} @ END)'
     start = fleet["at"] - RANGE_S
@@ -103,12 +87,12 @@ def test_every_job_is_its_counters_at_any_step_and_one_id_in_two_clusters_is_two
     assert {k for k in jobs if k[0] == SLUID} == {(SLUID, None, "alpha"), (SLUID, None, "beta")}
     for key, states in truth.job_states.items():
         j = jobs[key]
-        assert j["held_gpu_hours"] == pytest.approx(_hours(states, *HELD), rel=0.01, abs=1e-6), key
-        assert j["busy_gpu_hours"] == pytest.approx(_hours(states, "busy"), rel=0.01, abs=1e-6), key
+        assert j["held_gpu_hours"] == pytest.approx(hours(states, *HELD), rel=0.01, abs=1e-6), key
+        assert j["busy_gpu_hours"] == pytest.approx(hours(states, "busy"), rel=0.01, abs=1e-6), key
         causes = truth.job_causes[key]
         for cause in {c for *_, c in JOBS.values()}:
             got = j["lost_gpu_hours_by_cause"][cause]
-            assert got == pytest.approx(_hours(causes, cause), rel=0.01, abs=1e-6), (key, cause)
+            assert got == pytest.approx(hours(causes, cause), rel=0.01, abs=1e-6), (key, cause)
     assert len(jobs[(SLUID, None, "alpha")]["gpus"]) == 2 and len(jobs[(SLUID, None, "beta")]["gpus"]) == 1
     # by hand: alpha's SLUID held both GPUs of alpha's n1 the whole range
     sel = 'cluster="alpha", instance="n1:9400"'
@@ -124,46 +108,48 @@ def test_report_of_a_job_that_handed_its_gpu_over_mid_step(fleet: dict) -> None:
     counters' at every step."""
     truth = fleet["truth"].job_states[("4242", None, "alpha")]
     for step in STEPS:
-        doc = gw("report", "--job", "4242", "--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]),
-                 "--step", step)  # fmt: skip
-        assert doc["held_gpu_hours"] == pytest.approx(_hours(truth, *HELD), rel=0.01), step
-        assert doc["busy_gpu_hours"] == pytest.approx(_hours(truth, "busy"), rel=0.01), step
+        at = str(fleet["at"])
+        doc = cli_json(
+            "report", "--job", "4242", "--prometheus", fleet["url"], "--range", "3h", "--at", at, "--step", step
+        )
+        assert doc["held_gpu_hours"] == pytest.approx(hours(truth, *HELD), rel=0.01), step
+        assert doc["busy_gpu_hours"] == pytest.approx(hours(truth, "busy"), rel=0.01), step
 
 
 def test_top_from_the_usage_records_is_within_1_percent_of_the_counters(fleet: dict) -> None:
     """Over a range past an hour ``top`` reads the usage records (the rules' gpuwarden.usage group, backfilled by
     promtool as Prometheus makes them): every job's and GPU's held, busy and lost hours within 1% of what the counters
     grew, one id in two clusters two jobs, the GPUs each job held."""
-    doc = gw("top", "--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]), "--limit", "1")
+    doc = cli_json("top", "--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]), "--limit", "1")
     assert doc["source"] == "recorded"
     truth = fleet["truth"]
     jobs = {(j["job_id"], j["instance"], j["cluster"]["cluster"]): j for j in doc["jobs"]}
     assert set(jobs) == set(truth.job_states)
     for key, states in truth.job_states.items():
         j = jobs[key]
-        held = _hours(states, *HELD)
+        held = hours(states, *HELD)
         # within 1%, or a record interval (a minute) a GPU at each end of the range where the job held it across
         edges = 2 * len(j["gpus"]) / 60
         assert j["held_gpu_hours"] == pytest.approx(held, rel=0.01, abs=edges), key
-        assert j["busy_gpu_hours"] == pytest.approx(_hours(states, "busy"), rel=0.01, abs=edges), key
+        assert j["busy_gpu_hours"] == pytest.approx(hours(states, "busy"), rel=0.01, abs=edges), key
         for cause in {c for *_, c in JOBS.values()}:
             got = j["lost_gpu_hours_by_cause"][cause]
-            assert got == pytest.approx(_hours(truth.job_causes[key], cause), rel=0.01, abs=edges), (key, cause)
+            assert got == pytest.approx(hours(truth.job_causes[key], cause), rel=0.01, abs=edges), (key, cause)
         # the main reason; a GPU changing hands gives its minute's reasons to the job that held it most of it
         assert j["verdict"][0] == REASON[key[0]], key
         # effective: the scrapes with util.gpu >= 0.5, 15 s each, while the job held the GPU
         effective = j["held_gpu_hours"] if JOBS[key[0]][2] >= SCRAPE / 2 else 0.0
         assert j["effective_gpu_hours"] == pytest.approx(effective, rel=0.01, abs=0.01 * held), key
-    fleet_held = sum(_hours(s, *HELD) for s in truth.job_states.values())
+    fleet_held = sum(hours(s, *HELD) for s in truth.job_states.values())
     assert sum(j["held_gpu_hours"] for j in doc["jobs"]) == pytest.approx(fleet_held, rel=0.01)  # the fleet's
     assert len(jobs[(SLUID, None, "alpha")]["gpus"]) == 2 and len(jobs[(SLUID, None, "beta")]["gpus"]) == 1
     gpus = {(g["cluster"]["cluster"], g["instance"], g["gpu"]): g for g in doc["gpus"]}
     assert set(gpus) == set(truth.gpu_states)
     for key, states in truth.gpu_states.items():
-        held = _hours(states, *HELD) + _hours(truth.gpu_causes[key], "free")
-        assert gpus[key]["held_gpu_hours"] == pytest.approx(_hours(states, *HELD), rel=0.01, abs=0.01 * held), key
-        assert gpus[key]["free_gpu_hours"] == pytest.approx(_hours(truth.gpu_causes[key], "free"), abs=0.01 * held)
-    raw = gw("top", "--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]), "--source", "raw")
+        held = hours(states, *HELD) + hours(truth.gpu_causes[key], "free")
+        assert gpus[key]["held_gpu_hours"] == pytest.approx(hours(states, *HELD), rel=0.01, abs=0.01 * held), key
+        assert gpus[key]["free_gpu_hours"] == pytest.approx(hours(truth.gpu_causes[key], "free"), abs=0.01 * held)
+    raw = cli_json("top", "--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]), "--source", "raw")
     assert raw["source"] == "raw"
     asked = subprocess.run([sys.executable, "-m", "gpuwarden", "top", "--prometheus", fleet["url"], "--range", "3h",
                             "--at", str(fleet["at"] + 30 * 86400), "--source", "recorded"], capture_output=True,

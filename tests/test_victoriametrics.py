@@ -6,23 +6,19 @@ Prometheus does."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from fleet_series import JOBS, SLUID, Fleet
-from helpers import REPO, free_port, stop_all, wait_http
+from fleet_series import HELD, JOBS, SLUID, Fleet, hours
+from helpers import cli_json, free_port, stop_all, wait_http
 
 VICTORIA = shutil.which("victoria-metrics")
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(VICTORIA is None, reason="victoria-metrics not installed")]
 RANGE_S = 3 * 3600
-HELD = ("busy", "starved", "paused", "held_idle")
 
 
 @pytest.fixture(scope="module")
@@ -50,41 +46,32 @@ def victoria(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         stop_all([server])
 
 
-def gw(*args: str) -> dict:
-    res = subprocess.run([sys.executable, "-m", "gpuwarden", *args, "--json"], capture_output=True, text=True,
-                         cwd=REPO, timeout=300, check=False, env={**os.environ, "COLUMNS": "160"})  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
-def _hours(seconds: dict[str, float], *names: str) -> float:
-    return sum(v for k, v in seconds.items() if k in names) / 3600
-
-
 @pytest.mark.parametrize("step", ["1m", "5m"])
 def test_top_on_victoriametrics_is_the_counters_for_every_job_and_gpu(victoria: dict, step: str) -> None:
-    doc = gw("top", "--prometheus", victoria["url"], "--range", "3h", "--at", str(victoria["at"]), "--step", step,
+    doc = cli_json("top", "--prometheus", victoria["url"], "--range", "3h", "--at", str(victoria["at"]), "--step", step,
              "--source", "raw")  # fmt: skip
     truth = victoria["truth"]
     gpus = {(g["cluster"]["cluster"], g["instance"], g["gpu"]): g for g in doc["gpus"]}
     assert set(gpus) == set(truth.gpu_states)
     for key, states in truth.gpu_states.items():
-        assert gpus[key]["held_gpu_hours"] == pytest.approx(_hours(states, *HELD), rel=0.01, abs=1e-6), key
-        assert gpus[key]["busy_gpu_hours"] == pytest.approx(_hours(states, "busy"), rel=0.01, abs=1e-6), key
+        assert gpus[key]["held_gpu_hours"] == pytest.approx(hours(states, *HELD), rel=0.01, abs=1e-6), key
+        assert gpus[key]["busy_gpu_hours"] == pytest.approx(hours(states, "busy"), rel=0.01, abs=1e-6), key
     jobs = {(j["job_id"], j["instance"], j["cluster"]["cluster"]): j for j in doc["jobs"]}
     assert set(jobs) == set(truth.job_states)
     assert {k for k in jobs if k[0] == SLUID} == {(SLUID, None, "alpha"), (SLUID, None, "beta")}
     for key, states in truth.job_states.items():
-        assert jobs[key]["held_gpu_hours"] == pytest.approx(_hours(states, *HELD), rel=0.01, abs=1e-6), key
-        assert jobs[key]["busy_gpu_hours"] == pytest.approx(_hours(states, "busy"), rel=0.01, abs=1e-6), key
+        assert jobs[key]["held_gpu_hours"] == pytest.approx(hours(states, *HELD), rel=0.01, abs=1e-6), key
+        assert jobs[key]["busy_gpu_hours"] == pytest.approx(hours(states, "busy"), rel=0.01, abs=1e-6), key
         for cause in {c for *_, c in JOBS.values()}:
             got = jobs[key]["lost_gpu_hours_by_cause"][cause]
-            assert got == pytest.approx(_hours(truth.job_causes[key], cause), rel=0.01, abs=1e-6), (key, cause)
+            assert got == pytest.approx(hours(truth.job_causes[key], cause), rel=0.01, abs=1e-6), (key, cause)
 
 
 def test_report_on_victoriametrics_of_a_job_that_handed_its_gpu_over(victoria: dict) -> None:
     truth = victoria["truth"].job_states[("4242", None, "alpha")]
-    doc = gw("report", "--job", "4242", "--prometheus", victoria["url"], "--range", "3h", "--at", str(victoria["at"]))
-    assert doc["held_gpu_hours"] == pytest.approx(_hours(truth, *HELD), rel=0.01)
-    assert doc["busy_gpu_hours"] == pytest.approx(_hours(truth, "busy"), rel=0.01)
+    doc = cli_json(
+        "report", "--job", "4242", "--prometheus", victoria["url"], "--range", "3h", "--at", str(victoria["at"])
+    )
+    assert doc["held_gpu_hours"] == pytest.approx(hours(truth, *HELD), rel=0.01)
+    assert doc["busy_gpu_hours"] == pytest.approx(hours(truth, "busy"), rel=0.01)
     assert len(doc["gpus"]) == 1

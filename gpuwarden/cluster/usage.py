@@ -407,6 +407,14 @@ class Accounting:
         start = self._range_ms // 1000 - RECORDED_CHECK
         return bool(self.prom.query(f"count(count_over_time({beat}[{RECORDED_CHECK}s] offset {start}s))", self.at))
 
+    def _summed_records(self, name: str, by: str, *need: str) -> list[Sample]:
+        """The usage record ``name`` summed over the range by cluster, instance and ``by``, the samples that carry
+        instance and every label of ``need``. Each record covers the interval that ended RECORDED_OFFSET before
+        its evaluation: they are read that much later, so that they cover the range."""
+        window = f"[{self._range_ms}ms] offset -{RECORDED_OFFSET}s"
+        q = f"sum by ({self._c}instance, {by}) (sum_over_time({self.metric(name)}{window}))"
+        return self.samples(q, "instance", *need)
+
     def recorded_jobs(self) -> dict[JobKey, Usage]:
         """``jobs()`` from the usage records (``recorded`` says whether they cover the range): every job that held a
         GPU in the range, each figure the sum over the range of the records of its nodes, one sample a node and
@@ -417,14 +425,10 @@ class Accounting:
         reasons are GPU-scrapes (``jobs()``: GPU-steps), which only rank them."""
         c = self._c
         window = f"[{self._range_ms}ms]"
-        by = f"{c}instance, job_id, job_scope, job_kind"
         out: dict[JobKey, Usage] = defaultdict(Usage)
 
         def summed(name: str, extra: str = "") -> list[Sample]:
-            # each record covers the interval that ended RECORDED_OFFSET before its evaluation: read them that
-            # much later, so that they cover the range
-            q = f"sum by ({by}{extra}) (sum_over_time({self.metric(name)}{window} offset -{RECORDED_OFFSET}s))"
-            return self.samples(q, "instance", "job_id")
+            return self._summed_records(name, "job_id, job_scope, job_kind" + extra, "job_id")
 
         for s in summed(RECORDED["held"]):
             u = out[self._job_key(s.labels)]
@@ -457,12 +461,9 @@ class Accounting:
         scrapes by reason), summed over the range as ``recorded_jobs`` sums the jobs' (the same 1% and the same
         ends). The reasons are scrapes (``gpus()``: steps), which only rank them."""
         out: dict[GpuKey, Usage] = defaultdict(Usage)
-        c = self._c
-        window = f"[{self._range_ms}ms] offset -{RECORDED_OFFSET}s"
 
         def summed(name: str, by: str) -> list[Sample]:
-            q = f"sum by ({c}instance, gpu, {by}) (sum_over_time({self.metric(name)}{window}))"
-            return self.samples(q, "instance", "gpu", by)
+            return self._summed_records(name, f"gpu, {by}", "gpu", by)
 
         for s in summed(RECORDED_GPU["causes"], "cause"):
             u = out[self.gpu_key(s.labels)]
