@@ -13,7 +13,10 @@ Prometheus over it with that tree's alerts/gpuwarden.rules.yml at a 15 s evaluat
 
 - the series a GPU the backfill holds, and the TSDB's bytes a GPU a day (block size on disk / GPUs / days);
 - each rule group's evaluation time (``evaluationTime`` of /api/v1/rules, sampled every 2 s for ``--seconds``):
-  median, 90th percentile and maximum, and the share of its interval;
+  median, 90th percentile and maximum, and the share of its interval, and each group's costliest rules. The memory
+  group's window records (means, variances, least and most) are backfilled over the hours too, with ``promtool tsdb
+  create-blocks-from rules``, so its detectors read the history a steady state has; memory in use is spread over
+  40-95% across GPUs, a busy fleet;
 - the wall time of that tree's ``gpuwarden top --range 15m`` and ``--range 1h`` and ``gpuwarden report --job``
   (one 8-GPU job) over 15 minutes and an hour.
 
@@ -52,6 +55,11 @@ COMMANDS = (
 )  # fmt: skip
 
 
+TOP_RULES = 6
+#: The recording's GPU's memory (an H100 80GB HBM3), from its gpu_memory_total_bytes.
+TOTAL_BYTES = 85520809984.0
+
+
 def _wanted(tree: Path, families: str) -> set[str] | None:
     """The metric names to backfill: those the tree's rules name and COMMANDS (None: every family)."""
     if families == "all":
@@ -74,6 +82,10 @@ def _lines(tree: Path, gpus: int, wanted: set[str] | None) -> list[tuple[str, st
         value = time.time() - 3 * 3600 if m.group(3) == "<masked>" else float(m.group(3))
         per_gpu = 'uuid="' in labels
         for n in range(gpus if per_gpu else -(-gpus // 8)):
+            if name == "gpu_memory_used_bytes":
+                # jobs hold 40-95% of their GPU's memory (the recording's job held 1%, below the memory records'
+                # idle bound: they and the detectors would see an idle fleet and cost less than a busy one)
+                value = TOTAL_BYTES * (0.40 + 0.55 * (n % 11) / 10)
             node = n // 8 if per_gpu else n
             text = labels
             if per_gpu:
@@ -124,10 +136,47 @@ def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> str:
         done.stderr.strip().splitlines() or ["?"])[-1][:100]  # fmt: skip
 
 
+def _serve(work: Path, port: int, rules: Path | None) -> subprocess.Popen[bytes]:
+    """A Prometheus over ``work/tsdb`` on ``port``, evaluating ``rules`` (None: none) every 15 s."""
+    config = {"global": {"evaluation_interval": "15s"}, **({"rule_files": [str(rules)]} if rules else {})}
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+    return subprocess.Popen([shutil.which("prometheus") or "prometheus", f"--config.file={work / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--storage.tsdb.retention.time=30d", "--query.timeout=10m"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def _backfill_records(doc: dict, work: Path, end: int, hours: float) -> None:
+    """Backfill the memory group's window records (``uuid:gpu_memory_used_bytes:*``) over the hours, at the group's
+    interval, into ``work/tsdb``: a Prometheus with no rules answers promtool, in passes (a record that reads another
+    waits for the pass after it: promtool evaluates each rule alone)."""
+    group = next((g for g in doc["groups"] if g["name"] == "gpuwarden.memory"), None)
+    if group is None:
+        return
+    pending = [r for r in group["rules"] if str(r.get("record", "")).startswith("uuid:gpu_memory_used_bytes:")]
+    port = 19100 + os.getpid() % 400
+    while pending:
+        names = {r["record"] for r in pending}
+        now = [r for r in pending if not any(n in str(r["expr"]) for n in names - {r["record"]})]
+        pending = [r for r in pending if r not in now]
+        (work / "records.yml").write_text(yaml.safe_dump({"groups": [{"name": "records", "rules": now}]}))
+        proc = _serve(work, port, None)
+        try:
+            ready(f"http://127.0.0.1:{port}")
+            subprocess.run([shutil.which("promtool") or "promtool", "tsdb", "create-blocks-from", "rules",
+                            f"--start={end - int(hours * 3600)}", f"--end={end}", f"--url=http://127.0.0.1:{port}",
+                            f"--eval-interval={group.get('interval', '1m')}", f"--output-dir={work / 'records'}",
+                            str(work / "records.yml")], check=True, capture_output=True)  # fmt: skip
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        for block in (work / "records").iterdir():
+            shutil.move(str(block), work / "tsdb" / block.name)
+
+
 def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None:
     """Backfill, evaluate and query one tree; print its figures."""
-    prom, promtool = shutil.which("prometheus"), shutil.which("promtool")
-    assert prom and promtool
+    promtool = shutil.which("promtool") or "promtool"
     work = tmp / label
     work.mkdir()
     lines = _lines(tree, args.gpus, _wanted(tree, args.families))
@@ -143,22 +192,25 @@ def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None
           f"({args.families}), {samples:,} samples in {time.monotonic() - t:.0f} s; TSDB "
           f"{size / args.gpus / (args.hours / 24) / 1e6:.2f} MB a GPU a day")  # fmt: skip
     doc = yaml.safe_load((tree / RULES).read_text())
-    (work / "prometheus.yml").write_text(yaml.safe_dump({"global": {"evaluation_interval": "15s"},
-                                                         "rule_files": [str(tree / RULES)]}))  # fmt: skip
+    t = time.monotonic()
+    _backfill_records(doc, work, end, args.hours)
+    print(f"  the memory group's window records backfilled in {time.monotonic() - t:.0f} s")
     port = 19500 + os.getpid() % 400
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([prom, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
-                             "--query.timeout=10m"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = _serve(work, port, tree / RULES)
     try:
         ready(url)
         time.sleep(20)
         seen: dict[str, list[float]] = {}
+        rules: dict[tuple[str, str], list[float]] = {}
         stop = time.monotonic() + args.seconds
         while time.monotonic() < stop:
             for g in httpx.get(f"{url}/api/v1/rules", timeout=30).json()["data"]["groups"]:
                 if g.get("evaluationTime"):
                     seen.setdefault(g["name"], []).append(float(g["evaluationTime"]))
+                for i, r in enumerate(g.get("rules", [])):
+                    if r.get("evaluationTime"):
+                        rules.setdefault((g["name"], f"{r['name']}#{i}"), []).append(float(r["evaluationTime"]))
             time.sleep(2)
         intervals = {g["name"]: float(re.sub(r"[a-z]", "", str(g.get("interval", "15s")))) * (
             60 if str(g.get("interval", "")).endswith("m") else 1) for g in doc["groups"]}  # fmt: skip
@@ -168,6 +220,11 @@ def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None
             share = statistics.median(values) / intervals.get(group, 15)
             print(f"  {group:28} {1000 * statistics.median(values):8.0f} ms {1000 * q[8]:6.0f} ms "
                   f"{1000 * max(values):6.0f} ms   {100 * share:5.1f}%")  # fmt: skip
+        print(f"  the {TOP_RULES} costliest rules of each group (median ms; #n: its place in the group)")
+        for group in sorted(seen):
+            mine = {name: statistics.median(v) for (g, name), v in rules.items() if g == group}
+            costly = sorted(mine.items(), key=lambda kv: -kv[1])[:TOP_RULES]
+            print(f"    {group}: " + ", ".join(f"{name} {1000 * ms:.0f}" for name, ms in costly))
         env = {**os.environ, "PYTHONPATH": str(tree)}
         gw = [sys.executable, "-m", "gpuwarden"]
         asked = ("--prometheus", url, "--timeout", "600")

@@ -839,8 +839,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_job_info",
         "info",
-        "A job holding the GPU (one series per GPU and job, whatever its number of processes): job_id, job_kind, "
-        "job_scope as on gpu_process_job_info, and the Kubernetes names where the kubelet gave them.",
+        "A job holding the GPU (one series per GPU and job, whatever its number of processes), by its processes or "
+        "by a scheduler's allocation (the kubelet's pods, the job mapping directory): job_id, job_kind, job_scope as "
+        "on gpu_process_job_info, and the Kubernetes names where the kubelet gave them.",
         "insight",
         labels=("job_id", "job_kind", "job_scope", "namespace", "pod", "container", "slurm_job_id"),
     ),

@@ -166,6 +166,12 @@ class Config(BaseModel):
         "this node's ResourceSlices give them, read from the Kubernetes API with the pod's service account (needs "
         "list on resourceslices: deploy/kubernetes/dra-rbac.yaml); off: by the driver's gpu-N names, N the NVML index",
     )
+    job_mapping_dir: Path | None = Field(
+        default=None,
+        description="an HPC job mapping directory (dcgm-exporter's format: a file a GPU, named by its index, holding "
+        "the ids of the jobs allocated it, one a line; a Slurm prolog writes it: deploy/slurm): a GPU allocated to a "
+        "job and opened by no process counts allocated_idle, not free; none: not read",
+    )
     node_name: str | None = Field(
         default=None,
         min_length=1,

@@ -17,6 +17,7 @@ from gpuwarden.collectors import CollectOptions
 from gpuwarden.config import Config, ConfigError
 from gpuwarden.exposition import Exposition
 from gpuwarden.logs import setup as setup_logs
+from gpuwarden.model import GpuReading
 from gpuwarden.poller import Analyzer, Poller
 from gpuwarden.source import Source
 from gpuwarden.web import listener
@@ -28,17 +29,35 @@ log = logging.getLogger(__name__)
 
 
 def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
-    """Return the source the config asks for (replay, demo or live NVML) and labels describing it."""
+    """Return the source the config asks for (replay, demo or live NVML) and labels describing it. The scheduler's
+    view (the kubelet's pods, the job mapping directory) annotates every source's polls where configured."""
+    annotate = _annotator(cfg)
     if cfg.demo or cfg.replay is not None:
         from gpuwarden.replay import ReplaySource, demo_trace_path  # the trace reader only where a trace is read
 
-    if cfg.demo:
-        path = demo_trace_path()
-        return ReplaySource(path), {"trace": path.name}
-    if cfg.replay is not None:
-        return ReplaySource(cfg.replay), {"trace": cfg.replay.name}
+        path = demo_trace_path() if cfg.demo else cfg.replay
+        assert path is not None
+        return ReplaySource(path, annotate=annotate), {"trace": path.name}
     from gpuwarden.nvml import NvmlSource
 
+    return (
+        NvmlSource(
+            slow_interval=cfg.slow_interval_seconds,
+            gpm_interval=cfg.gpm_interval_seconds,
+            processes=cfg.processes.enabled,
+            xid_events=cfg.xid_events,
+            gpu_indices=cfg.gpus,
+            wait=cfg.wait_for_nvml,
+            annotate=annotate,
+        ),
+        {},
+    )
+
+
+def _annotator(cfg: Config) -> Callable[[list[GpuReading]], list[GpuReading]] | None:
+    """What adds the scheduler's view to each poll's GPU readings: the kubelet's pods (``kubelet_socket``), then the
+    jobs the job mapping directory allocates each GPU (``job_mapping_dir``: gpuwarden.allocation); None when neither
+    is configured. ConfigError for DRA slices that cannot be asked."""
     pods = None
     if cfg.kubelet_socket is not None:
         from gpuwarden.kubelet.client import PodResources
@@ -51,19 +70,16 @@ def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
                 dra = DraDevices(cfg.node_name or socket.gethostname())
             except ValueError as exc:
                 raise ConfigError(f"dra_resource_slices: {exc}") from None
-        pods = PodResources(cfg.kubelet_socket, dra=dra)
-    return (
-        NvmlSource(
-            slow_interval=cfg.slow_interval_seconds,
-            gpm_interval=cfg.gpm_interval_seconds,
-            processes=cfg.processes.enabled,
-            xid_events=cfg.xid_events,
-            gpu_indices=cfg.gpus,
-            wait=cfg.wait_for_nvml,
-            annotate=pods.assign if pods is not None else None,
-        ),
-        {},
-    )
+        pods = PodResources(cfg.kubelet_socket, dra=dra).assign
+    if cfg.job_mapping_dir is None:
+        return pods
+    from gpuwarden.allocation import JobMapping
+
+    mapping = JobMapping(cfg.job_mapping_dir)
+    if pods is None:
+        return mapping.assign
+    kubelet = pods
+    return lambda gpus: mapping.assign(kubelet(gpus))
 
 
 def build_analyzers(cfg: Config) -> dict[str, Analyzer]:

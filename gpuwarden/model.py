@@ -255,6 +255,11 @@ class GpuReading(_Model):
     pods: list[PodAssignment] = Field(
         default_factory=list, description="containers assigned this GPU by the kubelet (empty without its socket)"
     )
+    allocated_jobs: list[str] = Field(
+        default_factory=list,
+        description="ids of the jobs a scheduler allocated this GPU to, from the HPC job mapping directory (a Slurm "
+        "prolog writes it: gpuwarden.allocation); empty without one",
+    )
     unsupported: list[str] = Field(
         default_factory=list,
         description="readings this GPU never answers (NVML: not supported, no permission, function not found), by "

@@ -87,8 +87,11 @@ def test_a_missing_policy_file_is_one_line(tmp_path: Path, capsys: pytest.Captur
 def test_the_defaults_are_safe() -> None:
     policy = Policy.model_validate(POLICY)
     assert policy.dry_run is True
-    # paused (idle within seconds of GPU work) is how a server waiting for requests reads: not climbed by default
-    assert policy.reclaimable_causes == ["held_idle"] and policy.climbing_verdicts == ["held_idle"]
+    # paused (idle within seconds of GPU work) is how a server waiting for requests reads: not climbed by default;
+    # held idle (memory held, nothing works) and allocated and never opened are
+    assert policy.reclaimable_causes == ["held_idle", "allocated_idle"]
+    assert policy.climbing_verdicts == ["held_idle", "allocated_idle"]
+    assert "paused" not in policy.reclaimable_causes
     assert "job_paused" in policy.blocking_verdicts()
     assert {"input_starved", "launch_bound", "waiting_on_peers", "checkpoint_bound", "starting"} <= (
         policy.blocking_verdicts()

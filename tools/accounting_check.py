@@ -56,6 +56,7 @@ CAUSES = {
     "startup": "other",
     "paused": "paused",
     "held_idle": "paused",
+    "allocated_idle": "other",
     "free": "other",
     "unknown": "other",
     "lost": "other",

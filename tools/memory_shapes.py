@@ -328,6 +328,8 @@ def _series(step_minutes: float, shape: Shape, uuid: str) -> list[dict]:
     out = [
         {"series": f"gpu_memory_used_bytes{{{labels}}}", "values": text},
         {"series": f"gpu_memory_total_bytes{{{labels}}}", "values": total},
+        # every GPU a daemon serves has gpu_up (the GPU's job record, uuid:gpu_job_holder:info, is made from it)
+        {"series": f"gpu_up{{{labels}}}", "values": " ".join("_" if v is None else "1" for v in vals)},
     ]
     if shape.start_age is not None:
         start = -shape.start_age * 60

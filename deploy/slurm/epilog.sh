@@ -6,6 +6,8 @@
 #   GPUWARDEN_PROMETHEUS    the Prometheus HTTP API (Prometheus, Thanos, Mimir, VictoriaMetrics)
 #   GPUWARDEN_JOB_RECORDS   the directory of the records: one file per job, <id>.json
 #   GPUWARDEN_REPORT_ARGS   more flags for `gpuwarden report` (--header, --prometheus.bearer-token-file, --selector)
+#   GPUWARDEN_JOB_MAPPING_DIR the job mapping directory deploy/slurm/prolog.sh writes: the job's lines are removed
+#                           on every node
 #
 # The job's series carry its SLUID on Slurm 26.05+ (cgroups named by SLUID, the default), its numeric id before
 # that or with CgroupJobIdPaths=yes: the record is asked for under the SLUID first, then the numeric id.
@@ -15,6 +17,15 @@ RECORDS=${GPUWARDEN_JOB_RECORDS:-/var/log/gpuwarden/jobs}
 GPUWARDEN=${GPUWARDEN:-gpuwarden}
 
 [ -n "$SLURM_JOB_ID" ] || exit 0
+
+# the job mapping (deploy/slurm/prolog.sh), on every node: the job's lines out of each GPU's file, an empty file out
+MAPPING=${GPUWARDEN_JOB_MAPPING_DIR:-/run/gpuwarden/jobs}
+for f in "$MAPPING"/*; do
+    [ -f "$f" ] || continue
+    grep -vxF "$SLURM_JOB_ID" "$f" > "$f.tmp" 2>/dev/null
+    if [ -s "$f.tmp" ]; then mv "$f.tmp" "$f"; else rm -f "$f" "$f.tmp"; fi
+done
+
 first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)
 [ -z "$first" ] || [ "$first" = "$SLURMD_NODENAME" ] || exit 0
 

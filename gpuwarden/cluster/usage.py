@@ -2,15 +2,17 @@
 
 The numbers come from the daemons' own accounting (``gpu_idle_seconds_total{cause}``, ``gpu_state_seconds_total``,
 ``gpu_energy_joules_total``, ``gpu_held_idle_energy_joules_total``, ``gpu_diagnosis``), joined with
-``gpu_process_job_info`` step by step (PromQL subqueries ``[RANGE:STEP]``), so a GPU that changed hands within the
-range counts for each job only while that job held it.
+``gpu_job_info`` (the jobs of a GPU: those its processes run, and those a scheduler allocated it to) step by step
+(PromQL subqueries ``[RANGE:STEP]``), so a GPU that changed hands within the range counts for each job only while
+that job held it.
 
 - **Job keys.** An id with ``job_scope="cluster"`` (Slurm job, Kubernetes pod UID) is one job on every node; any
   other id (container, systemd unit, cgroup path, ``user/command``) is a job of its node only, keyed by
   (id, instance).
 - **Shared GPUs.** A GPU held by N jobs at once counts 1/N of its time for each, so the jobs' hours add up to the
   GPU's.
-- **Held time** is the GPU's accounted seconds in every state but ``free`` while the job held it, so held = busy +
+- **Held time** is the GPU's accounted seconds in every state but ``free`` while the job held it (a GPU allocated to
+  the job and never opened, ``allocated_idle``, included), so held = busy +
   lost exactly. **Lost time** is idle time a job held: every cause of ``gpu_idle_seconds_total`` but ``free`` (nobody
   held the GPU; that is the fleet's spare capacity, reported per GPU), ``lost`` (the GPU could not be read) included.
 - **Exact at any step.** Counters are summed step by step as their growth since the previous step (``_increase``),
@@ -68,6 +70,14 @@ EFFECTIVE_SM = 0.5
 LOST_WITHIN_SECONDS = 300
 #: A GPU flagged ``straggler`` in at least this share of the steps its job held it is reported as the straggler.
 STRAGGLER_MIN_SHARE = 0.1
+#: Labels of gpu_process_job_info that gpu_job_info lacks (a process's, not its job's).
+PROCESS_LABELS = frozenset({"user", "pid", "process_name", "container_id", "rank", "local_rank"})
+#: A label name as a matcher of a list names it (``name=``, ``name!=``, ``name=~``, ``name!~``), at the list's start or
+#: after a comma: tried only there, so a long quoted value costs one pass (a match anywhere would backtrack over every
+#: run of word characters).
+_LABEL_NAME = re.compile(r"(?:^|,)\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
+#: A PromQL string ("...", '...' with backslash escapes, or `...`): taken out before the names are looked for.
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 
 
 def seconds(duration: str) -> float:
@@ -267,6 +277,14 @@ class Accounting:
         inner = ", ".join(x for x in (self.sel, extra) if x)
         return f"{metric}{{{inner}}}"
 
+    def job_series(self, extra: str = "") -> str:
+        """The selector of the jobs' series with ``extra`` label matchers: ``gpu_job_info`` (a series a GPU and job,
+        for the jobs its processes run and those a scheduler allocated it to), or ``gpu_process_job_info`` where
+        ``extra`` names a label only processes carry (user, pid, process_name, container_id: a GPU allocated and
+        never opened has no process, so such a selector never sees it)."""
+        named = set(_LABEL_NAME.findall(_QUOTED.sub('""', extra)))
+        return self.metric("gpu_process_job_info" if named & PROCESS_LABELS else "gpu_job_info", extra)
+
     def _at_step(self, metric: str, extra: str = "", before: float = 0.0) -> str:
         """``metric``'s selector inside ``_steps``: read at the step's end (``before`` seconds earlier), not at the
         multiple of the step PromQL evaluates it at."""
@@ -291,7 +309,7 @@ class Accounting:
         c = self._c
 
         def presence(extra: str) -> str:
-            info = self.metric("gpu_process_job_info", extra)
+            info = self.job_series(extra)
             return (f"max by ({c}instance, gpu, uuid, job_id, job_scope, job_kind) (count_over_time({info}"
                     f"{self._window()}))")  # fmt: skip
 
@@ -487,7 +505,7 @@ class Accounting:
         (every state but free, while it held them), how many of those went to the ``reclaimable`` idle causes (e.g.
         held_idle, paused), the GPUs, the reasons the daemons gave for them, and the job's names from gpu_job_info
         at the range's end (namespace, pod, slurm_job_id, where a daemon knew them). ``job_filter``: label matchers
-        of the jobs asked about, on their gpu_process_job_info series (e.g. ``job_kind="slurm"``)."""
+        of the jobs asked about, on their series (``job_series``: e.g. ``job_kind="slurm"``)."""
         if self._fine is not self:
             self._fine._reasons = self._gpu_reasons()
             return self._fine.idle_facts(reclaimable, job_filter)
@@ -526,7 +544,7 @@ class Accounting:
         when a series of the job names no UUID (nothing to narrow by)."""
         if self._narrow:
             return self
-        info = self.metric("gpu_process_job_info", job_filter)
+        info = self.job_series(job_filter)
         window = self._range_ms + self._step_ms  # the first step's presence reads a step before the range
         q = f"group by (uuid) (last_over_time({info}[{window}ms]))"
         found = self.prom.query(q, self.at)
@@ -601,7 +619,7 @@ class Accounting:
         """The job ids (SLUIDs), with their clusters, of the Slurm jobs whose series carry ``slurm_job_id`` =
         ``number`` in the range: a job keyed by its SLUID (Slurm 26.05+ cgroups) found by the numeric id users know.
         Sorted; [] when no daemon could read the number (it comes from a process's environment)."""
-        info = self.metric("gpu_process_job_info", f'job_kind="slurm", slurm_job_id={promql_string(number)}')
+        info = self.job_series(f'job_kind="slurm", slurm_job_id={promql_string(number)}')
         q = f"group by ({self._c}job_id) (max_over_time({info}[{self.range}]))"
         found = {(s.labels["job_id"], self.cluster_of(s.labels)) for s in self.samples(q, "job_id")}
         return sorted(x for x in found if x[0] != number)
@@ -615,7 +633,7 @@ class Accounting:
         if narrow is not self:
             return narrow.lost_gpus(key)
         c = self._c
-        info = self.metric("gpu_process_job_info", _key_filter(key, self.cluster_labels))
+        info = self.job_series(_key_filter(key, self.cluster_labels))
         recent = f"max by ({c}instance, gpu, uuid) (max_over_time({info}[{LOST_WITHIN_SECONDS}s]))"
         down = f"({self.metric('gpu_up')} == bool 0)"
         q = (f"max by (instance, gpu) (max_over_time(({down} * on ({c}instance, gpu, uuid) group_left () {recent})"

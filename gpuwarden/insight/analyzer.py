@@ -425,7 +425,11 @@ class InsightAnalyzer:
             return
         inputs = self._job_inputs(procs or (), rates)
         holder = st.holder_of(
-            procs is not None, len(procs or ()), g.memory_used_bytes, g.memory_reserved_bytes is not None
+            procs is not None,
+            len(procs or ()),
+            g.memory_used_bytes,
+            g.memory_reserved_bytes is not None,
+            allocated=bool(g.pods or g.allocated_jobs),
         )
         segs = st.segments(start, g.timestamp, g.utilization_samples, g.utilization_gpu_ratio)
         util_seconds = sum(x.seconds for x in segs if x.util is not None)

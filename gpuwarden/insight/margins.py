@@ -54,8 +54,9 @@ MEASURED = (
 _RATIOS = frozenset({"util", "sm", "dram", "whole_idle_ratio", "sm_clock_ratio", "throttle_fraction"})
 #: The states whose share of the window the rules compare with thresholds, moved one at a time.
 SHARES = ("busy", "starved", "paused", "held_idle")
-#: Verdicts that no measured value decides (who holds the GPU, whether its job is starting): never alternatives.
-_DECIDED = frozenset({"free", "starting"})
+#: Verdicts that no measured value decides (who holds the GPU, or was allocated it, whether its job is starting):
+#: never alternatives.
+_DECIDED = frozenset({"free", "allocated_idle", "starting"})
 
 
 def _moved(w: GpuWindow) -> Iterator[tuple[str, GpuWindow]]:

@@ -28,6 +28,7 @@ class Reason:
 #: arithmetic); the last always holds.
 VERDICT_ORDER: tuple[str, ...] = (
     "free",
+    "allocated_idle",
     "starting",
     "h2d_copy_bound",
     "held_idle",
@@ -96,6 +97,18 @@ REASON_TABLE: tuple[Reason, ...] = (
             "The GPU's memory is held but nothing runs: end the idle process (notebook kernel, stopped job) or "
             "release memory (del tensors; torch.cuda.empty_cache()).",
             "Schedulers: reclaim idle GPUs (JupyterHub culling, Slurm/Kubernetes idle-GPU policies).",
+        ),
+    ),
+    Reason(
+        "allocated_idle",
+        "warning",
+        (
+            "A scheduler gave this GPU to a job that never opened it: ask for the GPUs the job uses (Slurm "
+            "--gres=gpu:N / --gpus, Kubernetes nvidia.com/gpu limits); a job that uses one of four GPUs keeps three "
+            "from everyone.",
+            "Check how the job picks its devices: a launcher that starts fewer ranks than GPUs (torchrun "
+            "--nproc-per-node), a hard-coded cuda:0, CUDA_VISIBLE_DEVICES narrowed in the script.",
+            "Schedulers: reclaim GPUs allocated and untouched (gpuwarden reclaim, allocated_idle on its ladder).",
         ),
     ),
     Reason(

@@ -159,6 +159,17 @@ def _free_summary(f: Facts) -> str:
     return "No process holds this GPU."
 
 
+def _allocated_idle_when(f: Facts) -> bool:
+    return f.w.share("allocated_idle") >= HELD_IDLE_MIN
+
+
+def _allocated_idle_summary(f: Facts) -> str:
+    return (
+        "A scheduler allocated this GPU to a job and no process has opened it: allocated idle "
+        f"{pct(f.w.share('allocated_idle'))} of the window (the job is on gpu_job_info)."
+    )
+
+
 def _starting_when(f: Facts) -> bool:
     return f.w.starting_seconds is not None
 
@@ -413,6 +424,13 @@ _GIB = H2D_RX_BYTES_PER_SECOND / 2**30
 #: The rule of every verdict, by name (their order: gpuwarden.insight.reasons.VERDICT_ORDER).
 RULES: dict[str, Rule] = {
     "free": Rule(_free_when, _free_summary, "no process holds the GPU"),
+    "allocated_idle": Rule(
+        _allocated_idle_when,
+        _allocated_idle_summary,
+        f"allocated_idle >= **{HELD_IDLE_MIN:.0%}** of the window: no process holds the GPU, and a scheduler "
+        "allocated it to a job (kubelet pod-resources, a DRA claim, a Slurm job mapping file)",
+        "the allocation is the scheduler's own record; NVML lists no process on the GPU",
+    ),
     "starting": Rule(
         _starting_when,
         _starting_summary,

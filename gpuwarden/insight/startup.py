@@ -65,7 +65,7 @@ class StartUp:
 
 
 #: Idle causes that keep their names in a start-up: nobody working, nobody holding, not visible, not readable.
-KEPT_CAUSES = frozenset({"held_idle", "free", "unknown", "lost"})
+KEPT_CAUSES = frozenset({"held_idle", "allocated_idle", "free", "unknown", "lost"})
 
 
 def startup_causes(causes: dict[str, float]) -> dict[str, float]:

@@ -6,7 +6,11 @@ gpuwarden.nvml.device) splits the interval into segments. A segment of ``dt`` se
 (the fraction of the sample period in which a kernel ran, NVML's definition) contributes ``u * dt`` to
 ``busy``; its idle rest ``(1 - u) * dt`` goes to:
 
-- ``free``      no process holds the GPU (and its used memory is below FREE_MEMORY_BYTES);
+- ``free``      no process holds the GPU (and its used memory is below FREE_MEMORY_BYTES), and no scheduler
+  allocated it to a job;
+- ``allocated_idle`` no process holds the GPU, but a scheduler allocated it to a job (the kubelet's pod-resources
+  assignments, a DRA claim, a Slurm job mapping file: ``GpuReading.pods``, ``allocated_jobs``): nobody else can be
+  given it, and the job does not use it;
 - ``starved``   a process holds it and its job is working: the GPU's processes use at least
   JOB_CPU_BUSY_CORES of CPU over the interval, or the GPU ran work (a sample >= WORK_SAMPLE_RATIO)
   within the last RECENT_WORK_SECONDS;
@@ -17,7 +21,8 @@ gpuwarden.nvml.device) splits the interval into segments. A segment of ``dt`` se
   its previous poll, up or down (gpuwarden.insight.analyzer), so a GPU that flaps counts its time down here and
   never as held idle.
 
-So busy + starved + paused + held_idle + free + unknown + lost is exactly the accounted wall time.
+So busy + starved + paused + held_idle + allocated_idle + free + unknown + lost is exactly the accounted wall
+time.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: The states, in exposition order (a bounded label set).
-STATES = ("busy", "starved", "paused", "held_idle", "free", "unknown", "lost")
+STATES = ("busy", "starved", "paused", "held_idle", "allocated_idle", "free", "unknown", "lost")
 
 #: Causes of idle GPU time (``gpu_idle_seconds_total{cause}``): starved time split by what the job did meanwhile -
 #: CPU work (preprocessing, or host work on the GPU's output: the verdict tells which), reads (local storage, or
@@ -44,6 +49,7 @@ IDLE_CAUSES = (
     "startup",
     "paused",
     "held_idle",
+    "allocated_idle",
     "free",
     "unknown",
     "lost",
@@ -133,19 +139,24 @@ def segments(start: float, end: float, samples: Sequence[tuple[float, float]], u
 
 
 def holder_of(
-    processes_listed: bool, n_processes: int, memory_used_bytes: int | None, memory_reserved_known: bool
+    processes_listed: bool,
+    n_processes: int,
+    memory_used_bytes: int | None,
+    memory_reserved_known: bool,
+    allocated: bool = False,
 ) -> str:
-    """Return who holds the GPU: "none", "job" (processes listed) or "invisible" (memory used, nobody listed).
+    """Return who holds the GPU: "none", "allocated" (nobody, but a scheduler allocated it to a job), "job"
+    (processes listed) or "invisible" (memory used, nobody listed).
 
-    ``processes_listed`` is False when the process list is off or failed (``GpuReading.processes`` None).
+    ``processes_listed`` is False when the process list is off or failed (``GpuReading.processes`` None);
+    ``allocated`` that a scheduler gave the GPU to a job (``GpuReading.pods`` or ``allocated_jobs``).
     """
     if processes_listed and n_processes > 0:
         return "job"
     limit = FREE_MEMORY_BYTES if memory_reserved_known else FREE_MEMORY_BYTES_V1
-    if memory_used_bytes is not None and memory_used_bytes < limit:
-        return "none"
-    if processes_listed and memory_used_bytes is None:
-        return "none"
+    unused = memory_used_bytes is not None and memory_used_bytes < limit
+    if unused or (processes_listed and memory_used_bytes is None):
+        return "allocated" if allocated else "none"
     return "invisible"
 
 
@@ -162,11 +173,11 @@ def idle_causes(
     than it read). Otherwise starved seconds go to ``input_io`` when the job waited on reads (storage or sockets),
     ``input_cpu`` when its CPU is known (starved then means it worked), else ``input``; of what would be
     ``input_cpu``, up to ``launch_gaps`` seconds (the idle time inside sample periods that ran a kernel, where the
-    interval's work is launch limited: gpuwarden.insight.launches) go to ``launch``. Paused, held_idle, free and
-    unknown seconds keep their names. Busy seconds are left out.
+    interval's work is launch limited: gpuwarden.insight.launches) go to ``launch``. Paused, held_idle,
+    allocated_idle, free and unknown seconds keep their names. Busy seconds are left out.
     """
     starved = states.get("starved", 0.0)
-    out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "free", "unknown", "lost")}
+    out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "allocated_idle", "free", "unknown", "lost")}
     if writing:
         out["checkpoint"] = starved + out.pop("paused")
         return out
@@ -204,6 +215,10 @@ def _cpu_working(segs: Sequence[Segment], job_cpu_cores: float) -> bool:
     return job_cpu_cores - busy >= JOB_CPU_BUSY_CORES * (1.0 - busy)
 
 
+#: The state of the idle time of a GPU no process holds, by its holder (``holder_of``).
+_UNHELD = {"none": "free", "allocated": "allocated_idle"}
+
+
 def account(
     segs: Sequence[Segment],
     holder: str,
@@ -227,15 +242,15 @@ def account(
         cpu_working = True
     for s in segs:
         if s.util is None:
-            out["free" if holder == "none" else "unknown"] += s.seconds
+            out[_UNHELD.get(holder, "unknown")] += s.seconds
             continue
         if s.util >= WORK_SAMPLE_RATIO:
             last_work = s.end
         busy = s.util * s.seconds
         idle = s.seconds - busy
         out["busy"] += busy
-        if holder == "none":
-            out["free"] += idle
+        if holder in _UNHELD:
+            out[_UNHELD[holder]] += idle
         elif holder == "invisible":
             recent = last_work is not None and s.end - last_work <= RECENT_WORK_SECONDS
             out["starved" if recent else "unknown"] += idle

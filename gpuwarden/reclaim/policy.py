@@ -136,13 +136,14 @@ class Policy(BaseModel):
         default=0.9, gt=0, le=1.0, description="... and the job held each of its GPUs at least this share of it"
     )
     reclaimable_causes: list[str] = Field(
-        default_factory=lambda: ["held_idle"],
+        default_factory=lambda: ["held_idle", "allocated_idle"],
         min_length=1,
-        description="idle causes (gpu_idle_seconds_total) that climb the ladder; paused (the job idles within "
-        "seconds of GPU work) is also how a server waiting for requests reads, so it is not climbed by default",
+        description="idle causes (gpu_idle_seconds_total) that climb the ladder: held_idle (a process holds the GPU, "
+        "nothing works) and allocated_idle (allocated to the job, never opened) by default; paused (the job idles "
+        "within seconds of GPU work) is also how a server waiting for requests reads, so it is not climbed by default",
     )
     climbing_verdicts: list[str] = Field(
-        default_factory=lambda: ["held_idle"],
+        default_factory=lambda: ["held_idle", "allocated_idle"],
         description="verdicts a job may be given and still climb: any other verdict for one of its GPUs in a tick "
         "(input_starved, launch_bound, waiting_on_peers, checkpoint_bound, ...) makes the tick not idle",
     )
@@ -153,8 +154,9 @@ class Policy(BaseModel):
     )
     job_selector: str = Field(
         default="",
-        description="label matchers for the jobs that may climb, on their gpu_process_job_info series (job_kind, "
-        'job_id, user, namespace, pod, ...), e.g. job_kind="slurm"',
+        description="label matchers for the jobs that may climb, on their gpu_job_info series (job_kind, job_id, "
+        "namespace, pod, slurm_job_id), or gpu_process_job_info where one names user, pid or process_name (a job "
+        'allocated GPUs it never opened has no process, so it never matches those), e.g. job_kind="slurm"',
     )
     exempt_jobs: list[str] = Field(default_factory=list, description="job ids never climbing (full-match regexes)")
     steps: list[Step] = Field(min_length=1, max_length=10)

@@ -13,7 +13,7 @@ re-stamped once, as the first poll's time is: it started as long before the repl
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,9 @@ class ReplaySource:
     ``timing="wall"`` (serve) stamps each poll with the time it is played; ``timing="recorded"`` keeps the
     recorded spacing between polls, anchored at ``open()``, so a trace can be analysed as fast as it is read.
 
+    ``annotate`` adds what the node's scheduler says now to each played poll's GPU readings (the job mapping
+    directory, the kubelet's pods), as the live source does: a recording's GPUs allocated to a job that runs here.
+
     ``header`` is the trace's header once opened; ``loops`` counts completed passes. The trace is read a poll at a
     time, never held: ``open()`` reads it through once (to validate it and measure each counter's growth over a
     pass), and each pass of the replay reads the file again (gpuwarden.trace.TracePass), so a replay of an hour-long
@@ -80,10 +83,18 @@ class ReplaySource:
 
     kind = "replay"
 
-    def __init__(self, path: Path, *, loop: bool = True, timing: str = "wall") -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        loop: bool = True,
+        timing: str = "wall",
+        annotate: Callable[[list[GpuReading]], list[GpuReading]] | None = None,
+    ) -> None:
         if timing not in ("wall", "recorded"):
             raise ValueError(f"timing must be 'wall' or 'recorded', not {timing!r}")
         self.path = path
+        self._annotate = annotate
         self.loop = loop
         self.timing = timing
         self._anchor = 0.0
@@ -195,6 +206,8 @@ class ReplaySource:
         # a process started as long before the replay's first poll as it did before the recording's, and runs on
         # across passes as its counters do (the insight analyzer keys a process by its start)
         gpus = [self._gpu(g, shift, k, self._anchor) for g in rec.gpus]
+        if self._annotate is not None:
+            gpus = self._annotate(gpus)  # the scheduler's view now, read live (the job mapping, the kubelet)
         host = None
         if rec.host is not None:
             host = HostReading.model_construct(

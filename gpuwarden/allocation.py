@@ -1,0 +1,101 @@
+"""Which jobs a scheduler allocated each GPU to, from an HPC job mapping directory (Slurm's prolog writes it).
+
+The format is dcgm-exporter's HPC job mapping: a directory with one file a GPU, named by its NVML index (``0``,
+``1``; ``2.0`` for MIG instance 0 of GPU 2), holding the ids of the jobs allocated that GPU, one a line. A site's
+prolog writes the files for the job's GPUs (``CUDA_VISIBLE_DEVICES`` / ``SLURM_JOB_GPUS``) and its epilog removes
+them, so a site that feeds dcgm-exporter this way feeds gpuwarden with the same scripts (deploy/slurm has both).
+
+The files are read at every poll: a few small files, as many as the node has GPUs. Their content is hostile input
+(anyone who can write the directory): a line that is not a job id (letters, digits and ``_ + . -``, at most
+MAX_JOB_ID_CHARS) is left out, logged once per file, and at most MAX_JOBS_PER_GPU ids are kept a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from gpuwarden.model import GpuReading
+
+log = logging.getLogger(__name__)
+
+#: Longest job id kept (Slurm's ids are digits, ``123_4`` for an array task, ``123+0`` for a heterogeneous
+#: component; a SLUID is 14 characters).
+MAX_JOB_ID_CHARS = 64
+#: Most job ids kept for one GPU (a GPU shared by time-slicing or overcommit holds a few at most).
+MAX_JOBS_PER_GPU = 16
+#: Largest mapping file read, in bytes (MAX_JOBS_PER_GPU ids of MAX_JOB_ID_CHARS, with room to spare).
+MAX_FILE_BYTES = 4096
+_JOB_ID = re.compile(rf"[0-9A-Za-z][0-9A-Za-z_+.\-]{{0,{MAX_JOB_ID_CHARS - 1}}}")
+_FILE = re.compile(r"(\d{1,4})(?:\.(\d{1,2}))?")
+
+
+def parse(text: str) -> tuple[list[str], int]:
+    """The job ids of one mapping file's ``text`` (first seen first, each once, at most MAX_JOBS_PER_GPU) and the
+    number of non-empty lines left out as not a job id."""
+    ids: list[str] = []
+    bad = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not _JOB_ID.fullmatch(line):
+            bad += 1
+        elif line not in ids and len(ids) < MAX_JOBS_PER_GPU:
+            ids.append(line)
+    return ids, bad
+
+
+class JobMapping:
+    """The HPC job mapping directory ``directory``: ``assign(gpus)`` sets each GPU's ``allocated_jobs``.
+
+    A missing directory means no allocation (the prolog creates it with the first job); an unreadable file is left
+    out of that poll, logged once until it reads again."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._warned: set[str] = set()
+
+    def read(self) -> dict[int, list[str]]:
+        """NVML index -> the job ids its file (and its MIG instances' files) name, in file name order; {} without
+        the directory."""
+        try:
+            names = sorted(p.name for p in self.directory.iterdir())
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            self._warn(str(self.directory), f"the job mapping directory is unreadable: {exc.strerror}")
+            return {}
+        out: dict[int, list[str]] = {}
+        for name in names:
+            m = _FILE.fullmatch(name)
+            if m is None:
+                continue
+            try:
+                with (self.directory / name).open("rb") as f:
+                    raw = f.read(MAX_FILE_BYTES)
+            except (IsADirectoryError, FileNotFoundError):
+                continue  # a directory of that name, or the epilog removed the file meanwhile
+            except OSError as exc:
+                self._warn(name, f"a job mapping file is unreadable: {exc.strerror}")
+                continue
+            self._warned.discard(name)
+            ids, bad = parse(raw.decode("utf-8", "replace"))
+            if bad:
+                self._warn(f"{name}:bad", f"{bad} line(s) of a job mapping file are not job ids: left out")
+            jobs = out.setdefault(int(m.group(1)), [])
+            jobs.extend(j for j in ids if j not in jobs and len(jobs) < MAX_JOBS_PER_GPU)
+        return out
+
+    def assign(self, gpus: list[GpuReading]) -> list[GpuReading]:
+        """``gpus`` with ``allocated_jobs`` set from the directory, by NVML index."""
+        mapped = self.read()
+        if not mapped:
+            return gpus
+        return [g.model_copy(update={"allocated_jobs": mapped[g.index]}) if g.index in mapped else g for g in gpus]
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, extra={"directory": str(self.directory), "file": key.split(":")[0]})
