@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from gpuwarden.insight.attribution import job_scope
+from gpuwarden.insight.result import ProcessJob
 from gpuwarden.model import GpuReading
 
 log = logging.getLogger(__name__)
@@ -99,3 +102,32 @@ class JobMapping:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message, extra={"directory": str(self.directory), "file": key.split(":")[0]})
+
+
+def allocated_jobs(
+    gpus: Iterable[GpuReading], processes: Sequence[ProcessJob]
+) -> dict[tuple[int, str, str, str], dict[str, str]]:
+    """(gpu, uuid, job_kind, job_id) -> gpu_job_info's labels of each job a scheduler allocated one of ``gpus`` to
+    (``processes``: the node's GPU processes with their jobs, gpuwarden.insight.result.ProcessJob): a Slurm job
+    of the job mapping directory (``GpuReading.allocated_jobs``: its id as the job id and the Slurm job number), a
+    Kubernetes pod the kubelet assigned it (``GpuReading.pods``). A pod's job id is its UID where a process of it is
+    seen on the node (the id its processes' cgroups give), else ``namespace/pod`` (the pod-resources API names pods,
+    not their UIDs)."""
+    uids = {(p.namespace, p.pod): p.job for p in processes if p.job_kind == "kubernetes" and p.pod}
+    out: dict[tuple[int, str, str, str], dict[str, str]] = {}
+    for g in gpus:
+        for job in g.allocated_jobs:
+            out[(g.index, g.uuid, "slurm", job)] = {
+                "job_id": job, "job_kind": "slurm", "job_scope": job_scope("slurm"), "namespace": "", "pod": "",
+                "container": "", "slurm_job_id": job,
+            }  # fmt: skip
+        for a in g.pods:
+            job = uids.get((a.namespace, a.pod), f"{a.namespace}/{a.pod}")
+            labels = out.setdefault(
+                (g.index, g.uuid, "kubernetes", job),
+                {"job_id": job, "job_kind": "kubernetes", "job_scope": job_scope("kubernetes"),
+                 "namespace": a.namespace, "pod": a.pod, "container": a.container, "slurm_job_id": ""},
+            )  # fmt: skip
+            if labels["container"] != a.container:
+                labels["container"] = "*"  # devices of several containers of the pod
+    return out

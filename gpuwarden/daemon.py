@@ -21,7 +21,7 @@ from gpuwarden.model import GpuReading
 from gpuwarden.poller import Analyzer, Poller
 from gpuwarden.source import Source
 from gpuwarden.web import listener
-from gpuwarden.web.app import JsonRoute, create_app, diagnosis_route
+from gpuwarden.web.app import JsonRoute, create_app, diagnosis_route, idleness_route
 from gpuwarden.web.gate import AuthGate
 from gpuwarden.web.limits import HttpLimits, connection_cap
 
@@ -201,7 +201,7 @@ class Daemon:
             self.poller,
             self.exposition,
             cfg.stale_after,
-            [diagnosis_route(self.poller)] if extra_routes is None else extra_routes,
+            [diagnosis_route(self.poller), idleness_route(self.poller)] if extra_routes is None else extra_routes,
             telemetry_path=cfg.telemetry_path,
         )
         # the users' hashes are checked (and the dummy hash made) here, before the daemon says it is ready

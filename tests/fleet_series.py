@@ -121,6 +121,8 @@ class Fleet:
                         scope, kind, *_ = JOBS[job]
                         info = _key(gl, pid="4711", job_id=job, job_scope=scope, job_kind=kind, user="alice")
                         out[("gpu_process_job_info", info)].append((t, 1))
+                        # and the GPU's job, as the daemon exports it beside its processes' (what the fleet reads)
+                        out[("gpu_job_info", _key(gl, job_id=job, job_scope=scope, job_kind=kind))].append((t, 1))
                         out[("gpu_diagnosis", _key(gl, reason=REASON[job]))].append((t, 1))
                     # a kernel ran in this share of the scrape interval (effective: at least half of it)
                     out[("gpu_utilization_ratio", _key(gl))].append((t, grow_s.get("busy", 0) / SCRAPE))

@@ -220,7 +220,7 @@ def test_a_jobs_report_asks_only_about_its_gpus_and_equals_the_fleets_accounting
     finally:
         client.close()
     [(key, u)] = narrow.items()
-    assert "gpu_process_job_info" in lookups[0] and "uuid=~" not in lookups[0]
+    assert "gpu_job_info" in lookups[0] and "uuid=~" not in lookups[0]
     uuids = {x for q in rest for x in q.split('uuid=~"')[1].split('"')[0].split("|")}
     assert rest and all('uuid=~"' in q for q in rest)
     assert len(uuids) == len(u.gpus) == 4  # the job's four GPUs on nodes a and b, not node c's or d's

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from gpuwarden.allocation import allocated_jobs
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import (
     CollectOptions,
@@ -39,7 +40,7 @@ from gpuwarden.collectors.registry import (
 )
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.reasons import REASONS
-from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, ProcessJob, snapshot_core
+from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, snapshot_core
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
 from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
@@ -249,7 +250,7 @@ def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | 
             labels["container"] = "*"  # processes of several containers of the pod
         elif p.container:
             labels["container"] = p.container
-    for (gpu, uuid, kind, job), labels in allocated_jobs(snap, res.processes).items():
+    for (gpu, uuid, kind, job), labels in allocated_jobs(readings(snap), res.processes).items():
         held = any(k[0] == gpu and (k[2:] == (kind, job) or _same_job(v, labels)) for k, v in jobs.items())
         if not held:
             jobs[(gpu, uuid, kind, job)] = labels
@@ -265,29 +266,3 @@ def _same_job(a: dict[str, str], b: dict[str, str]) -> bool:
     if a["slurm_job_id"] and a["slurm_job_id"] == b["slurm_job_id"]:
         return True
     return bool(a["pod"]) and (a["namespace"], a["pod"]) == (b["namespace"], b["pod"])
-
-
-def allocated_jobs(snap: NodeSnapshot, processes: list[ProcessJob]) -> dict[tuple[int, str, str, str], dict[str, str]]:
-    """(gpu, uuid, job_kind, job_id) -> gpu_job_info's labels of each job a scheduler allocated a GPU to: a Slurm job
-    of the job mapping directory (``GpuReading.allocated_jobs``: its id as the job id and the Slurm job number), a
-    Kubernetes pod the kubelet assigned it (``GpuReading.pods``). A pod's job id is its UID where a process of it is
-    seen on the node (the id its processes' cgroups give), else ``namespace/pod`` (the pod-resources API names pods,
-    not their UIDs)."""
-    uids = {(p.namespace, p.pod): p.job for p in processes if p.job_kind == "kubernetes" and p.pod}
-    out: dict[tuple[int, str, str, str], dict[str, str]] = {}
-    for g in readings(snap):
-        for job in g.allocated_jobs:
-            out[(g.index, g.uuid, "slurm", job)] = {
-                "job_id": job, "job_kind": "slurm", "job_scope": job_scope("slurm"), "namespace": "", "pod": "",
-                "container": "", "slurm_job_id": job,
-            }  # fmt: skip
-        for a in g.pods:
-            job = uids.get((a.namespace, a.pod), f"{a.namespace}/{a.pod}")
-            labels = out.setdefault(
-                (g.index, g.uuid, "kubernetes", job),
-                {"job_id": job, "job_kind": "kubernetes", "job_scope": job_scope("kubernetes"),
-                 "namespace": a.namespace, "pod": a.pod, "container": a.container, "slurm_job_id": ""},
-            )  # fmt: skip
-            if labels["container"] != a.container:
-                labels["container"] = "*"  # devices of several containers of the pod
-    return out

@@ -142,6 +142,7 @@ def _gpu(
         shortfall_ratio=shortfall,
         diagnosis=None,
         state_runs=list(c.runs),
+        idle_since=c.idle_since,
     )
     return insight, decided
 

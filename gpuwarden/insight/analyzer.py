@@ -141,6 +141,7 @@ class _GpuState:
     last_packed: Packed | None = None  # it as the windows hold it (windows.pack)
     last_terms: list[tuple[int, int]] = field(default_factory=list)  # its terms (windows.terms)
     startup: StartUp | None = None  # the job's start-up while it lasts (gpuwarden.insight.startup)
+    idle_since: float | None = None  # the start of the run of idle intervals it is in (st.IDLE_STATES); None: none
 
 
 def _holder_rank(p: ProcessReading) -> tuple[bool, bool, int, int]:
@@ -313,6 +314,7 @@ class InsightAnalyzer:
                 idle_joules=None if state.idle_floor_watts is None else dict(state.idle_joules),
                 peer_wait_seconds=state.peer_wait_seconds,
                 peer_wait_joules=None if state.idle_floor_watts is None else state.peer_wait_joules,
+                idle_since=state.idle_since,
             )
             for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index)
         ]
@@ -358,7 +360,8 @@ class InsightAnalyzer:
         secs = {"lost": g.timestamp - start}
         state.totals["lost"] += secs["lost"]
         state.idle["lost"] += secs["lost"]
-        _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
+        state.idle_since = _idle_since(state.idle_since, _extend_runs(state.runs, secs, start, g.timestamp,
+                                                                      self.window_seconds), start)  # fmt: skip
 
     def _account_peer_waits(self, primary: dict[str, JobRef]) -> None:
         """Add to each GPU accounted this poll the kernel seconds it spent waiting in a collective on another GPU of
@@ -516,7 +519,8 @@ class InsightAnalyzer:
             for running in (state.node, state.job, state.diag):
                 running.push(packed, added)
         state.last_iv, state.last_packed, state.last_terms = iv, packed, added
-        _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
+        main = _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
+        state.idle_since = _idle_since(state.idle_since, main, start)
 
 
 def _rates(now: ProcessSeen, prev: ProcessSeen | None) -> ProcessRates | None:
@@ -632,10 +636,19 @@ def _health(g: GpuReading, s: GpuStatic | None, xids: tuple[int, ...]) -> Health
     )
 
 
-def _extend_runs(runs: deque[StateRun], secs: dict[str, float], start: float, end: float, window: float) -> None:
+def _idle_since(since: float | None, main: str, start: float) -> float | None:
+    """The start of the run of idle intervals a GPU is in after an interval from ``start`` (Unix s) whose main state
+    is ``main``: ``since`` while the run goes on, ``start`` where one begins, None after an interval in any other
+    state (in use, or not known: unknown, lost)."""
+    if main not in st.IDLE_STATES:
+        return None
+    return start if since is None else since
+
+
+def _extend_runs(runs: deque[StateRun], secs: dict[str, float], start: float, end: float, window: float) -> str:
     """Add the interval ``start``..``end`` (Unix s) under its main state (the one with most of ``secs``) to
     ``runs``, merging it into the last run when that has the same state and ends where it starts; drop the runs
-    that ended more than ``window`` seconds before ``end``."""
+    that ended more than ``window`` seconds before ``end``. Returns the main state."""
     main = max(secs, key=secs.__getitem__)
     last = runs[-1] if runs else None
     if last is not None and last.state == main and abs(last.end - start) < 1e-6:
@@ -644,3 +657,4 @@ def _extend_runs(runs: deque[StateRun], secs: dict[str, float], start: float, en
         runs.append(StateRun.model_construct(state=main, start=start, end=end))
     while runs and runs[0].end <= end - window:
         runs.popleft()
+    return main

@@ -78,6 +78,12 @@ class GpuInsight(_Frozen):
         default_factory=list,
         description="the window's poll intervals by main state, oldest first (gaps: time not accounted)",
     )
+    idle_since: float | None = Field(
+        default=None,
+        description="Unix time the GPU's current run of idle poll intervals began (main state held_idle, "
+        "allocated_idle or free: gpuwarden.insight.states.IDLE_STATES), since the analyzer started; None while its "
+        "latest interval is in use (busy, starved, paused) or not known (unknown, lost)",
+    )
 
 
 class ProcessJob(_Frozen):

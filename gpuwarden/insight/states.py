@@ -33,6 +33,12 @@ from dataclasses import dataclass
 #: The states, in exposition order (a bounded label set).
 STATES = ("busy", "starved", "paused", "held_idle", "allocated_idle", "free", "unknown", "lost")
 
+#: States in which the GPU's job works (kernels run, its input is prepared, or it paused within seconds of GPU work):
+#: the GPU is in use. Idle: nobody uses it (held and idle, allocated and never opened, free). Any other state
+#: (unknown, lost) says nothing either way.
+ACTIVE_STATES = ("busy", "starved", "paused")
+IDLE_STATES = ("held_idle", "allocated_idle", "free")
+
 #: Causes of idle GPU time (``gpu_idle_seconds_total{cause}``): starved time split by what the job did meanwhile -
 #: CPU work (preprocessing, or host work on the GPU's output: the verdict tells which), reads (local storage, or
 #: remote: sockets), or unknown (its CPU not visible) - then the gaps between kernels that one host thread launches one

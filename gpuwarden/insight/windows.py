@@ -395,3 +395,4 @@ class GpuCapture:
     idle_joules: dict[str, float] | None = None  # by idle cause; None: no power reading yet
     peer_wait_seconds: float = 0.0  # kernel seconds waiting in a collective on a peer of the job
     peer_wait_joules: float | None = None  # their energy above the idle floor; None: no power reading yet
+    idle_since: float | None = None  # the start of the run of idle intervals it is in; None: in use, or not known

@@ -1,5 +1,5 @@
 """The HTTP face of the daemon (Starlette; FastAPI only for the API reference): /metrics, /, /healthz, /readyz,
-/api/v1/gpus, /api/v1/diagnosis, /docs, /openapi.json.
+/api/v1/gpus, /api/v1/diagnosis, /api/v1/idleness, /docs, /openapi.json.
 
 Every handler reads the latest NodeSnapshot published by the poller; none calls NVML, so a scrape is
 answered at once even while a poll hangs.
@@ -377,3 +377,17 @@ def diagnosis_route(holder: SnapshotHolder) -> JsonRoute:
         return None if snap is None else diagnosis_document(snap)
 
     return JsonRoute("/api/v1/diagnosis", "Verdict, evidence and remedies for every GPU", DiagnosisDocument, answer)
+
+
+def idleness_route(holder: SnapshotHolder) -> JsonRoute:
+    """The ``GET /api/v1/idleness`` route (an IdlenessDocument: each GPU and job active, idle with its cause and for
+    how long, or unknown), for ``create_app(extra=...)``."""
+    from gpuwarden.insight.idleness import IdlenessDocument, idleness_document
+
+    def answer() -> IdlenessDocument | None:
+        snap = holder.snapshot
+        return None if snap is None else idleness_document(snap)
+
+    return JsonRoute(
+        "/api/v1/idleness", "Each GPU and job: active, idle (cause, seconds) or unknown", IdlenessDocument, answer
+    )
