@@ -124,6 +124,11 @@ class ProcessReading(_Model):
     tree_blocked: int | None = Field(
         default=None, description="of those, how many are in uninterruptible sleep (state D: waiting on I/O)"
     )
+    stopped: bool | None = Field(
+        default=None,
+        description="the process is stopped (/proc/PID/stat state T: SIGSTOP, Ctrl-Z, a scheduler's suspend; or t: "
+        "held by a debugger); None: not read",
+    )
     tree_read_bytes_total: int | None = Field(
         default=None, description="bytes the process and its live descendants read from storage (/proc/PID/io)"
     )

@@ -135,6 +135,7 @@ class ProcessInspector:
             tree_cpu_seconds_total=tree.cpu_seconds,
             tree_processes=tree.processes,
             tree_blocked=tree.blocked,
+            stopped=tree.stopped,
             tree_read_bytes_total=tree.read_bytes,
             tree_read_chars_total=tree.read_chars,
             tree_write_bytes_total=tree.write_bytes,
@@ -345,6 +346,7 @@ class Tree(NamedTuple):
     cpu_seconds: float
     processes: int
     blocked: int
+    stopped: bool  # the process itself (not its descendants): state T (stopped) or t (tracing stop)
     read_bytes: int | None
     read_chars: int | None
     write_bytes: int | None
@@ -376,7 +378,9 @@ def _tree(proc: psutil.Process, cpu: object, members: list[psutil.Process]) -> T
     """What ``proc`` and its live descendants (``members``) did (Tree), the CPU including its reaped children's
     (psutil's children_user/children_system). Raises psutil.Error for ``proc``. Call it inside ``proc.oneshot()``."""
     seconds = sum(getattr(cpu, k, 0.0) for k in ("user", "system", "children_user", "children_system"))
-    blocked = int(proc.status() == psutil.STATUS_DISK_SLEEP)
+    status = proc.status()
+    blocked = int(status == psutil.STATUS_DISK_SLEEP)
+    stopped = status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
     read, chars, written = _io(proc)
     switches = _switches(proc)
     count = 1
@@ -394,7 +398,7 @@ def _tree(proc: psutil.Process, cpu: object, members: list[psutil.Process]) -> T
         count += 1
         read, chars, written = _add(read, c_read), _add(chars, c_chars), _add(written, c_written)
         switches = _add(switches, c_switches)
-    return Tree(seconds, count, blocked, read, chars, written, switches)
+    return Tree(seconds, count, blocked, stopped, read, chars, written, switches)
 
 
 def read_cgroup_cpu(cgroup: str | None, root: Path = Path("/sys/fs/cgroup")) -> float | None:

@@ -91,7 +91,7 @@ class JobInputs:
     second read other than from storage (sockets: remote storage), written to storage, voluntary context switches
     per second; whether the job waits on I/O (reads or writes >= IO_READ_BYTES_PER_SECOND, any process in I/O
     wait, or waits at WAITS_PER_SECOND) and whether it writes (IO_WRITE_BYTES_PER_SECOND, more than it reads: a
-    checkpoint). None: not known."""
+    checkpoint); how many of its processes are stopped (SIGSTOP, a debugger). None: not known."""
 
     job_cpu: float | None = None
     max_proc_cpu: float | None = None
@@ -102,6 +102,7 @@ class JobInputs:
     io_write: float | None = None
     switches: float | None = None
     writing: bool = False
+    stopped: float | None = None  # how many of the GPU's processes are stopped (SIGSTOP, a debugger); None: not read
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +395,9 @@ class InsightAnalyzer:
         reads = (io_read or 0.0) + (other or 0.0)
         writing = st.writes_more_than_reads(written, reads)
         switches = _total(k.switches_per_second for k in known)
+        states = [p.stopped for p in procs if p.stopped is not None]
         return JobInputs(
+            stopped=float(sum(states)) if states else None,
             job_cpu=self._job_cpu(procs, rates) if known else None,
             max_proc_cpu=max(k.cpu_cores for k in known) if known else None,
             io_read=io_read,
@@ -492,6 +495,7 @@ class InsightAnalyzer:
                 voluntary_switches_per_second=inputs.switches,
                 whole_idle_ratio=whole_idle,
                 io_blocked_processes=inputs.blocked,
+                stopped_processes=inputs.stopped,
                 host_cpu_busy_ratio=host_busy,
                 power_watts=finite(g.power_usage_watts),
             ),

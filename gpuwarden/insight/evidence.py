@@ -96,6 +96,7 @@ EVIDENCE: tuple[Mean | Derived, ...] = (
     ),
     Mean("whole_idle_ratio", "idle_in_whole_samples", "ratio", "launch gaps: idle within sample periods"),
     Mean("io_blocked_processes", "job_processes_in_io_wait", "processes"),
+    Mean("stopped_processes", "job_processes_stopped", "processes", "stopped: SIGSTOP, Ctrl-Z, a debugger"),
     Mean("host_cpu_busy_ratio", "host_cpu_busy", "ratio"),
     Mean(
         "pcie_rx",

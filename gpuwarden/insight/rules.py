@@ -198,6 +198,11 @@ def _h2d_copy_bound_summary(f: Facts) -> str:
     )
 
 
+#: A held-idle GPU's processes stopped at least this many on average over the window (/proc state T or t): its
+#: summary says the job is stopped rather than that nobody uses the GPU.
+STOPPED_MIN = 0.5
+
+
 def _held_idle_when(f: Facts) -> bool:
     return f.w.share("held_idle") >= HELD_IDLE_MIN or f.both_idle
 
@@ -205,6 +210,11 @@ def _held_idle_when(f: Facts) -> bool:
 def _held_idle_summary(f: Facts) -> str:
     w = f.w
     mem = "" if w.memory_used_bytes is None else f"{w.memory_used_bytes / 1e9:.1f} GB held; "
+    if (w.stopped_processes or 0.0) >= STOPPED_MIN:
+        return (
+            f"{mem}the job's process is stopped (SIGSTOP: Ctrl-Z, a debugger, a scheduler's suspend) and holds the "
+            f"GPU until it is continued (SIGCONT, fg) or ended (held idle {pct(w.share('held_idle'))} of the window)."
+        )
     return (
         f"{mem}kernels ran {pct(w.util)} of the time and the job's processes use {f.cpu} of CPU: "
         f"nobody is using this GPU (held idle {pct(w.share('held_idle'))} of the window)."
