@@ -15,126 +15,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import TRACES
 from helpers import REPO, free_port, prometheus, stop_all, wait_http
+from slurm_node import FIRST_JOB, NEEDS, PROMETHEUS, out, slurm_node, wait_for
 
 from gpuwarden.trace import TraceWriter, read_trace
 
-BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "scancel", "scontrol", "sinfo")
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        any(shutil.which(b) is None for b in BINARIES) or PROMETHEUS is None,
-        reason="Slurm (slurmctld, slurmd, slurm-client), munge or prometheus not installed (CI installs them)",
-    ),
-    pytest.mark.skipif(os.geteuid() != 0, reason="slurmd and munged run as root here"),
-]
-FIRST_JOB = 4242
-SLURM_CONF = """\
-ClusterName=gw
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctld_port}
-SlurmdPort={d_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket={dir}/munge/sock
-StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
-SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
-SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-SelectType=select/cons_tres
-GresTypes=gpu
-FirstJobId={first}
-MpiDefault=none
-ReturnToService=2
-Prolog={dir}/prolog.sh
-Epilog={dir}/epilog.sh
-NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 Gres=gpu:2 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-"""
-#: slurmd runs the prolog and epilog with Slurm's variables only: these wrappers give them the mapping directory.
-WRAPPER = """\
-#!/bin/sh
-export PATH=/usr/bin:/bin:/usr/sbin:/sbin GPUWARDEN_JOB_MAPPING_DIR={dir}/jobs GPUWARDEN=false \
-GPUWARDEN_JOB_RECORDS={dir}/records
-exec sh {script}
-"""
+pytestmark = NEEDS
 POLICY = """\
 interval: 10s
 steps:
   - name: notify
     after: 20s
 """
-
-
-def _wait(what: str, check: object, seconds: float = 60.0) -> object:
-    """Poll ``check()`` until it returns something true; AssertionError naming ``what`` after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while True:
-        got = check()  # type: ignore[operator]
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"waited {seconds:g} s for {what}"
-        time.sleep(0.5)
-
-
-@contextmanager
-def slurm_node(tmp: Path) -> Iterator[dict[str, str]]:
-    """munged, slurmctld and slurmd on this host with SLURM_CONF's configuration under ``tmp``; yields the
-    environment the Slurm commands need once the node is idle."""
-    host = socket.gethostname().split(".")[0]
-    for sub in ("state", "spool", "munge", "dev", "jobs", "records"):
-        (tmp / sub).mkdir()
-    for n in range(2):
-        (tmp / "dev" / f"nvidia{n}").touch()  # stand-ins: slurmd checks that a gres file exists, nothing more
-    (tmp / "slurm.conf").write_text(SLURM_CONF.format(host=host, dir=tmp, first=FIRST_JOB, ctld_port=free_port(),
-                                                      d_port=free_port()))  # fmt: skip
-    (tmp / "gres.conf").write_text(f"NodeName={host} Name=gpu File={tmp}/dev/nvidia[0-1]\n")
-    for name in ("prolog", "epilog"):
-        path = tmp / f"{name}.sh"
-        path.write_text(WRAPPER.format(dir=tmp, script=REPO / "deploy" / "slurm" / f"{name}.sh"))
-        path.chmod(0o755)
-    key = tmp / "munge" / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o400)
-    env = {**os.environ, "SLURM_CONF": str(tmp / "slurm.conf")}
-    munge = subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={tmp}/munge/sock",
-                            f"--pid-file={tmp}/munge/pid", f"--log-file={tmp}/munge/log",
-                            f"--seed-file={tmp}/munge/seed"], capture_output=True, text=True, check=False)  # fmt: skip
-    assert munge.returncode == 0, munge.stderr
-    procs = [subprocess.Popen([d, "-D", *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for d, extra in (("slurmctld", ["-i"]), ("slurmd", []))]  # fmt: skip
-    try:
-        _wait("the Slurm node to be idle", lambda: _out(["sinfo", "-h", "-o", "%T"], env).strip() == "idle")
-        yield env
-    finally:
-        subprocess.run(["scancel", "--user=root"], env=env, capture_output=True, check=False)
-        stop_all(procs)
-        pid = (tmp / "munge" / "pid").read_text().strip() if (tmp / "munge" / "pid").exists() else ""
-        if pid.isdigit():
-            os.kill(int(pid), 15)
-
-
-def _out(cmd: list[str], env: dict[str, str]) -> str:
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=30).stdout
 
 
 def _mapping(tmp: Path) -> dict[str, str]:
@@ -187,13 +86,13 @@ def test_a_slurm_job_allocated_two_gpus_touching_one_and_a_job_touching_none(tmp
     try:
         with slurm_node(slurm) as env:
             # 1. two GPUs allocated, GPU 0 used
-            _out(["sbatch", "--gres=gpu:2", "-o", "/dev/null", "--wrap", "sleep 600"], env)
-            _wait("the prolog's mapping of job 4242", lambda: _mapping(slurm) == {"0": "4242\n", "1": "4242\n"})
+            out(["sbatch", "--gres=gpu:2", "-o", "/dev/null", "--wrap", "sleep 600"], env)
+            wait_for("the prolog's mapping of job 4242", lambda: _mapping(slurm) == {"0": "4242\n", "1": "4242\n"})
             a = _serve(derived, node_a, slurm / "jobs", tmp_path / "a.log")
             procs.append(a)
             wait_http(f"{url}/-/ready")
             idle = 'gpu_state_seconds_total{gpu="1",state="allocated_idle"}'
-            _wait("30 s of GPU 1 allocated and untouched", lambda: any(
+            wait_for("30 s of GPU 1 allocated and untouched", lambda: any(
                 float(s["value"][1]) > 30 for s in _query(url, idle)), 120)  # fmt: skip
             jobs = {(s["metric"]["gpu"], s["metric"]["job_id"]) for s in _query(url, "gpu_job_info")}
             assert jobs == {("0", "4242"), ("1", "4242")}  # GPU 0's processes and its allocation: one job
@@ -207,15 +106,15 @@ def test_a_slurm_job_allocated_two_gpus_touching_one_and_a_job_touching_none(tmp
             lost = doc["lost_gpu_hours_by_cause"]
             assert lost["allocated_idle"] == pytest.approx(20 / 3600, rel=0.2), lost
             # 2. the epilog clears the mapping
-            _out(["scancel", "4242"], env)
-            _wait("the epilog to clear the mapping", lambda: _mapping(slurm) == {})
+            out(["scancel", "4242"], env)
+            wait_for("the epilog to clear the mapping", lambda: _mapping(slurm) == {})
             stop_all([a])
             # 3. one GPU allocated, nothing opened: a node whose GPU 0 nobody opens
-            _out(["sbatch", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 600"], env)
-            _wait("the prolog's mapping of job 4243", lambda: _mapping(slurm) == {"0": "4243\n"})
+            out(["sbatch", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 600"], env)
+            wait_for("the prolog's mapping of job 4243", lambda: _mapping(slurm) == {"0": "4243\n"})
             procs.append(_serve(TRACES / "h100-idle.jsonl.gz", node_b, slurm / "jobs", tmp_path / "b.log"))
             on_b = f'gpu_state_seconds_total{{instance="127.0.0.1:{node_b}",state="allocated_idle"}}'
-            _wait("40 s of job 4243's GPU allocated and untouched", lambda: any(
+            wait_for("40 s of job 4243's GPU allocated and untouched", lambda: any(
                 float(s["value"][1]) > 40 for s in _query(url, on_b)), 120)  # fmt: skip
             policy = tmp_path / "policy.yml"
             policy.write_text(POLICY)

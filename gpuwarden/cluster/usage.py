@@ -689,6 +689,17 @@ class Accounting:
         self._price(out.values())
         return dict(out)
 
+    def seen_throughout(self) -> set[tuple[Cluster, str]]:
+        """(cluster, instance) of every node whose GPUs (``gpu_up``) have samples both at the range's end and at its
+        start: a node with data over the whole range."""
+        up = self.metric("gpu_up")
+
+        def nodes(offset: str) -> set[tuple[Cluster, str]]:
+            q = f"group by ({self._c}instance) ({up}{offset})"
+            return {(self.cluster_of(s.labels), s.labels["instance"]) for s in self.samples(q, "instance")}
+
+        return nodes("") & nodes(f" offset {self.range}")
+
     def node_names(self) -> dict[tuple[Cluster, str], str]:
         """(cluster, instance) -> node name (gpu_devices{nodename}) of every instance seen in the range (a node gone
         since keeps its name)."""

@@ -49,6 +49,10 @@ COMMANDS: dict[str, Command] = {
         "gpuwarden.commands.reclaim",
         "notify, warn and reclaim jobs that hold GPUs idle, gated on the why (from Prometheus; dry run by default)",
     ),
+    "drain": Command(
+        "gpuwarden.commands.drain",
+        "drain the Slurm nodes of GPUs that need service, resume them once clean (from Prometheus; dry run by default)",
+    ),
     "collectors": Command("gpuwarden.commands.collectors", "list collectors and their default state"),
     "record": Command("gpuwarden.commands.record", "record a trace of raw NVML readings (JSON Lines)"),
 }

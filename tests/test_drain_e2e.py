@@ -1,0 +1,79 @@
+"""``gpuwarden drain`` against a real Slurm (tests/slurm_node.py) and a real Prometheus scraping a daemon that replays
+an H100 recording whose GPU needs service (derived-h100-health: 3 uncorrectable ECC errors, as the trace's header
+says it was modified): a dry run plans the drain and changes nothing; ``--apply`` drains the node with the reason;
+a second run does nothing more; once the node's GPU has been clean over the range (the daemon now replays the idle
+H100 recording under the same node name) the node is resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TRACES
+from helpers import REPO, free_port, prometheus, stop_all, wait_http
+from slurm_node import NEEDS, PROMETHEUS, node_name, out, slurm_node, wait_for
+
+pytestmark = NEEDS
+RANGE = "20s"
+
+
+def _serve(trace: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "GPUWARDEN_NODE_NAME": node_name()}
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuwarden", "serve", "--replay", str(trace),
+                                 "--web.listen-address", f"127.0.0.1:{port}"], cwd=REPO, env=env, stdout=f,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+    return proc
+
+
+def _drain(url: str, env: dict[str, str], *extra: str) -> dict:
+    res = subprocess.run([sys.executable, "-m", "gpuwarden", "drain", "--prometheus", url, "--range", RANGE,
+                          "--step", "1s", "--json", "--max-out-ratio", "1", *extra], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=120, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _state(env: dict[str, str]) -> tuple[str, str]:
+    state, _, reason = out(["sinfo", "-h", "-N", "-o", "%T|%E"], env).strip().partition("|")
+    return state, reason
+
+
+def test_a_node_whose_gpu_needs_service_is_drained_then_resumed_once_clean(tmp_path: Path) -> None:
+    port = free_port()
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
+    }
+    server, url = prometheus(PROMETHEUS or "prometheus", tmp_path, config)  # fmt: skip
+    procs: list[subprocess.Popen] = [server]
+    slurm = tmp_path / "slurm"
+    slurm.mkdir()
+    try:
+        with slurm_node(slurm) as env:
+            procs.append(_serve(TRACES / "derived-h100-health.jsonl.gz", port, tmp_path / "sick.log"))
+            wait_http(f"{url}/-/ready")
+            node = node_name()
+            planned = wait_for("a drain planned", lambda: _drain(url, env)["actions"], 90)
+            assert [(a["action"], a["node"], a["status"]) for a in planned] == [  # type: ignore[union-attr]
+                ("drain", node, "planned")
+            ]
+            assert _state(env)[0] == "idle"  # a dry run changes nothing
+            done = _drain(url, env, "--apply")["actions"]
+            assert [(a["action"], a["status"]) for a in done] == [("drain", "done")]
+            state, reason = _state(env)
+            assert state in ("drained", "draining") and reason.startswith("gpuwarden: GPU 0: 3 uncorrectable ECC")
+            assert _drain(url, env, "--apply")["actions"] == []  # out already: nothing more
+            stop_all(procs[1:])
+            procs[1:] = [_serve(TRACES / "h100-idle.jsonl.gz", port, tmp_path / "clean.log")]
+            wait_for("the node clean over the range", lambda: _drain(url, env)["actions"], 120)
+            resumed = _drain(url, env, "--apply")["actions"]
+            assert [(a["action"], a["node"], a["status"]) for a in resumed] == [("resume", node, "done")]
+            state, reason = _state(env)  # idle again ("*": slurmd not answering its ping yet, this test's own node)
+            assert state.rstrip("*") == "idle" and not reason.startswith("gpuwarden:")
+    finally:
+        stop_all(procs)
