@@ -58,10 +58,9 @@ def test_a_node_whose_gpu_needs_service_is_drained_then_resumed_once_clean(tmp_p
             procs.append(_serve(TRACES / "derived-h100-health.jsonl.gz", port, tmp_path / "sick.log"))
             wait_http(f"{url}/-/ready")
             node = node_name()
-            planned = wait_for("a drain planned", lambda: _drain(url, env)["actions"], 90)
-            assert [(a["action"], a["node"], a["status"]) for a in planned] == [  # type: ignore[union-attr]
-                ("drain", node, "planned")
-            ]
+            wait_for("a drain planned", lambda: _drain(url, env)["actions"], 90)
+            planned = _drain(url, env)["actions"]
+            assert [(a["action"], a["node"], a["status"]) for a in planned] == [("drain", node, "planned")]
             assert _state(env)[0] == "idle"  # a dry run changes nothing
             done = _drain(url, env, "--apply")["actions"]
             assert [(a["action"], a["status"]) for a in done] == [("drain", "done")]
