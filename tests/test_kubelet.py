@@ -405,3 +405,37 @@ def test_dra_resource_slices_outside_a_pod_is_one_clear_error(monkeypatch: pytes
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ValueError, match="not in a Kubernetes pod"):
         DraDevices("node-1")
+
+
+def test_a_gpu_the_kubelet_assigned_and_nobody_opened_is_allocated_idle(tmp_path: Path) -> None:
+    """The idle H100 recording (no process) with the kubelet's pod-resources server (real gRPC over a unix socket)
+    assigning its GPU to a notebook pod, through the replay, the analyzer and the collectors as the daemon wires
+    them: the GPU is allocated_idle, not free, and gpu_job_info names the pod (namespace/name: the API gives no
+    UID)."""
+    from conftest import TRACES, render
+    from test_collectors import families
+
+    from gpuwarden.insight.analyzer import InsightAnalyzer
+    from gpuwarden.poller import Poller
+    from gpuwarden.replay import ReplaySource
+    from gpuwarden.trace import read_trace
+
+    idle = TRACES / "h100-idle.jsonl.gz"
+    uuid = read_trace(idle)[0].node.gpus[0].uuid
+    sock = tmp_path / "kubelet.sock"
+    with kubelet(sock, [_pod("ml", "notebook-0", {"lab": [("nvidia.com/gpu", [uuid])]})]):
+        client = PodResources(sock, refresh_seconds=0)
+        poller = Poller(ReplaySource(idle, timing="recorded", annotate=client.assign), 1.0,
+                        analyzers={"insight": InsightAnalyzer().prepare})  # fmt: skip
+        poller.start(thread=False)
+        for _ in range(20):
+            poller.poll_once()
+        client.close()
+    assert poller.snapshot is not None
+    fams = families(render(poller.snapshot))
+    states = {s.labels["state"]: s.value for s in fams["gpu_state_seconds"]}
+    assert states.get("allocated_idle", 0) > 10 and "free" not in states
+    assert {s.labels["reason"] for s in fams["gpu_diagnosis"] if s.value == 1} == {"allocated_idle"}
+    [job] = [s.labels for s in fams["gpu_job_info"]]
+    assert (job["job_id"], job["job_kind"], job["pod"], job["container"]) == ("ml/notebook-0", "kubernetes",
+                                                                             "notebook-0", "lab")  # fmt: skip
