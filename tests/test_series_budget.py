@@ -28,8 +28,9 @@ from gpuwarden.replay import demo_trace_path  # noqa: E402
 #: counted): 32-43 for most, up to 49 for a GPU whose recording walks through many states and idle causes (each a
 #: series once it occurred).
 BUDGET = 49
-#: Of them, the readings and health series (all but the time accounting and the diagnosis).
-READINGS_BUDGET = 37
+#: Of them, the readings and health series (all but the time accounting and the diagnosis): 38 on h100-stopped (its
+#: driver binding reads the recovery action, and says which one reading it lacks: gpu_reading_unsupported).
+READINGS_BUDGET = 38
 LINKS = ("gpu_nvlink_link_up", "gpu_nvlink_link_errors")
 #: An NVLink GPU's series beyond its links': NVLink traffic (GPM), CRC totals, the fabric's state, identity, health.
 NVLINK_EXTRA = 8
