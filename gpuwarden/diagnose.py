@@ -298,17 +298,20 @@ def window_words(doc: DiagnosisDocument) -> str | None:
     return f"{'' if len(windows) == 1 else 'up to '}the last {max(windows)} s of each GPU's current job"
 
 
-def summary_table(doc: DiagnosisDocument) -> Any:
+def summary_table(doc: DiagnosisDocument, one_line: bool = False) -> Any:
     """A rich Table with one row per GPU: verdict (and other findings), starved share and activity over the
-    diagnosis window (the same figures as the evidence below it), first remedy."""
+    diagnosis window (the same figures as the evidence below it), first remedy. ``one_line``: each row on one line,
+    the verdict and the remedy cut with an ellipsis where the width ends (``--brief``: the whole remedy is in the
+    full report)."""
     from rich.table import Table
 
+    cut: dict[str, Any] = {"no_wrap": True, "overflow": "ellipsis"} if one_line else {}
     t = Table(header_style="bold", expand=True, show_lines=False, pad_edge=False)
     t.add_column("GPU", justify="right", no_wrap=True)
-    t.add_column("verdict", ratio=2)
+    t.add_column("verdict", ratio=2, **cut)
     t.add_column("starved", justify="right", no_wrap=True)
     t.add_column("active", justify="right", no_wrap=True)
-    t.add_column("what to do first", ratio=5)
+    t.add_column("what to do first", ratio=5, **cut)
     for g in doc.gpus:
         d = g.diagnosis
         shares = (d.value("starved_share"), d.activity()) if d is not None else (None, None)
@@ -331,7 +334,7 @@ def renderables(report: DiagnoseReport, brief: bool = False) -> list[Any]:
     if not doc.available:
         out.append(Text.assemble(("no diagnosis:", "red"), " ", visible(doc.reason)))
         return out
-    out.append(summary_table(doc))
+    out.append(summary_table(doc, one_line=brief))
     if doc.node_imbalance_ratio is not None:
         out.append(
             Text.assemble(

@@ -29,7 +29,7 @@ def _diagnose(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_brief_on_8_gpus_fits_one_screen_and_names_every_verdict() -> None:
+def test_brief_on_8_gpus_fits_one_screen_names_every_verdict_one_line_a_gpu() -> None:
     out = _diagnose("--replay", str(trace("derived-8gpu")), "--brief")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -37,6 +37,9 @@ def test_brief_on_8_gpus_fits_one_screen_and_names_every_verdict() -> None:
     rows = [ln for ln in lines if ln.startswith("│") and ln.split("│")[1].strip().isdigit()]
     assert [int(r.split("│")[1]) for r in rows] == list(range(8))
     assert all(("waiting on peers" in r) or ("input starved" in r) for r in rows)
+    # one line a GPU: the table's body is its 8 rows, no continuation lines (the remedy cut with an ellipsis)
+    body = [ln for ln in lines if ln.startswith("│")]
+    assert len(body) == 8, body
     assert "what to do first" in out.stdout and "evidence" not in out.stdout
 
 
