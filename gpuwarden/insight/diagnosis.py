@@ -25,7 +25,7 @@ from gpuwarden.insight.gpu_window import GpuWindow, named, pct
 from gpuwarden.insight.margins import MARGIN, VerdictMemory, alternatives
 from gpuwarden.insight.peers import utilized, waiters
 from gpuwarden.insight.reasons import REMEDIES, SEVERITY, first_verdict
-from gpuwarden.insight.rules import RULES, Facts, throttled
+from gpuwarden.insight.rules import RULES, Facts, input_source, throttled
 from gpuwarden.insight.thresholds import (
     FP32_BUSY_MIN,
     HOT_MARGIN_CELSIUS,
@@ -161,7 +161,7 @@ def decide(
     remedies: list[str] = []
     order = [f for f in findings if SEVERITY[f] == "critical"] + [f for f in findings if SEVERITY[f] != "critical"]
     for f in order:
-        remedies.extend(REMEDIES[f])
+        remedies.extend(led_by_evidence(f, REMEDIES[f], Facts(w, peers)))
     levels = [SEVERITY[f] for f in findings]
     if "throttled" in findings and w.severe_throttle_fraction < THROTTLE_MIN_FRACTION:
         levels[findings.index("throttled")] = "info"  # a power cap at full load is expected, not a fault
@@ -180,3 +180,21 @@ def decide(
         "alternatives": near,
     }
     return Decided(tuple(findings), fields, w)
+
+
+#: For a verdict whose remedies answer several causes, the remedy its evidence points at (by the beginning of its
+#: text), by where the input comes from (gpuwarden.insight.rules.input_source): remote storage for reads through
+#: sockets or many short waits, a local cache for reads from storage; the order as written otherwise.
+EVIDENCE_FIRST: dict[str, dict[str, str]] = {
+    "input_starved": {"remote": "Input from remote storage", "waits": "Input from remote storage",
+                      "storage": "Cache preprocessed data"},
+}  # fmt: skip
+
+
+def led_by_evidence(finding: str, remedies: Sequence[str], facts: Facts) -> list[str]:
+    """``remedies`` of ``finding`` with the one its evidence points at first (EVIDENCE_FIRST), the others in their
+    order; as they are where nothing points."""
+    start = EVIDENCE_FIRST.get(finding, {}).get(input_source(facts)) if finding in EVIDENCE_FIRST else None
+    if start is None:
+        return list(remedies)
+    return [r for r in remedies if r.startswith(start)] + [r for r in remedies if not r.startswith(start)]

@@ -344,32 +344,51 @@ def _input_starved_when(f: Facts) -> bool:
     return f.w.share("starved") >= STARVED_MIN or (working and f.idle >= STARVED_MIN)
 
 
+def input_source(f: Facts) -> str:
+    """Where a starved job's input comes from, by its evidence, in the order ``_input_starved_summary`` names it:
+    ``remote`` (reads through sockets), ``storage`` (local reads or I/O wait), ``helpers`` (the job's CPU in other
+    processes than its GPU process: loader workers), ``process`` (the training process itself, one core), ``waits``
+    (many short waits: remote storage with its reads in no counter, or a slow pipeline), else ``""``."""
+    w = f.w
+    if f.remote:
+        return "remote"
+    if f.reading:
+        return "storage"
+    job, proc = w.job_cpu_cores, w.max_process_cpu_cores
+    if job is not None and proc is not None and job >= 1.5 * max(proc, 0.1) and not (f.waits and job < 1.0):
+        return "helpers"
+    if proc is not None and proc >= 0.8:
+        return "process"
+    return "waits" if f.waits else ""
+
+
 def _input_starved_summary(f: Facts) -> str:
     w = f.w
     text = f"GPU idle {pct(f.idle)} of the time while its job works (job CPU {f.cpu}): waiting for input"
-    if f.remote:
+    source = input_source(f)
+    if source == "remote":
         rate = (w.io_other_read_bytes_per_second or 0.0) / 1e6
         local = (w.io_read_bytes_per_second or 0.0) / 1e6
         return text + (
             f" from remote storage or another process (the job reads {rate:.0f} MB/s through sockets or pipes, "
             f"{local:.0f} MB/s from local storage): prefetch more, read in larger requests, cache the data locally."
         )
-    if f.reading:
+    if source == "storage":
         rate = (w.io_read_bytes_per_second or 0.0) / 1e6
         return text + f" from storage (the job reads {rate:.0f} MB/s with processes in I/O wait)."
-    job, proc = w.job_cpu_cores, w.max_process_cpu_cores
-    if job is not None and proc is not None and job >= 1.5 * max(proc, 0.1) and not (f.waits and job < 1.0):
+    job, proc = w.job_cpu_cores or 0.0, w.max_process_cpu_cores or 0.0
+    if source == "helpers":
         return text + (
             f" prepared on the CPU by helper processes (the job uses {job:.1f} cores, its GPU process "
             f"{proc:.2f}): more workers or cheaper preprocessing."
         )
-    if proc is not None and proc >= 0.8:
+    if source == "process":
         return text + (
             f" prepared in the training process itself ({proc:.2f} cores, single-threaded), or work in it on the GPU's "
             "output between steps (evaluation metrics, logging): gpuwarden's counters cannot tell these apart; code "
             "evidence (insight.code_evidence) names the function."
         )
-    if f.waits:
+    if source == "waits":
         return text + (
             f" fetched in many short waits ({w.voluntary_switches_per_second or 0.0:.0f} a second, job CPU {f.cpu}, "
             "reads through sockets are in no per-process counter): input from remote storage (object store, network "
