@@ -8,13 +8,14 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import REPO, free_port, stop_all
+from helpers import REPO, free_port, stop_all, wait_http
 
 BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "scancel", "scontrol", "sinfo")
 PROMETHEUS = shutil.which("prometheus")
@@ -121,3 +122,14 @@ def out(cmd: list[str], env: dict[str, str]) -> str:
 def node_name() -> str:
     """The Slurm node name ``slurm_node`` gives this host (its short host name)."""
     return socket.gethostname().split(".")[0]
+
+
+def serve_replay(trace: Path, port: int, log: Path, **env: str) -> subprocess.Popen[bytes]:
+    """``gpuwarden serve --replay TRACE`` on 127.0.0.1:``port`` with ``env`` added to the environment (the job mapping
+    directory, the node's name), its output in ``log``; returned once it answers /healthz."""
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuwarden", "serve", "--replay", str(trace),
+                                 "--web.listen-address", f"127.0.0.1:{port}"], cwd=REPO,
+                                env={**os.environ, **env}, stdout=f, stderr=subprocess.STDOUT)  # fmt: skip
+    wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+    return proc

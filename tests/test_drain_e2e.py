@@ -7,27 +7,18 @@ H100 recording under the same node name) the node is resumed."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import TRACES
 from helpers import REPO, free_port, prometheus, stop_all, wait_http
-from slurm_node import NEEDS, PROMETHEUS, node_name, out, slurm_node, wait_for
+from slurm_node import NEEDS, PROMETHEUS, node_name, out, serve_replay, slurm_node, wait_for
 
 pytestmark = NEEDS
 RANGE = "20s"
-
-
-def _serve(trace: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "GPUWARDEN_NODE_NAME": node_name()}
-    with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "gpuwarden", "serve", "--replay", str(trace),
-                                 "--web.listen-address", f"127.0.0.1:{port}"], cwd=REPO, env=env, stdout=f,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-    wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
-    return proc
+#: The daemons' node name: the Slurm node's, as a site sets node_name to Slurm's NodeName.
+NAMED = {"GPUWARDEN_NODE_NAME": node_name()}
 
 
 def _drain(url: str, env: dict[str, str], *extra: str) -> dict:
@@ -55,7 +46,7 @@ def test_a_node_whose_gpu_needs_service_is_drained_then_resumed_once_clean(tmp_p
     slurm.mkdir()
     try:
         with slurm_node(slurm) as env:
-            procs.append(_serve(TRACES / "derived-h100-health.jsonl.gz", port, tmp_path / "sick.log"))
+            procs.append(serve_replay(TRACES / "derived-h100-health.jsonl.gz", port, tmp_path / "sick.log", **NAMED))
             wait_http(f"{url}/-/ready")
             node = node_name()
             wait_for("a drain planned", lambda: _drain(url, env)["actions"], 90)
@@ -68,7 +59,7 @@ def test_a_node_whose_gpu_needs_service_is_drained_then_resumed_once_clean(tmp_p
             assert state in ("drained", "draining") and reason.startswith("gpuwarden: GPU 0: 3 uncorrectable ECC")
             assert _drain(url, env, "--apply")["actions"] == []  # out already: nothing more
             stop_all(procs[1:])
-            procs[1:] = [_serve(TRACES / "h100-idle.jsonl.gz", port, tmp_path / "clean.log")]
+            procs[1:] = [serve_replay(TRACES / "h100-idle.jsonl.gz", port, tmp_path / "clean.log", **NAMED)]
             wait_for("the node clean over the range", lambda: _drain(url, env)["actions"], 120)
             resumed = _drain(url, env, "--apply")["actions"]
             assert [(a["action"], a["node"], a["status"]) for a in resumed] == [("resume", node, "done")]

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from conftest import TRACES
 from helpers import REPO, free_port, prometheus, stop_all, wait_http
-from slurm_node import FIRST_JOB, NEEDS, PROMETHEUS, out, slurm_node, wait_for
+from slurm_node import FIRST_JOB, NEEDS, PROMETHEUS, out, serve_replay, slurm_node, wait_for
 
 from gpuwarden.trace import TraceWriter, read_trace
 
@@ -54,16 +54,6 @@ def _as_job(src: Path, out: Path, job: int) -> Path:
     return out
 
 
-def _serve(trace: Path, port: int, mapping: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "GPUWARDEN_JOB_MAPPING_DIR": str(mapping)}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gpuwarden", "serve", "--replay", str(trace),
-                                 "--web.listen-address", f"127.0.0.1:{port}"], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-    wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
-    return proc
-
-
 def _query(url: str, q: str) -> list[dict]:
     return httpx.get(f"{url}/api/v1/query", params={"query": q}, timeout=30).json()["data"]["result"]
 
@@ -88,7 +78,7 @@ def test_a_slurm_job_allocated_two_gpus_touching_one_and_a_job_touching_none(tmp
             # 1. two GPUs allocated, GPU 0 used
             out(["sbatch", "--gres=gpu:2", "-o", "/dev/null", "--wrap", "sleep 600"], env)
             wait_for("the prolog's mapping of job 4242", lambda: _mapping(slurm) == {"0": "4242\n", "1": "4242\n"})
-            a = _serve(derived, node_a, slurm / "jobs", tmp_path / "a.log")
+            a = serve_replay(derived, node_a, tmp_path / "a.log", GPUWARDEN_JOB_MAPPING_DIR=str(slurm / "jobs"))
             procs.append(a)
             wait_http(f"{url}/-/ready")
             idle = 'gpu_state_seconds_total{gpu="1",state="allocated_idle"}'
@@ -112,7 +102,14 @@ def test_a_slurm_job_allocated_two_gpus_touching_one_and_a_job_touching_none(tmp
             # 3. one GPU allocated, nothing opened: a node whose GPU 0 nobody opens
             out(["sbatch", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 600"], env)
             wait_for("the prolog's mapping of job 4243", lambda: _mapping(slurm) == {"0": "4243\n"})
-            procs.append(_serve(TRACES / "h100-idle.jsonl.gz", node_b, slurm / "jobs", tmp_path / "b.log"))
+            procs.append(
+                serve_replay(
+                    TRACES / "h100-idle.jsonl.gz",
+                    node_b,
+                    tmp_path / "b.log",
+                    GPUWARDEN_JOB_MAPPING_DIR=str(slurm / "jobs"),
+                )
+            )
             on_b = f'gpu_state_seconds_total{{instance="127.0.0.1:{node_b}",state="allocated_idle"}}'
             wait_for("40 s of job 4243's GPU allocated and untouched", lambda: any(
                 float(s["value"][1]) > 40 for s in _query(url, on_b)), 120)  # fmt: skip
