@@ -361,8 +361,8 @@ class InsightAnalyzer:
         secs = {"lost": g.timestamp - start}
         state.totals["lost"] += secs["lost"]
         state.idle["lost"] += secs["lost"]
-        state.idle_since = _idle_since(state.idle_since, _extend_runs(state.runs, secs, start, g.timestamp,
-                                                                      self.window_seconds), start)  # fmt: skip
+        _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
+        state.idle_since = None  # a GPU that could not be read is not known to be idle
 
     def _account_peer_waits(self, primary: dict[str, JobRef]) -> None:
         """Add to each GPU accounted this poll the kernel seconds it spent waiting in a collective on another GPU of
