@@ -179,6 +179,8 @@ def test_grafana_provisioning() -> None:
     prov = REPO / "deploy" / "grafana" / "provisioning"
     [ds] = yaml.safe_load((prov / "datasources" / "gpuwarden.yml").read_text())["datasources"]
     assert ds["type"] == "prometheus" and ds["url"].startswith("http")
+    # its own name, not the default: it never clashes with (or takes over from) a datasource the Grafana has
+    assert ds["name"] == "gpuwarden-prometheus" and ds["isDefault"] is False
     [provider] = yaml.safe_load((prov / "dashboards" / "gpuwarden.yml").read_text())["providers"]
     assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
     # the dashboards choose the datasource by variable, of the provisioned type
