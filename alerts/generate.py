@@ -125,29 +125,24 @@ WINDOW_RISE = "uuid:gpu_memory_used_bytes:rise"
 #: The start time of each GPU's largest process (the most memory), recorded once an evaluation for the detectors'
 #: warm-up (five detectors read it).
 LARGEST_START = "uuid:gpu_process_start_time_seconds:largest"
+#: The GPUs the long trend windows' detectors find leaking (memory_long_records), recorded by their own group.
+LEAKING_LONG = "uuid:gpu_memory_used_bytes:leaking_long"
 
 
-def trend_windows(values: dict[str, str]) -> list[str]:
-    """The trend detector's windows (``memory_trend_windows``), as PromQL durations."""
-    return [w.strip() for w in str(values["memory_trend_windows"]).split(",")]
+def trend_windows(values: dict[str, str], key: str = "memory_trend_windows") -> list[str]:
+    """The trend detector's windows (``memory_trend_windows``, or ``memory_long_trend_windows`` by ``key``), as PromQL
+    durations."""
+    return [w.strip() for w in str(values[key]).split(",") if w.strip()]
 
 
-def memory_window_records(values: dict[str, str]) -> str:
-    """The recording rules the detectors read, as the rule entries of a group's YAML: WINDOW_MIN and WINDOW_MAX of
-    every GPU, then WINDOW_MEAN and WINDOW_VARIANCE of each trend window for the GPUs a job holds (more than
-    ``memory_idle_ratio`` of the memory in use; a detector needs a job to have held the GPU throughout the windows it
-    compares, so an idle GPU needs none). In the group of the leak record, evaluated every ``memory_interval``: a
-    detector reads a window's record ``k`` windows back (whole intervals), which is what the same evaluation computed
-    then from the raw samples. Each window is read from the raw samples once an evaluation instead of about twenty
-    times."""
+def _window_records(values: dict[str, str], windows: list[str]) -> list[str]:
+    """WINDOW_MEAN, WINDOW_VARIANCE and WINDOW_RISE of each of ``windows``, as rule entries (memory_window_records)."""
     sel = values["selector"]
     used, total = f"gpu_memory_used_bytes{{{sel}}}", f"gpu_memory_total_bytes{{{sel}}}"
     held = f"and on (instance, job, gpu, uuid) {used} > {values['memory_idle_ratio']} * {total}"
-    step = values["memory_interval"]
-    out = [f"      - record: {WINDOW_MIN}\n        expr: min_over_time({used}[{step}])\n",
-           f"      - record: {WINDOW_MAX}\n        expr: max_over_time({used}[{step}])\n"]  # fmt: skip
     rise, z = values["memory_trend_min_rise_ratio"], values["memory_trend_z"]
-    for window in trend_windows(values):
+    out = []
+    for window in windows:
         mean, var, back = f"{WINDOW_MEAN}{window}", f"{WINDOW_VARIANCE}{window}", f" offset {window}"
         out.append(
             f"      - record: {mean}\n        expr: >\n          avg_over_time({used}[{window}])\n          {held}\n"
@@ -158,6 +153,23 @@ def memory_window_records(values: dict[str, str]) -> str:
                    f"gpu, uuid) {mean}\n")  # fmt: skip
         significant = f"({mean} - {mean}{back}) > {rise} * {total} + {z} * sqrt({var} + {var}{back})"
         out.append(f"      - record: {WINDOW_RISE}{window}\n        expr: >\n          {significant}\n")
+    return out
+
+
+def memory_window_records(values: dict[str, str]) -> str:
+    """The recording rules the detectors read, as the rule entries of a group's YAML: WINDOW_MIN and WINDOW_MAX of
+    every GPU, then WINDOW_MEAN and WINDOW_VARIANCE of each trend window for the GPUs a job holds (more than
+    ``memory_idle_ratio`` of the memory in use; a detector needs a job to have held the GPU throughout the windows it
+    compares, so an idle GPU needs none), and each window's significant rise (WINDOW_RISE). In the group of the leak
+    record, evaluated every ``memory_interval``: a detector reads a window's record ``k`` windows back (whole
+    intervals), which is what the same evaluation computed then from the raw samples. Each window is read from the raw
+    samples once an evaluation instead of about twenty times."""
+    sel = values["selector"]
+    used = f"gpu_memory_used_bytes{{{sel}}}"
+    step = values["memory_interval"]
+    out = [f"      - record: {WINDOW_MIN}\n        expr: min_over_time({used}[{step}])\n",
+           f"      - record: {WINDOW_MAX}\n        expr: max_over_time({used}[{step}])\n"]  # fmt: skip
+    out += _window_records(values, trend_windows(values))
     largest = (
         f"max by ({values['cluster_by']}instance, job, gpu, uuid) (gpu_process_start_time_seconds{{{sel}}} "
         f"and on (instance, job, "
@@ -165,6 +177,23 @@ def memory_window_records(values: dict[str, str]) -> str:
     )
     out.append(f"      - record: {LARGEST_START}\n        expr: >\n          {largest}\n")
     return "".join(out)
+
+
+def memory_long_records(values: dict[str, str]) -> str:
+    """The rule entries of the long trend group (``memory_long_trend_windows``, evaluated every
+    ``memory_long_interval``): each long window's records (as memory_window_records's), then LEAKING_LONG, the GPUs
+    its detectors find leaking (valued the latest window's rise, bytes), which the leak record reads. A detector reads
+    its window's records whole windows back, each a whole multiple of this group's interval: what this group computed
+    then. Empty without long windows."""
+    windows = trend_windows(values, "memory_long_trend_windows")
+    if not windows:
+        return ""
+    either = "\n          or\n          ".join(
+        f"(\n            {x}\n          )" for x in memory_leak_detectors(values, windows, ramp=False)
+    )
+    return "".join(_window_records(values, windows)) + (
+        f"      - record: {LEAKING_LONG}\n        expr: >\n          {either}\n"
+    )
 
 
 #: Idle causes of lost time (every cause of gpu_idle_seconds_total but ``free``; gpuwarden.cluster.usage.LOST_CAUSES,
@@ -274,32 +303,35 @@ def usage_records(values: dict[str, str]) -> str:
 
 
 def memory_leak(values: dict[str, str]) -> str:
-    """The detectors of ``memory_leak_detectors`` as one expression, or-ed, where the used ratio is above
-    ``memory_filling_min_ratio``: valued the used ratio. The ratio is computed once for the five detectors."""
+    """The detectors of ``memory_leak_detectors`` over ``memory_trend_windows`` and the ramp, and the long windows'
+    result (LEAKING_LONG, from its own group), as one expression, or-ed, where the used ratio is above
+    ``memory_filling_min_ratio``: valued the used ratio. The ratio is computed once for all detectors."""
     sel = values["selector"]
     ratio = f"gpu_memory_used_bytes{{{sel}}} / gpu_memory_total_bytes{{{sel}}} > {values['memory_filling_min_ratio']}"
-    either = "\n            or\n            ".join(
-        f"(\n              {x}\n            )" for x in memory_leak_detectors(values)
-    )
+    parts = [f"(\n              {x}\n            )" for x in memory_leak_detectors(values, trend_windows(values))]
+    if trend_windows(values, "memory_long_trend_windows"):
+        parts.append(LEAKING_LONG)
+    either = "\n            or\n            ".join(parts)
     return f"{ratio}\n          and on (instance, job, gpu, uuid) (\n            {either}\n          )"
 
 
-def memory_leak_detectors(values: dict[str, str]) -> list[str]:
+def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool = True) -> list[str]:
     """The detectors of a memory leak (docs/runbook.md, GpuMemoryFillingUp), each a PromQL expression over every
     GPU's ``gpu_memory_used_bytes`` and ``gpu_memory_total_bytes`` that keeps the GPU's labels (``memory_leak`` values
     them the used ratio):
 
-    - trend, at each of ``memory_trend_windows`` (slow, stepped and noisy leaks): the mean of each of the last four
+    - trend, at each of ``windows`` (slow, stepped and noisy leaks): the mean of each of the last four
       windows is above the one before by more than ``memory_trend_min_rise_ratio`` of the memory plus
       ``memory_trend_z`` standard errors of the difference of the two means (each window's variance over its number
       of samples: allocator noise never passes for growth), so a leak grows in every window and a one-step
       reservation in two at most (steps at most a window apart, and noise, leave the means rising); the latest
       rise is at least ``memory_trend_keep_ratio`` of the one before (a warm-up levels off, a leak does not); and at
       the rate of the last two windows it is full within ``memory_trend_horizon_seconds``;
-    - ramp (fast leaks), with ``memory_ramp_window`` w: at the rate of each of its last three windows alone (the
-      mean of each against the one before: the slowest counts, so a step followed by noise is no ramp) it is full
-      within ``memory_ramp_horizon_seconds``, and its last 2 w are above everything of the 60 w before its windows
-      by ``memory_ramp_margin_ratio`` (noise on a plateau never is, nor a phase that grows and releases again).
+    - ramp (fast leaks; with ``ramp``), with ``memory_ramp_window`` w: at the rate of each of its last three windows
+      alone (the mean of each against the one before: the slowest counts, so a step followed by noise is no ramp) it
+      is full within ``memory_ramp_horizon_seconds``, and its last 2 w are above everything of the 60 w before its
+      windows by ``memory_ramp_margin_ratio`` (noise on a plateau never is, nor a phase that grows and releases
+      again).
 
     Each needs the used ratio above ``memory_filling_min_ratio`` (``memory_leak`` checks it once for all) and a job
     past its warm-up: a job held the GPU
@@ -326,7 +358,7 @@ def memory_leak_detectors(values: dict[str, str]) -> list[str]:
         return f"({ind}{body}\n              )\n              unless on (instance, job, gpu, uuid) ({young})"
 
     parts = []
-    for window in trend_windows(values):
+    for window in windows:
         w = seconds(window)
         # each window's significant rise over the window before (m_k - m_k+1, recorded once a minute where it is
         # significant: memory_window_records) read at whole-window offsets, the values the group recorded at those
@@ -341,6 +373,8 @@ def memory_leak_detectors(values: dict[str, str]) -> list[str]:
         checks.append(f"{d[0]} * ({d[0]} + {d[1]}) >= ({d[2]} - {d[0]}) * ({total} - {WINDOW_MEAN}{window})")
         checks.append(f"predict_linear({used}[{duration(2 * w)}], {values['memory_trend_horizon_seconds']}) >= {total}")
         parts.append(detector(checks, max(4 * w, warmup + 2 * w)))  # the four windows, the last two past the warm-up
+    if not ramp:
+        return parts
     window = values["memory_ramp_window"]
     w = seconds(window)
     means = [_avg(used, window, k * w) for k in range(4)]
@@ -390,11 +424,19 @@ def params(path: Path | None = None) -> dict[str, str]:
     if any(seconds(str(w).strip()) % step for w in windows):
         raise ValueError(f"memory_trend_windows, memory_ramp_window and memory_warmup must be whole multiples of "
                          f"memory_interval ({values['memory_interval']})")  # fmt: skip
+    long_step = seconds(str(values["memory_long_interval"]))
+    long_windows = [seconds(w.strip()) for w in str(values["memory_long_trend_windows"]).split(",") if w.strip()]
+    spans = [x for w in long_windows for x in (w, max(4 * w, seconds(str(values["memory_warmup"])) + 2 * w))]
+    if long_step % step or any(x % long_step for x in spans):
+        raise ValueError(f"memory_long_interval ({values['memory_long_interval']}) must be a whole multiple of "
+                         f"memory_interval, and each of memory_long_trend_windows and its detector's span (four "
+                         f"windows, or the warm-up and two) a whole multiple of memory_long_interval")  # fmt: skip
     percent = float(values["memory_full_ratio"]) * 100
     values["memory_full_percent"] = f"{percent:g}"
     out = {k: str(v) for k, v in values.items()}
     out["memory_leak"] = memory_leak(out)
     out["memory_window_records"] = memory_window_records(out)
+    out["memory_long_records"] = memory_long_records(out)
     out["usage_records"] = usage_records(out)
     known = out["selector"] + 'job_id!~"[?]/.*"'  # a process /proc does not know (exited: "?/?") names no job
     for key, record in (("gpu_job_record", GPU_JOB_RECORD), ("gpu_grower_record", GPU_GROWER_RECORD)):
@@ -464,11 +506,27 @@ def memory_only(text: str) -> str:
         "uuid:gpu_memory_used_ratio:leaking",
         "GpuMemoryFillingUp",
     }
-    names |= {f"{n}{w}" for n in (WINDOW_MEAN, WINDOW_VARIANCE, WINDOW_RISE) for w in trend_windows(params())}
-    names |= {WINDOW_MIN, WINDOW_MAX, LARGEST_START}
+    values = params()
+    windows = trend_windows(values) + trend_windows(values, "memory_long_trend_windows")
+    names |= {f"{n}{w}" for n in (WINDOW_MEAN, WINDOW_VARIANCE, WINDOW_RISE) for w in windows}
+    names |= {WINDOW_MIN, WINDOW_MAX, LARGEST_START, LEAKING_LONG}
     groups = yaml.safe_load(bare(text).split("\n", 1)[1])["groups"]
     kept = [{**g, "rules": [r for r in g["rules"] if (r.get("record") or r.get("alert")) in names]} for g in groups]
-    head = "# Generated by alerts/generate.py: the memory leak rules of gpuwarden.rules.yml, for memory.test.yml.\n"
+    # promtool evaluates every group at every step: the leak record reads the long group's result as Prometheus may
+    # show it at the latest, from an evaluation up to memory_long_interval before, and for up to that long after
+    late = values["memory_long_interval"]
+    later = duration(seconds(late) + seconds(values["memory_interval"]))
+    for g in kept:
+        for r in g["rules"]:
+            if r.get("record") == "uuid:gpu_memory_used_ratio:leaking":
+                r["expr"] = r["expr"].replace(LEAKING_LONG, f"({LEAKING_LONG} offset {late} or {LEAKING_LONG} "
+                                                            f"offset {later})")  # fmt: skip
+    head = (
+        "# Generated by alerts/generate.py: the memory leak rules of gpuwarden.rules.yml, for memory.test.yml.\n"
+        "# One change: promtool evaluates every group each minute, so the leak record reads the long group's result\n"
+        f"# {late} and {later} back (Prometheus evaluates that group every {late}: its result may be that old, and\n"
+        "# is read until the next): the warnings asserted are the latest the schedule allows.\n"
+    )
     return head + yaml.safe_dump({"groups": [g for g in kept if g["rules"]]}, sort_keys=False, width=120)
 
 

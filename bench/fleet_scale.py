@@ -147,17 +147,19 @@ def _serve(work: Path, port: int, rules: Path | None) -> subprocess.Popen[bytes]
 
 
 def _backfill_records(doc: dict, work: Path, end: int, hours: float) -> None:
-    """Backfill the memory group's window records (``uuid:gpu_memory_used_bytes:*``) over the hours, at the group's
-    interval, into ``work/tsdb``: a Prometheus with no rules answers promtool, in passes (a record that reads another
-    waits for the pass after it: promtool evaluates each rule alone)."""
-    group = next((g for g in doc["groups"] if g["name"] == "gpuwarden.memory"), None)
-    if group is None:
-        return
-    pending = [r for r in group["rules"] if str(r.get("record", "")).startswith("uuid:gpu_memory_used_bytes:")]
+    """Backfill the memory groups' window records (``uuid:gpu_memory_used_bytes:*``) over the hours, each at its
+    group's interval, into ``work/tsdb``: a Prometheus with no rules answers promtool, in passes (a record that reads
+    another waits for the pass after it: promtool evaluates each rule alone)."""
+    groups = [g for g in doc["groups"] if g["name"].startswith("gpuwarden.memory")]
+    interval = {r["record"]: g.get("interval", "1m") for g in groups for r in g["rules"] if "record" in r}
+    prefix = "uuid:gpu_memory_used_bytes:"
+    pending = [r for g in groups for r in g["rules"] if str(r.get("record", "")).startswith(prefix)]
     port = 19100 + os.getpid() % 400
     while pending:
         names = {r["record"] for r in pending}
-        now = [r for r in pending if not any(n in str(r["expr"]) for n in names - {r["record"]})]
+        ready_now = [r for r in pending if not any(n in str(r["expr"]) for n in names - {r["record"]})]
+        step = interval[ready_now[0]["record"]]
+        now = [r for r in ready_now if interval[r["record"]] == step]  # one evaluation interval a pass
         pending = [r for r in pending if r not in now]
         (work / "records.yml").write_text(yaml.safe_dump({"groups": [{"name": "records", "rules": now}]}))
         proc = _serve(work, port, None)
@@ -165,7 +167,7 @@ def _backfill_records(doc: dict, work: Path, end: int, hours: float) -> None:
             ready(f"http://127.0.0.1:{port}")
             subprocess.run([shutil.which("promtool") or "promtool", "tsdb", "create-blocks-from", "rules",
                             f"--start={end - int(hours * 3600)}", f"--end={end}", f"--url=http://127.0.0.1:{port}",
-                            f"--eval-interval={group.get('interval', '1m')}", f"--output-dir={work / 'records'}",
+                            f"--eval-interval={step}", f"--output-dir={work / 'records'}",
                             str(work / "records.yml")], check=True, capture_output=True)  # fmt: skip
         finally:
             proc.terminate()
