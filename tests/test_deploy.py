@@ -389,11 +389,30 @@ def test_the_optional_manifests_validate_and_bind_the_daemonsets_account(kv, ver
     docs = [d for p in sorted((K8S / "optional").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
     for doc in docs:
         kv.validate(doc, version, strict=True)
-    role = next(d for d in docs if d["kind"] == "ClusterRole")
+
+    def named(kind: str, name: str) -> dict:
+        return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+    role = named("ClusterRole", "gpuwarden-resourceslices")
     assert role["rules"] == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}]
-    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    binding = named("ClusterRoleBinding", "gpuwarden-resourceslices")
     ds = one("DaemonSet")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     account = ds["spec"]["template"]["spec"]["serviceAccountName"]
     namespace = kustomization()["namespace"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+    # the drain CronJob: exactly the writes gpuwarden.cluster.kube makes, to its own account, a dry run as shipped
+    role = named("ClusterRole", "gpuwarden-drain")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "update"]},
+                             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["update"]}]  # fmt: skip
+    binding = named("ClusterRoleBinding", "gpuwarden-drain")
+    job = named("CronJob", "gpuwarden-drain")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": job["serviceAccountName"],
+                                    "namespace": namespace}]  # fmt: skip
+    args = job["containers"][0]["args"]
+    assert job["containers"][0]["command"] == ["gpuwarden"]  # the image's entrypoint is "gpuwarden serve"
+    assert args[:2] == ["drain", "--scheduler=kubernetes"] and "--apply" not in args
+    from gpuwarden.cli import build_parser
+
+    parsed = build_parser().parse_args(args)  # the flags as the command reads them
+    assert parsed.scheduler == "kubernetes" and parsed.max_out_ratio == 0.1

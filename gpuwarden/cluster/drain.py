@@ -1,8 +1,9 @@
-"""Health out to Slurm: drain the nodes whose GPUs need service, and resume them once their GPUs are clean.
+"""Health out to the scheduler: drain the nodes whose GPUs need service, and resume them once their GPUs are clean.
 
 ``gpuwarden drain`` asks Prometheus for each GPU's quality over a recent range (gpuwarden.cluster.quality: lost,
-critical XIDs, uncorrectable ECC, failed remaps, NVLink links down, fabric), asks Slurm for its nodes (``sinfo``), and
-plans per node:
+critical XIDs, uncorrectable ECC, failed remaps, NVLink links down, fabric), asks the scheduler for its nodes (Slurm:
+``sinfo``, this module; Kubernetes: the API server, gpuwarden.cluster.kube), and plans per node (``plan``, the same
+for both; Slurm's words below):
 
 - **drain** a node with a GPU in the service tier over the range that Slurm lists as neither drained nor down, with
   the reason ``gpuwarden: GPU N: <reasons>`` (``scontrol update NodeName=... State=DRAIN Reason=...``);
@@ -23,6 +24,7 @@ import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 #: The prefix of every reason gpuwarden sets: how a later run knows its own drains.
 PREFIX = "gpuwarden:"
@@ -31,6 +33,18 @@ REASON_CHARS = 160
 #: Slurm node states that are out of service already (sinfo %T, without its suffixes).
 OUT_STATES = frozenset({"drained", "draining", "drain", "down", "fail", "failing", "maint", "reboot", "future"})
 _SAFE = re.compile(r"[^ -~]")
+
+
+class SchedulerNode(Protocol):
+    """A node as its scheduler lists it: out of service or not, and whether gpuwarden took it out."""
+
+    @property
+    def out(self) -> bool:
+        """Whether the node is out of service (drained, down, cordoned, tainted by gpuwarden, ...)."""
+
+    @property
+    def ours(self) -> bool:
+        """Whether gpuwarden took it out (a later run may put it back)."""
 
 
 @dataclass(frozen=True)
@@ -73,30 +87,30 @@ def reason_text(gpus: Mapping[str, Sequence[str]]) -> str:
 def plan(
     service: Mapping[str, Mapping[str, Sequence[str]]],
     seen: Iterable[str],
-    slurm: Mapping[str, SlurmNode],
+    nodes: Mapping[str, SchedulerNode],
     max_out_ratio: float,
 ) -> list[Action]:
-    """The actions for Slurm's nodes ``slurm`` (name -> SlurmNode), given each node's GPUs in the service tier over
-    the range with their reasons (``service``: node -> GPU index -> reasons) and the nodes with data over the whole
-    range (``seen``): see the module. Drains are taken in name order until the cap; names Slurm does not list are
-    left out."""
-    out = sum(1 for n in slurm.values() if n.out)
-    cap = int(max_out_ratio * len(slurm))
+    """The actions for the scheduler's nodes ``nodes`` (name -> SlurmNode or gpuwarden.cluster.kube.KubeNode), given
+    each node's GPUs in the service tier over the range with their reasons (``service``: node -> GPU index ->
+    reasons) and the nodes with data over the whole range (``seen``): see the module. Drains are taken in name order
+    until the cap; names the scheduler does not list are left out."""
+    out = sum(1 for n in nodes.values() if n.out)
+    cap = int(max_out_ratio * len(nodes))
     actions: list[Action] = []
     for name in sorted(service):
-        node = slurm.get(name)
+        node = nodes.get(name)
         if node is None or node.out or not service[name]:
             continue
         reason = reason_text(service[name])
         if out + 1 > cap:
-            actions.append(Action("refuse", name, f"{reason} (would take {out + 1} of {len(slurm)} nodes out, "
+            actions.append(Action("refuse", name, f"{reason} (would take {out + 1} of {len(nodes)} nodes out, "
                                                   f"more than max_out_ratio {max_out_ratio:g})"))  # fmt: skip
             continue
         out += 1
         actions.append(Action("drain", name, reason))
     clean = set(seen) - {n for n, gpus in service.items() if gpus}
     for name in sorted(clean):
-        node = slurm.get(name)
+        node = nodes.get(name)
         if node is not None and node.out and node.ours:
             actions.append(Action("resume", name, "its GPUs were clean over the range"))
     return actions

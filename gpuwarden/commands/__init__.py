@@ -51,7 +51,8 @@ COMMANDS: dict[str, Command] = {
     ),
     "drain": Command(
         "gpuwarden.commands.drain",
-        "drain the Slurm nodes of GPUs that need service, resume them once clean (from Prometheus; dry run by default)",
+        "take the nodes of GPUs that need service out of Slurm or Kubernetes, put them back once clean (from "
+        "Prometheus; dry run by default)",
     ),
     "collectors": Command("gpuwarden.commands.collectors", "list collectors and their default state"),
     "record": Command("gpuwarden.commands.record", "record a trace of raw NVML readings (JSON Lines)"),

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from gpuwarden.kubelet.apiserver import SERVICE_ACCOUNT, in_cluster_address
+
 log = logging.getLogger("gpuwarden.kubelet")
 
-#: The service account's files, as Kubernetes mounts them.
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 #: ResourceSlice API versions, newest first (v1 from Kubernetes 1.34; v1beta2 1.33; v1beta1 1.32).
 VERSIONS = ("v1", "v1beta2", "v1beta1")
 #: The largest answer read (a node's slices are a few kB per GPU).
@@ -43,10 +42,7 @@ class DraDevices:
                  token_file: Path = SERVICE_ACCOUNT / "token", ca_file: Path | None = SERVICE_ACCOUNT / "ca.crt",
                  refresh_seconds: float = 60.0, timeout: float = 5.0) -> None:  # fmt: skip
         if api is None:
-            host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-            if not host or not port:
-                raise ValueError("not in a Kubernetes pod: KUBERNETES_SERVICE_HOST/_PORT are not set")
-            api = f"https://{host}:{port}" if ":" not in host else f"https://[{host}]:{port}"
+            api = in_cluster_address()
         self.node, self.driver, self.api = node, driver, api.rstrip("/")
         self.token_file, self.ca_file = token_file, ca_file
         self.refresh_seconds, self.timeout = refresh_seconds, timeout
