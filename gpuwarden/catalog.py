@@ -327,6 +327,7 @@ HTTP_CLOSE_REASONS = (
     "pipeline_too_deep",
     "handshake_evicted",
     "handshake_failed",
+    "handshake_refused",
     "send_timeout",
     "unsent_over_budget",
     "accept_failed",
@@ -918,8 +919,10 @@ FAMILIES: tuple[Family, ...] = (
         "gpuwarden_http_connections_closed_total",
         "Connections the HTTP server closed to stay within its bounds, by reason: evicted (the connection waiting "
         "longest for its request or TLS ClientHello, at the connection cap), head_timeout, head_too_large, "
-        "pipeline_too_deep, handshake_evicted (the oldest unfinished TLS handshake, at the handshake cap), "
-        "handshake_failed, send_timeout (an answer its client did not take in time), unsent_over_budget (the "
+        "pipeline_too_deep, handshake_evicted (an unfinished TLS handshake: a source's own oldest past its share, "
+        "else the oldest of the source holding the most, at the handshake cap), handshake_failed, handshake_refused "
+        "(a ClientHello from a source starting handshakes faster than its rate), send_timeout (an answer its "
+        "client did not take in time), unsent_over_budget (the "
         "answer waiting longest when all waiting answers passed their budget), accept_failed (accept found no "
         "descriptor or memory).",
         "exporter",

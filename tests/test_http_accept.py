@@ -324,3 +324,86 @@ def test_a_client_hello_sent_a_byte_at_a_time_is_handshaken(pki: PKI) -> None:
         assert answer.startswith(b"HTTP/1.1 200")
         assert limits.counts["handshake_failed"] == 0
         raw.close()
+
+
+def _hello(pki: PKI) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO, bytes]:
+    """A client's TLS state over memory, and its complete ClientHello."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = _tls_client(pki).wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return tls, incoming, outgoing, outgoing.read()
+
+
+def _finish_and_get(raw: socket.socket, tls: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO) -> bytes:
+    """Complete the handshake begun by ``tls`` over ``raw`` and GET /small: the answer's first bytes."""
+    while True:
+        data = raw.recv(65536)
+        assert data, "the server closed the connection"
+        incoming.write(data)
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            raw.sendall(outgoing.read())
+    raw.sendall(outgoing.read())
+    tls.write(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    raw.sendall(outgoing.read())
+    while True:
+        data = raw.recv(65536)
+        assert data, "the server closed the connection"
+        incoming.write(data)
+        try:
+            return tls.read(100)
+        except ssl.SSLWantReadError:
+            continue
+
+
+def test_client_hello_squatters_of_one_source_take_its_share_of_handshakes_only(pki: PKI) -> None:
+    """A client mid-handshake, then sixteen connections from another address that send a complete ClientHello and
+    nothing more (each makes the server do a key exchange and a signature): they evict each other past their
+    source's share, never the client, which completes its handshake and gets its answer. (Evicting the oldest
+    handshake at the cap closed the client's first.)"""
+    limits = HttpLimits(max_handshakes=12, head_timeout=30.0)
+    with server(limits, (pki.server.cert, pki.server.key)) as (port, _):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        tls, incoming, outgoing, hello = _hello(pki)
+        raw.sendall(hello)
+        _wait(lambda: len(limits.handshaking) == 1)
+        squatters = []
+        for _ in range(16):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.2", 0))
+            s.sendall(_hello(pki)[3])
+            squatters.append(s)
+        seen = lambda: len(limits.handshaking) + limits.counts["handshake_evicted"]  # noqa: E731
+        _wait(lambda: seen() == 17 and not limits.pending)
+        assert _finish_and_get(raw, tls, incoming, outgoing).startswith(b"HTTP/1.1 200")
+        assert limits.counts["handshake_evicted"] == 16 - accept.HANDSHAKES_PER_SOURCE
+        raw.close()
+        for s in squatters:
+            s.close()
+
+
+def test_a_source_starting_handshakes_faster_than_its_rate_is_refused_before_any_tls_work(
+    pki: PKI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its bucket a source's ClientHello is closed without a handshake (counted handshake_refused); another
+    source handshakes meanwhile."""
+    monkeypatch.setattr(accept, "HANDSHAKE_BURST", 5.0)
+    monkeypatch.setattr(accept, "HANDSHAKE_RATE", 1e-6)  # no refill within the test
+    limits = HttpLimits(head_timeout=30.0)
+    with server(limits, (pki.server.cert, pki.server.key)) as (port, _):
+        rushing = []
+        for _ in range(15):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.3", 0))
+            s.sendall(_hello(pki)[3])
+            rushing.append(s)
+        _wait(lambda: limits.counts["handshake_refused"] == 10 and not limits.pending)
+        assert sum(_closed(s, 0.5) for s in rushing) >= 10  # the refused, closed by the server
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        tls, incoming, outgoing, hello = _hello(pki)
+        raw.sendall(hello)
+        assert _finish_and_get(raw, tls, incoming, outgoing).startswith(b"HTTP/1.1 200")
+        raw.close()
+        for s in rushing:
+            s.close()

@@ -92,6 +92,8 @@ def test_a_thousand_tls_clients_that_never_read_leave_memory_bounded(pki: PKI, t
                 s = socket.socket()
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
                 s.settimeout(10)
+                # a client each from its own address (127.0.1.1 ...): one source gets 20 handshakes at once
+                s.bind((f"127.0.{1 + i // 250}.{1 + i % 250}", 0))
                 s.connect(("127.0.0.1", port))
                 t = ctx.wrap_socket(s, server_hostname="127.0.0.1")
                 t.sendall(request)

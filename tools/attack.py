@@ -15,12 +15,16 @@ Attacks:
 - ``unread``: ``--connections`` connections (each with a 4 KiB receive buffer, so that the answers wait on the daemon's
   side) each send ``--pipelined`` ``GET /metrics`` at once and never read;
 - ``squat``: ``--connections`` connections that send nothing; each one the server closes is opened again at once;
+- ``hello``: ``--connections`` connections from 127.0.0.2 (another address than the scraper's) that send a complete
+  TLS ClientHello and then nothing (each costs the server a key exchange and a signature); each one the server
+  closes is opened again at once (needs ``--tls``);
 - ``fdlimit``: the daemon runs with an open-file limit of ``--nofile``; ``--connections`` idle connections are held.
 
 Traffic goes to 127.0.0.1 only and every run ends by itself. Usage::
 
     sudo python3 tools/attack.py unread --tls --connections 800 --pipelined 8
     sudo python3 tools/attack.py squat --tls --connections 300 --python python3.12
+    sudo python3 tools/attack.py hello --tls --connections 300
 """
 
 from __future__ import annotations
@@ -285,6 +289,53 @@ def squat(port: int, connections: int, until: float) -> dict[str, int]:
     return {"opened": opened}
 
 
+def _client_hello() -> bytes:
+    """A complete TLS ClientHello, as a client's first flight."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client_context().wrap_bio(incoming, outgoing)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def hello(port: int, connections: int, until: float, threads: int = 8) -> dict[str, int]:
+    """Hold ``connections`` connections from 127.0.0.2 that each sent a complete ClientHello and nothing more, from
+    ``threads`` threads side by side; each one the server closes is opened again at once (with a fresh ClientHello),
+    until ``until``. Returns the connections opened in all."""
+    opened = [0] * threads
+
+    def run(k: int, n: int) -> None:
+        held: list[socket.socket] = []
+
+        def open_one() -> None:
+            with contextlib.suppress(OSError):
+                s = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0))
+                s.sendall(_client_hello())
+                held.append(s)
+                opened[k] += 1
+
+        while len(held) < n:
+            open_one()
+        while time.monotonic() < until:
+            ready, _, _ = select.select(held, [], [], 0.05)
+            for s in ready:
+                with contextlib.suppress(OSError):
+                    if s.recv(65536):  # the server's flight: read it, send nothing
+                        continue
+                held.remove(s)
+                s.close()
+                open_one()
+        for s in held:
+            s.close()
+
+    workers = [threading.Thread(target=run, args=(k, connections // threads)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return {"opened": sum(opened)}
+
+
 def idle(port: int, connections: int, until: float) -> dict[str, int]:
     """Open ``connections`` idle connections at once (16 threads connecting side by side, a burst) and hold them
     until ``until``. Returns how many opened."""
@@ -360,7 +411,7 @@ def daemon(python: str, tls: bool, cgroup: Cgroup, nofile: int | None, log: Path
 def main(argv: list[str] | None = None) -> int:
     """Run one attack and print its figures as one JSON object; 0, or 1 when the daemon died."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("attack", choices=["unread", "squat", "fdlimit"])
+    parser.add_argument("attack", choices=["unread", "squat", "hello", "fdlimit"])
     parser.add_argument("--tls", action="store_true", help="serve TLS (a fresh self-signed certificate)")
     parser.add_argument("--connections", type=int, default=800)
     parser.add_argument("--pipelined", type=int, default=8, help="unread: scrapes each connection sends at once")
@@ -395,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                 run = lambda: unread(port, args.tls, args.connections, args.pipelined, until)  # noqa: E731
             elif args.attack == "squat":
                 run = lambda: squat(port, args.connections, until)  # noqa: E731
+            elif args.attack == "hello":
+                run = lambda: hello(port, args.connections, until)  # noqa: E731
             else:
                 run = lambda: idle(port, args.connections, until)  # noqa: E731
             result["clients"] = run()

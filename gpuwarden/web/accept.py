@@ -16,6 +16,13 @@ that counts every accepted socket until it is closed (``HttpLimits.open``):
   request-head deadline or evicted first at the cap. Only then does it take one of ``max_handshakes`` handshake
   slots (past them the oldest handshake is closed) and asyncio's TLS handshake (``connect_accepted_socket``) within
   what is left of the deadline.
+- handshakes are bounded per source address, by what they cost and what they hold: a source starts at most
+  HANDSHAKE_RATE handshakes a second (a bucket of HANDSHAKE_BURST; past it its ClientHello is closed before any
+  TLS work, counted ``handshake_refused``), holds at most HANDSHAKES_PER_SOURCE of the slots at once (its own oldest is
+  closed for its next), and at ``max_handshakes`` the handshake closed is the oldest of the source that holds the
+  most. Clients that send a complete ClientHello and then nothing (each costs the server a key exchange and a
+  signature) so take the slots and the time of their own source only: a scraper from another address still
+  handshakes.
 
 Every connection is then served by uvicorn's protocol (with gpuwarden's bounds), which reports its close back
 (``Listener.released``). Only public asyncio calls are used: ``add_reader`` on sockets no transport owns yet, and
@@ -30,6 +37,7 @@ import functools
 import logging
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +57,14 @@ _HANDSHAKE = 0x16
 #: How often a connection whose ClientHello has begun but not ended is looked at again (its socket stays readable
 #: while the first bytes wait in it, so the readiness callback is taken off meanwhile).
 _PARTIAL_RECHECK_SECONDS = 0.05
+#: Handshakes one source address may start a second, and at once (a token bucket): a scraper needs one per connection
+#: (Prometheus keeps its connection alive across scrapes), a browser a few.
+HANDSHAKE_RATE = 10.0
+HANDSHAKE_BURST = 20.0
+#: Handshake slots one source address may hold at once (a browser opens up to 6 connections to a host).
+HANDSHAKES_PER_SOURCE = 8
+#: Source addresses whose buckets are kept; past this, the full buckets (sources quiet for a while) are forgotten.
+_SOURCES_KEPT = 4096
 
 
 class Listener:
@@ -71,6 +87,7 @@ class Listener:
         self._accepting = False
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._buckets: dict[str, tuple[float, float]] = {}  # source -> (tokens, when last filled)
         self.sockets = [sock]
 
     def start(self) -> None:
@@ -155,7 +172,7 @@ class Listener:
                 self._pause()  # resumed by released()
                 return
             try:
-                conn, _ = self._sock.accept()
+                conn, addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except ConnectionAbortedError:
@@ -175,7 +192,7 @@ class Listener:
             if self._ssl is None:
                 self._serve(conn, functools.partial(self.protocol, slot), slot)
             else:
-                _Hello(self, conn, slot)
+                _Hello(self, conn, slot, addr[0] if isinstance(addr, tuple) else "")
 
     def protocol(self, slot: Slot) -> asyncio.Protocol:
         """A new HTTP protocol (uvicorn's, bounded) for the connection holding ``slot``: it releases the slot when
@@ -196,9 +213,23 @@ class Listener:
             conn.close()
             slot.release()
 
-    def handshake(self, conn: socket.socket, slot: Slot, deadline: float) -> None:
-        """``conn`` has sent its ClientHello: its TLS handshake, through a slot, to end by ``deadline``."""
-        self._serve(conn, functools.partial(_Handshake, self, self._ssl, slot, deadline), slot)
+    def handshake(self, conn: socket.socket, slot: Slot, deadline: float, source: str) -> bool:
+        """``conn`` has sent its ClientHello: its TLS handshake, through a slot, to end by ``deadline``; False (and
+        nothing started) when its ``source`` has started HANDSHAKE_BURST handshakes faster than HANDSHAKE_RATE."""
+        now = time.monotonic()
+        tokens, then = self._buckets.pop(source, (HANDSHAKE_BURST, now))
+        tokens = min(HANDSHAKE_BURST, tokens + (now - then) * HANDSHAKE_RATE)
+        if len(self._buckets) >= _SOURCES_KEPT:  # forget the sources whose buckets are full again; all if none are
+            refilled = HANDSHAKE_BURST / HANDSHAKE_RATE
+            self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < refilled}
+            if len(self._buckets) >= _SOURCES_KEPT:
+                self._buckets.clear()
+        self._buckets[source] = (tokens - 1 if tokens >= 1 else tokens, now)
+        if tokens < 1:
+            self.limits.counts["handshake_refused"] += 1
+            return False
+        self._serve(conn, functools.partial(_Handshake, self, self._ssl, slot, deadline, source), slot)
+        return True
 
 
 class Slot:
@@ -221,8 +252,8 @@ class _Hello:
     """A TLS connection before its ClientHello has arrived: a socket, a readiness callback and a deadline, in
     ``limits.pending`` (evicted first at the cap, as a connection idle before its request head is)."""
 
-    def __init__(self, listener: Listener, conn: socket.socket, slot: Slot) -> None:
-        self.listener, self.conn, self.slot = listener, conn, slot
+    def __init__(self, listener: Listener, conn: socket.socket, slot: Slot, source: str) -> None:
+        self.listener, self.conn, self.slot, self.source = listener, conn, slot, source
         self.fd = conn.fileno()
         limits = listener.limits
         self.deadline = time.monotonic() + limits.head_timeout
@@ -240,7 +271,9 @@ class _Hello:
                 head = self.conn.recv(whole, socket.MSG_PEEK)
                 if len(head) == whole:
                     self._stop_watching()
-                    self.listener.handshake(self.conn, self.slot, self.deadline)
+                    if not self.listener.handshake(self.conn, self.slot, self.deadline, self.source):
+                        self.conn.close()
+                        self.slot.release()
                     return
         except BlockingIOError:
             return
@@ -294,8 +327,9 @@ class _Handshake(asyncio.Protocol):
     (gpuwarden.web.limits.SEND_HIGH_WATER_BYTES), so that the TLS layer's own buffer, which the HTTP protocol sees
     and the unsent-bytes budget counts, is where an answer a client does not read waits."""
 
-    def __init__(self, listener: Listener, context: Any, slot: Slot, deadline: float) -> None:
+    def __init__(self, listener: Listener, context: Any, slot: Slot, deadline: float, source: str) -> None:
         self.listener, self.context, self.slot, self.deadline = listener, context, slot, deadline
+        self.source = source
         self.transport: asyncio.Transport | None = None
         self._task: asyncio.Task[None] | None = None
         self._started = False
@@ -310,8 +344,14 @@ class _Handshake(asyncio.Protocol):
         transport.pause_reading()
         transport.set_write_buffer_limits(SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES)
         limits = self.listener.limits
-        while len(limits.handshaking) >= limits.max_handshakes:
-            oldest, _ = limits.handshaking.popitem(last=False)
+        mine = [h for h in limits.handshaking if h.source == self.source]
+        while len(mine) >= HANDSHAKES_PER_SOURCE:  # its own oldest makes room
+            limits.counts["handshake_evicted"] += 1
+            mine.pop(0).abort()
+        while len(limits.handshaking) >= limits.max_handshakes:  # the oldest of the source holding the most
+            held = Counter(h.source for h in limits.handshaking)
+            most = max(held.values())
+            oldest = next(h for h in limits.handshaking if held[h.source] == most)
             limits.counts["handshake_evicted"] += 1
             oldest.abort()
         limits.handshaking[self] = time.monotonic()
