@@ -51,19 +51,27 @@ GPU_JOB_RECORD = (
 #: Joined to a per-GPU expression (value kept): the GPU's job and user as labels, from the record above (each alert
 #: joined the expression itself before: 25 joins over 15 minutes of job info an evaluation).
 GPU_JOB = "* on (instance, job, gpu, uuid) group_left (job_id, job_kind, user) uuid:gpu_job_holder:info"
-#: The job and user of the process whose memory grew the most over the last 10 minutes on each GPU (value 1),
-#: recorded each memory evaluation as ``uuid:gpu_memory_grower:info``: GpuMemoryFillingUp names the job that grows,
-#: not the largest holder (two jobs on a GPU: the smaller one may be the one leaking).
+#: The job and user of the process whose memory now is furthest above the most it held over ``memory_grower_history``
+#: (an hour) before the last ``memory_grower_window`` (10 minutes), on each GPU (value 1), recorded each memory
+#: evaluation as ``uuid:gpu_memory_grower:info``: GpuMemoryFillingUp names the job that grows, not the largest holder
+#: (two jobs on a GPU: the smaller one may be the one leaking). Past its own high-water mark, not merely up: an
+#: evaluation phase that reaches the peak its earlier phases reached is no growth of the job, so a leak in the other
+#: job of the GPU is named even while a phase rides on it; a leak, a staircase or a fast ramp passes its mark within
+#: minutes of starting. A process younger than the window has no mark and is not ranked (its warm-up).
 GPU_GROWER_RECORD = (
     "0 * max by (CLUSTERinstance, job, gpu, uuid, job_id, job_kind, user) ("
-    "topk by (instance, job, gpu, uuid) (1, delta(gpu_process_memory_used_bytes{SEL}[10m]) > 0) "
+    "topk by (instance, job, gpu, uuid) (1, gpu_process_memory_used_bytes{SEL} - "
+    "max_over_time(gpu_process_memory_used_bytes{SEL}[GROWERHISTORY] offset GROWERWINDOW) > 0) "
     "* on (instance, job, gpu, uuid, pid) group_left (job_id, job_kind, user) gpu_process_job_info{SELKNOWN}) + 1"
 )
-#: The growing process in an annotation (name, pid, growth over 10 minutes), looked up when the alert is evaluated.
+#: The growing process in an annotation (name, pid, how far its memory is above its high-water mark, as
+#: GPU_GROWER_RECORD ranks them), looked up when the alert is evaluated.
 GROWER_TEXT = (
-    '{{ with printf "topk(1, delta(gpu_process_memory_used_bytes{instance=%q,uuid=%q}[10m]) > 0)" $labels.instance '
-    '$labels.uuid | query }}{{ with first . }}{{ label "process_name" . }} pid {{ label "pid" . }}, +{{ value . | '
-    "humanize1024 }}B in 10 minutes{{ end }}{{ else }}no process seen growing{{ end }}"
+    '{{ with printf "topk(1, gpu_process_memory_used_bytes{instance=%q,uuid=%q} - '
+    'max_over_time(gpu_process_memory_used_bytes{instance=%q,uuid=%q}[GROWERHISTORY] offset GROWERWINDOW) > 0)" '
+    "$labels.instance $labels.uuid $labels.instance $labels.uuid | query }}{{ with first . }}"
+    '{{ label "process_name" . }} pid {{ label "pid" . }}, +{{ value . | humanize1024 }}B above its most of the '
+    "GROWERHISTORY before the last GROWERWINDOW{{ end }}{{ else }}no process seen growing{{ end }}"
 )
 #: GpuStarved's most starved GPUs (at most 3: instance, GPU, ratio) in its annotation, looked up when the alert is
 #: evaluated: of its job where it names one (and of its node, for a node-local id), else of its node's GPUs no job
@@ -441,8 +449,8 @@ def params(path: Path | None = None) -> dict[str, str]:
     known = out["selector"] + 'job_id!~"[?]/.*"'  # a process /proc does not know (exited: "?/?") names no job
     for key, record in (("gpu_job_record", GPU_JOB_RECORD), ("gpu_grower_record", GPU_GROWER_RECORD)):
         named = record.replace("SELKNOWN", known).replace("SEL", out["selector"])
-        out[key] = named.replace("CLUSTER", out["cluster_by"])
-    out["grower_text"] = GROWER_TEXT
+        out[key] = _grower(named.replace("CLUSTER", out["cluster_by"]), out)
+    out["grower_text"] = _grower(GROWER_TEXT, out)
     out["holder_process_text"] = HOLDER_PROCESS_TEXT
     out["gpu_job"] = GPU_JOB
     out["holder_text"] = HOLDER_TEXT
@@ -451,6 +459,13 @@ def params(path: Path | None = None) -> dict[str, str]:
         "CLUSTERARGS", out["cluster_args"]
     )
     return out
+
+
+def _grower(text: str, values: dict[str, str]) -> str:
+    """``text`` with the grower's window and history (``memory_grower_window``, ``memory_grower_history``)."""
+    return text.replace("GROWERWINDOW", values["memory_grower_window"]).replace(
+        "GROWERHISTORY", values["memory_grower_history"]
+    )
 
 
 #: An expression block whose first line is this marker gets the GPU's job as labels (GPU_JOB): ``(EXPR) GPU_JOB``,

@@ -64,6 +64,7 @@ NODES = {
     "mem95": "derived-h100-memory-95",
     "leak": "derived-h100-memory-leak",
     "warmup": "derived-h100-memory-warmup",
+    "twojobs": "derived-h100-memory-two-jobs",
     "idle": "h100-held_idle",
     "lost": "derived-8gpu-lost",
     "ecc": "derived-h100-health",
@@ -71,7 +72,9 @@ NODES = {
 }
 #: Shorter windows than production, so the rules see enough data within the test: the memory page's minutes are
 #: seconds here (its traces are one poll a second for one sample a minute: tools/memory_shapes.py's time scale).
-PARAMS = {"memory_interval": "1s", "memory_warmup": "30s", "memory_trend_windows": "5s, 10s, 20s, 30s",
+PARAMS = {"memory_interval": "1s", "memory_warmup": "30s", "memory_trend_windows": "5s, 10s",
+          "memory_long_trend_windows": "20s, 30s", "memory_long_interval": "2s", "memory_grower_window": "10s",
+          "memory_grower_history": "60s",
           "memory_trend_horizon_seconds": 60,
           "memory_ramp_window": "1s", "memory_ramp_horizon_seconds": 15, "held_idle_range": "20s",
           "straggler_for": "10s", "suspect_range": "5m", "grafana_url": "https://grafana.example"}  # fmt: skip
@@ -280,7 +283,8 @@ def test_every_dashboard_variable_has_values(stack: dict) -> None:
 
 
 #: Cross-node rules see only ids that are the same job on every node (job_scope="cluster"); every replayed trace's
-#: job is a cgroup id, node-local - and "lost" and "eight" share one, on two unrelated nodes.
+#: job is a cgroup id, node-local - and "lost" and "eight" share one, on two unrelated nodes - but the two Slurm jobs
+#: of "twojobs".
 CROSS_NODE = {"job_id:gpu_nodes:count", "job_id:gpu_imbalance_ratio:across_nodes"}
 PORTS: dict[str, int] = {}
 
@@ -288,7 +292,8 @@ PORTS: dict[str, int] = {}
 #: Records that hold a series only while their condition does (a leak: the leak test asks for it), or only for what
 #: this stack's recordings lack: GPUs with NVLink links, and the energy held idle (the opt-in idle_energy collector,
 #: which these daemons do not run); promtool's cases (alerts/tests) give each of them data.
-CONDITIONAL = {"uuid:gpu_memory_used_ratio:leaking", "uuid:gpu_nvlink_links_up:count", "uuid:gpu_nvlink_links_up:max1d",
+CONDITIONAL = {"uuid:gpu_memory_used_ratio:leaking", "uuid:gpu_memory_used_bytes:leaking_long",
+               "uuid:gpu_nvlink_links_up:count", "uuid:gpu_nvlink_links_up:max1d",
                "instance_job_id:gpu_held_idle_energy_joules:increase1m"}  # fmt: skip
 
 
@@ -303,7 +308,8 @@ def test_every_recording_rule_returns_data(stack: dict) -> None:
     assert CROSS_NODE | CONDITIONAL <= set(names)
     empty = [n for n in names if n not in CROSS_NODE | CONDITIONAL and not query(stack["prom"], n)]
     assert empty == [], ", ".join(empty)
-    assert [n for n in CROSS_NODE if query(stack["prom"], n)] == []
+    # only the two Slurm jobs of the shared GPU's node are cluster-wide ids
+    assert {r["metric"]["job_id"] for n in CROSS_NODE for r in query(stack["prom"], n)} <= {"4301", "4302"}
 
 
 def _alerts(receiver: str | None = None) -> list[dict]:
@@ -358,6 +364,23 @@ def test_a_leak_after_its_plateau_pages_before_full_and_a_warmup_never(stack: di
     warm = 'ALERTS{alertname="GpuMemoryFillingUp", scenario="warmup"}'
     assert query(stack["prom"], f"count_over_time({warm}[10m])") == []
     assert [a for a in _alerts("pager") if _of(a["labels"], "warmup")] == []
+
+
+def test_a_leak_in_the_second_job_of_a_shared_gpu_pages_its_owner_and_the_first_jobs_phases_never(stack: dict) -> None:
+    """Two Slurm jobs on one GPU (derived-h100-memory-two-jobs, minutes as seconds): alice's job 4301 warms up slowly
+    (5% -> 35%) and then runs an evaluation phase every 25 s (+10% in 4 s, released); bob's job 4302 holds 25% for 60 s,
+    then leaks 0.6% a second until the GPU is full at 122 s. The page names bob's job before full, also while one of
+    alice's phases rides on the leak (alice's phase reaches no higher than her earlier one: bob is past his own
+    high-water mark); alice's job never fires (her first phase, +10% in 4 s, is a ramp like a leak's start for an
+    evaluation or two: pending at most, never for the 2 s of ``for:``)."""
+    page = _wait_for("pager", "GpuMemoryFillingUp", "twojobs", timeout=200)
+    assert (page["labels"]["job_id"], page["labels"]["user"]) == ("4302", "bob"), page["labels"]
+    used = float(re.search(r"is at ([\d.]+)% of its memory", page["annotations"]["description"]).group(1))
+    assert used < 100, page["annotations"]["description"]
+    assert "job 4302 of bob; growing: python3 pid 454" in page["annotations"]["description"]
+    alice = 'ALERTS{alertname="GpuMemoryFillingUp", scenario="twojobs", job_id="4301", alertstate="firing"}'
+    assert query(stack["prom"], f"count_over_time({alice}[10m])") == []
+    assert [a for a in _alerts("pager") if _of(a["labels"], "twojobs") and a["labels"].get("user") == "alice"] == []
 
 
 def test_memory_held_idle_goes_to_its_owner(stack: dict) -> None:

@@ -383,6 +383,11 @@ def test_a_sighup_storm_on_a_tls_daemon_keeps_it_serving(pki: PKI, tmp_path: Pat
         assert _served_serial(url, pki) == pki.server.serial
 
 
+def _source(i: int) -> str:
+    """The ``i``-th loopback address from 127.0.2.1 on (a client of its own)."""
+    return f"127.0.{2 + i // 250}.{1 + i % 250}"
+
+
 @pytest.mark.e2e
 def test_a_tls_daemon_weathers_idle_tcp_and_idle_tls_floods_in_bounded_memory(pki: PKI, tmp_path: Path) -> None:
     """1,100 TCP connections that never start a handshake, then 600 that handshake and stay idle: every scrape in
@@ -412,9 +417,13 @@ def test_a_tls_daemon_weathers_idle_tcp_and_idle_tls_floods_in_bounded_memory(pk
         for s in held:
             s.close()
         ctx = client_ctx(pki)
+        # each TLS client from its own address (127.0.2.1 ...): one source starts 20 handshakes at once, 10 a second
         held = [
-            ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
-            for _ in range(600)
+            ctx.wrap_socket(
+                socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(_source(i), 0)),
+                server_hostname="127.0.0.1",
+            )
+            for i in range(600)
         ]
         assert scrapes(port) < 1.0
         tls_flood = rss_mib(proc.pid)

@@ -160,8 +160,9 @@ def decide(
     findings = [verdict, *more]
     remedies: list[str] = []
     order = [f for f in findings if SEVERITY[f] == "critical"] + [f for f in findings if SEVERITY[f] != "critical"]
+    facts = Facts(w, peers)  # one for every finding: its values are computed once, when first asked
     for f in order:
-        remedies.extend(led_by_evidence(f, REMEDIES[f], Facts(w, peers)))
+        remedies.extend(led_by_evidence(f, REMEDIES[f], facts))
     levels = [SEVERITY[f] for f in findings]
     if "throttled" in findings and w.severe_throttle_fraction < THROTTLE_MIN_FRACTION:
         levels[findings.index("throttled")] = "info"  # a power cap at full load is expected, not a fault
