@@ -4,6 +4,7 @@ prolog and epilog (deploy/slurm) wrapped to get the job mapping directory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, free_port, stop_all, wait_http
 
-BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "scancel", "scontrol", "sinfo")
+BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "scancel", "scontrol", "sinfo", "squeue")
 PROMETHEUS = shutil.which("prometheus")
 #: The marks of a test that needs this Slurm and a Prometheus.
 NEEDS = [
@@ -108,6 +109,9 @@ def slurm_node(tmp: Path) -> Iterator[dict[str, str]]:
         yield env
     finally:
         subprocess.run(["scancel", "--user=root"], env=env, capture_output=True, check=False)
+        # the jobs' steps end (their slurmstepd with them) before the daemons that would reap them stop
+        with contextlib.suppress(AssertionError):
+            wait_for("the cancelled jobs to end", lambda: not out(["squeue", "-h"], env).strip(), 30)
         stop_all(procs)
         pid = (tmp / "munge" / "pid").read_text().strip() if (tmp / "munge" / "pid").exists() else ""
         if pid.isdigit():

@@ -383,3 +383,41 @@ def test_no_credential_in_the_prometheus_url_reaches_the_log(
         httpd.shutdown()
     out = capsys.readouterr()
     assert "s3kr1t-pw" not in out.err + out.out
+
+
+def _alive(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(name) and t.is_alive()]
+
+
+def test_no_child_or_reading_thread_outlives_a_command_for_long() -> None:
+    """A command that leaves a child in the background holding its output: the child is killed with the group when
+    the command ends, and the reading thread ends within the grace (before: both lived as long as the child, 30 s)."""
+    t0 = time.monotonic()
+    outcome, detail = run_command(["sh", "-c", "sleep 30 & echo started"], 10)
+    assert (outcome, detail) == ("ran", "started") and time.monotonic() - t0 < 5
+    assert _alive("gpuwarden-reclaim-output") == []
+    # a child that left the group (setsid) is its own, but its pipe is not read for ever
+    outcome, _ = run_command(["sh", "-c", "setsid sleep 31.25 & echo started"], 10)
+    assert outcome == "ran" and _alive("gpuwarden-reclaim-output") == []
+    import psutil
+
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "31.25"]]
+    for p in left:
+        p.kill()
+
+
+def test_a_webhook_that_drips_its_headers_leaves_no_thread_behind() -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/drip"
+        assert post_webhook(url, {}, {"job_id": "4242"}, 1.0)[0] == "timed_out"
+        deadline = time.monotonic() + 5
+        while _alive("gpuwarden-reclaim-webhook") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive("gpuwarden-reclaim-webhook") == [], "the webhook's thread still reads the dripping answer"
+        assert time.monotonic() - t0 < 6
+    finally:
+        httpd.shutdown()

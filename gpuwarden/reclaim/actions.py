@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import signal
 import subprocess
 import threading
@@ -158,34 +159,57 @@ def document(decision: Decision, given: dict[str, str]) -> dict[str, Any]:
     }
 
 
+#: After a command ends, how long its output is still read (a child that left the group may hold the pipe open).
+OUTPUT_GRACE_SECONDS = 1.0
+
+
 def run_command(argv: list[str], timeout: float) -> tuple[str, str]:
     """Run ``argv`` (no shell, no input) in its own process group: ("ran", output) on exit status 0, ("failed",
-    status and output) otherwise or when it cannot start, ("timed_out", output) when it outlives ``timeout`` s (its
-    group is killed). The output kept is its first OUTPUT_BYTES; the rest is read and dropped."""
+    status and output) otherwise or when it cannot start, ("timed_out", output) when it outlives ``timeout`` s. When
+    it ends or is killed, what is left of its group (children it started in the background) is killed too, and its
+    output is read for at most OUTPUT_GRACE_SECONDS more: no child and no reading thread outlives the action by
+    more (a child that left the group with setsid is its own; its pipe is closed on it). The output kept is its
+    first OUTPUT_BYTES; the rest is read and dropped."""
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)  # fmt: skip
     except OSError as exc:
         return "failed", f"cannot run {argv[0]}: {exc.strerror or exc}"
     kept = bytearray()
+    ended = threading.Event()
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
 
     def read() -> None:
-        assert proc.stdout is not None
-        while chunk := os.read(proc.stdout.fileno(), 65536):
-            if len(kept) < OUTPUT_BYTES:
-                kept.extend(chunk[: OUTPUT_BYTES - len(kept)])
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.1)
+                if not ready:
+                    if ended.is_set():
+                        return
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return
+                if len(kept) < OUTPUT_BYTES:
+                    kept.extend(chunk[: OUTPUT_BYTES - len(kept)])
+        finally:
+            proc.stdout.close()  # type: ignore[union-attr]
 
     reader = threading.Thread(target=read, name="gpuwarden-reclaim-output", daemon=True)
     reader.start()
     try:
-        status = proc.wait(timeout)
+        status: int | None = proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        reader.join(1.0)
+        status = None
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the command (timed out) or what it left behind
+    proc.wait()
+    reader.join(OUTPUT_GRACE_SECONDS)
+    ended.set()  # a pipe still held (by a child outside the group): stop reading it
+    reader.join()
+    if status is None:
         return "timed_out", f"killed after {timeout:g} s; output: {_text(kept)}"
-    reader.join(1.0)  # a child of the command may keep the pipe open: its output is not waited for
     if status != 0:
         return "failed", f"exit status {status}; output: {_text(kept)}"
     return "ran", _text(kept)
@@ -194,15 +218,16 @@ def run_command(argv: list[str], timeout: float) -> tuple[str, str]:
 def post_webhook(url: str, headers: dict[str, str], doc: dict[str, Any], timeout: float) -> tuple[str, str]:
     """POST ``doc`` as JSON to ``url``: ("ran", status) on a 2xx answer, ("failed", why) otherwise, ("timed_out")
     when the exchange outlives ``timeout`` s: it runs in a thread waited on until then (httpx's timeouts bound each
-    read, not the whole exchange: a server that drips its answer would outlast them). The answer is read to
-    OUTPUT_BYTES."""
+    read, not the whole exchange: a server that drips its answer would outlast them); then its connection is closed
+    under it, so the thread ends too, whatever the server does. The answer is read to OUTPUT_BYTES."""
     import httpx
 
     answer: list[tuple[str, str]] = []
+    client = httpx.Client(timeout=timeout)
 
     def exchange() -> None:
         try:
-            with httpx.Client(timeout=timeout) as client, client.stream("POST", url, json=doc, headers=headers) as r:
+            with client.stream("POST", url, json=doc, headers=headers) as r:
                 body = bytearray()
                 for chunk in r.iter_bytes():
                     body.extend(chunk[: max(0, OUTPUT_BYTES - len(body))])
@@ -211,13 +236,18 @@ def post_webhook(url: str, headers: dict[str, str], doc: dict[str, Any], timeout
                 ok = 200 <= r.status_code < 300
                 answer.append(("ran", f"HTTP {r.status_code}") if ok else ("failed", f"HTTP {r.status_code}: "
                                                                                       f"{_text(body)}"))  # fmt: skip
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # noqa: BLE001 - an HTTP error, or the connection closed under it at the deadline
             answer.append(("failed", f"{type(exc).__name__}: {exc}"))
+        finally:
+            client.close()
 
     worker = threading.Thread(target=exchange, name="gpuwarden-reclaim-webhook", daemon=True)
     worker.start()
     worker.join(timeout)
-    return answer[0] if answer else ("timed_out", f"no answer within {timeout:g} s")
+    if worker.is_alive():
+        client.close()  # the server still answering: its connection closed under the worker, which then ends
+        return "timed_out", f"no answer within {timeout:g} s"
+    return answer[0]
 
 
 def _text(data: bytes | bytearray) -> str:
