@@ -405,5 +405,15 @@ def test_a_source_starting_handshakes_faster_than_its_rate_is_refused_before_any
         raw.sendall(hello)
         assert _finish_and_get(raw, tls, incoming, outgoing).startswith(b"HTTP/1.1 200")
         raw.close()
+        # clients of one address that finish their handshakes are not held back, however many
+        for _ in range(10):
+            t = _tls_client(pki).wrap_socket(
+                socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.4", 0)),
+                server_hostname="127.0.0.1",
+            )
+            t.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            assert t.recv(100).startswith(b"HTTP/1.1 200")
+            t.close()
+        assert limits.counts["handshake_refused"] == 10
         for s in rushing:
             s.close()

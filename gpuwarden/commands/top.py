@@ -25,7 +25,7 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
                    help="recorded: sum the usage records (the rules' group gpuwarden.usage: one sample a job "
                    "and node a minute, a week in seconds, within about 1%%); raw: the exact accounting of every GPU "
                    "at every scrape (its cost grows with the range and the fleet); auto (default): recorded where "
-                   "the records cover a range over an hour, else raw")  # fmt: skip
+                   "the records cover a range of 15 minutes or more, else raw")  # fmt: skip
     p.add_argument("--suspects", action="store_true",
                    help="instead: the GPUs that held back several jobs (fail-slow suspects) with their node-local "
                    "evidence; use a long --range, e.g. 7d")  # fmt: skip

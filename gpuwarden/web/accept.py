@@ -16,11 +16,12 @@ that counts every accepted socket until it is closed (``HttpLimits.open``):
   request-head deadline or evicted first at the cap. Only then does it take one of ``max_handshakes`` handshake
   slots (past them the oldest handshake is closed) and asyncio's TLS handshake (``connect_accepted_socket``) within
   what is left of the deadline.
-- handshakes are bounded per source address, by what they cost and what they hold: a source starts at most
-  HANDSHAKE_RATE handshakes a second (a bucket of HANDSHAKE_BURST; past it its ClientHello is closed before any
-  TLS work, counted ``handshake_refused``), holds at most HANDSHAKES_PER_SOURCE of the slots at once (its own oldest is
-  closed for its next), and at ``max_handshakes`` the handshake closed is the oldest of the source that holds the
-  most. Clients that send a complete ClientHello and then nothing (each costs the server a key exchange and a
+- handshakes are bounded per source address, by what they cost and what they hold: a source whose unfinished
+  handshakes hold half its share of slots or more starts at most HANDSHAKE_RATE handshakes a second (a bucket of
+  HANDSHAKE_BURST; past it its ClientHello is closed before any TLS work, counted ``handshake_refused``; sources
+  whose handshakes finish are not held back), holds at most HANDSHAKES_PER_SOURCE of the slots at once (its own
+  oldest is closed for its next), and at ``max_handshakes`` the handshake closed is the oldest of the source that
+  holds the most. Clients that send a complete ClientHello and then nothing (each costs the server a key exchange and a
   signature) so take the slots and the time of their own source only: a scraper from another address still
   handshakes.
 
@@ -215,7 +216,10 @@ class Listener:
 
     def handshake(self, conn: socket.socket, slot: Slot, deadline: float, source: str) -> bool:
         """``conn`` has sent its ClientHello: its TLS handshake, through a slot, to end by ``deadline``; False (and
-        nothing started) when its ``source`` has started HANDSHAKE_BURST handshakes faster than HANDSHAKE_RATE."""
+        nothing started) when its ``source`` has started HANDSHAKE_BURST handshakes faster than HANDSHAKE_RATE while
+        half its share of slots (HANDSHAKES_PER_SOURCE) or more hold handshakes of its that have not finished: clients
+        that finish their handshakes (many real clients behind one address) are not refused, only a source whose
+        handshakes stall."""
         now = time.monotonic()
         tokens, then = self._buckets.pop(source, (HANDSHAKE_BURST, now))
         tokens = min(HANDSHAKE_BURST, tokens + (now - then) * HANDSHAKE_RATE)
@@ -225,7 +229,7 @@ class Listener:
             if len(self._buckets) >= _SOURCES_KEPT:
                 self._buckets.clear()
         self._buckets[source] = (tokens - 1 if tokens >= 1 else tokens, now)
-        if tokens < 1:
+        if tokens < 1 and sum(h.source == source for h in self.limits.handshaking) >= HANDSHAKES_PER_SOURCE // 2:
             self.limits.counts["handshake_refused"] += 1
             return False
         self._serve(conn, functools.partial(_Handshake, self, self._ssl, slot, deadline, source), slot)
