@@ -2,9 +2,11 @@
 
 When a GPU's verdict is one that the job's own code causes (``input_starved``, ``launch_bound``,
 ``host_compute_bound``), ``CodeEvidenceSampler`` samples the Python stacks of the job's busiest process on that GPU
-for a few seconds with py-spy (``py-spy record --nonblocking``: the process is never paused; reading another
-process's memory needs root or CAP_SYS_PTRACE) and keeps the functions most samples were in: "71% of samples in
-decode_batch (train.py:88)". A sample counts against the deepest frame of the job's own code (not the standard
+and of its child processes (DataLoader workers, a multiprocessing pool: where a job's input is prepared, and where
+its CPU is while the GPU waits) for a few seconds with py-spy (``py-spy record --nonblocking --subprocesses``: no
+process is paused; reading another process's memory needs root or CAP_SYS_PTRACE) and keeps the functions most
+samples were in, and the process most of them were taken in: "71% of samples in decode_batch (train.py:88)", "in
+its child PID 9: 80%". A sample counts against the deepest frame of the job's own code (not the standard
 library, not site-packages): the line of the training script that waits, not the inside of NumPy. Samples are of
 the process's active threads over the sampling time, while the GPU had that verdict; py-spy does not say which of
 them fell in the GPU's idle moments.
@@ -49,6 +51,9 @@ CHECK_SECONDS = 10.0
 _LIBRARY = re.compile(r"/(site-packages|dist-packages)/|/lib/python3[.\d]*/|^<frozen |^<string>$")
 #: One py-spy raw frame: ``function (file:line)``.
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+#: The frame py-spy puts at the root of each stack for each process from the one sampled down to the one the stack
+#: is of, with ``--subprocesses``: ``process PID:"command line"`` (the command line is hostile: never parsed).
+_PROCESS = re.compile(r"^process (?P<pid>\d+):")
 
 
 class Frame(BaseModel):
@@ -64,7 +69,8 @@ class Frame(BaseModel):
 
 class CodeEvidence(BaseModel):
     """The stacks of one GPU's job, sampled while the GPU had ``verdict``: the process, when and how long, how many
-    samples, and the functions most of them were in; ``error`` (one line) when it could not be sampled."""
+    samples (of it and its child processes), the functions most of them were in, and the process most were taken in
+    (``busiest_pid``, its share ``busiest_share``); ``error`` (one line) when it could not be sampled."""
 
     model_config = ConfigDict(frozen=True, defer_build=True)
 
@@ -74,17 +80,25 @@ class CodeEvidence(BaseModel):
     seconds: float
     samples: int = 0
     frames: list[Frame] = Field(default_factory=list)
+    busiest_pid: int | None = Field(default=None, description="the process most samples were taken in: ``pid`` or "
+                                    "one of its children (a DataLoader worker)")  # fmt: skip
+    busiest_share: float | None = Field(default=None, description="its share of the samples (0-1)")
     error: str | None = None
     summary: str = Field(default="", description="the evidence in one sentence (``sentence``)")
 
     def sentence(self) -> str:
-        """Return the evidence in one sentence: "71% of samples in decode_batch (train.py:88), ..." or the error."""
+        """Return the evidence in one sentence: "71% of samples in decode_batch (train.py:88), ..." (and the child
+        process most samples were taken in, where it was not ``pid``) or the error."""
         if self.error is not None:
             return f"No code evidence for PID {self.pid}: {self.error}"
         if not self.frames:
             return f"PID {self.pid}: no samples of active Python code in {self.seconds:g} s."
         top = ", ".join(f"{f.share:.0%} in {f.function} ({Path(f.file).name}:{f.line})" for f in self.frames[:3])
-        return f"PID {self.pid}, {self.samples} samples over {self.seconds:g} s while {self.verdict}: {top}."
+        where = ""
+        if self.busiest_pid is not None and self.busiest_pid != self.pid and self.busiest_share is not None:
+            where = f" ({self.busiest_share:.0%} of them in its child process PID {self.busiest_pid})"
+        return f"PID {self.pid} and its children, {self.samples} samples over {self.seconds:g} s while " \
+               f"{self.verdict}{where}: {top}."  # fmt: skip
 
 
 def _cut(text: str) -> str:
@@ -103,7 +117,7 @@ def top_frames(raw: str, limit: int = TOP_FRAMES) -> tuple[int, list[Frame]]:
         if not stack or not count.isdigit():
             continue
         n = int(count)
-        frames = [m for m in (_FRAME.match(f) for f in stack.split(";")) if m is not None]
+        frames = [m for m in (_FRAME.match(f) for f in stack.split(";") if not _PROCESS.match(f)) if m is not None]
         if not frames:
             continue
         total += n
@@ -117,6 +131,20 @@ def top_frames(raw: str, limit: int = TOP_FRAMES) -> tuple[int, list[Frame]]:
         for (f, path), n in by_function.most_common(limit)
     ]
     return total, frames_out
+
+
+def sampled_processes(raw: str) -> Counter[int]:
+    """Samples per process in py-spy's raw output ``raw`` recorded with ``--subprocesses``: each stack counts for
+    the deepest ``process PID:`` frame at its root (the process it was taken in). Empty without such frames."""
+    out: Counter[int] = Counter()
+    for row in raw.splitlines():
+        stack, _, count = row.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        pids = [m["pid"] for m in (_PROCESS.match(f) for f in stack.split(";")) if m is not None]
+        if pids:
+            out[int(pids[-1])] += int(count)
+    return out
 
 
 def _error_line(stderr: str, pid: int) -> str:
@@ -133,16 +161,16 @@ def _error_line(stderr: str, pid: int) -> str:
 
 
 def run_py_spy(py_spy: str, pid: int, seconds: float, rate: int) -> tuple[str | None, str | None]:
-    """Run ``py-spy record`` on ``pid`` for ``seconds`` at ``rate`` samples a second without pausing it; return its
-    raw collapsed stacks, or None and one line saying why not (py-spy missing, not permitted, not Python, exited).
-    Raises nothing."""
+    """Run ``py-spy record`` on ``pid`` and its child processes for ``seconds`` at ``rate`` samples a second without
+    pausing them; return its raw collapsed stacks, or None and one line saying why not (py-spy missing, not
+    permitted, not Python, exited). Raises nothing."""
     exe = shutil.which(py_spy)
     if exe is None:
         return None, f"py-spy is not installed ({py_spy!r} not found; pip install py-spy)"
     with tempfile.TemporaryDirectory(prefix="gpuwarden-pyspy-") as tmp:
         out = Path(tmp) / "stacks.txt"
         cmd = [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", str(rate)]
-        cmd += ["--format", "raw", "--nonblocking", "--full-filenames", "--output", str(out)]
+        cmd += ["--format", "raw", "--nonblocking", "--full-filenames", "--subprocesses", "--output", str(out)]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -211,6 +239,8 @@ class CodeEvidenceSampler:
             self._last[(t.uuid, t.pid)] = at
             raw, error = self._sample(self.py_spy, t.pid, self.seconds, self.rate)
             samples, frames = top_frames(raw) if raw is not None else (0, [])
+            by_process = sampled_processes(raw) if raw is not None else Counter()
+            busiest = min(by_process.items(), key=lambda kv: (-kv[1], kv[0])) if by_process else None
             evidence = CodeEvidence(
                 pid=t.pid,
                 verdict=t.verdict,
@@ -218,6 +248,8 @@ class CodeEvidenceSampler:
                 seconds=self.seconds,
                 samples=samples,
                 frames=frames,
+                busiest_pid=busiest[0] if busiest else None,
+                busiest_share=round(busiest[1] / sum(by_process.values()), 4) if busiest else None,
                 error=error,
             )
             evidence = evidence.model_copy(update={"summary": evidence.sentence()})

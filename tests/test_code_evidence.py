@@ -3,7 +3,10 @@ a real Python process with a known slow function; its errors as one line)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,6 +23,7 @@ from gpuwarden.code_evidence import (
     Target,
     busiest_process,
     run_py_spy,
+    sampled_processes,
     top_frames,
 )
 from gpuwarden.config import ConfigError, load_config
@@ -58,6 +62,22 @@ def test_hostile_frames_are_cut_and_shown_as_text() -> None:
     out = io.StringIO()
     Console(file=out, width=300, force_terminal=True).print(plain(e.sentence()))
     assert "\x1b]0;" not in out.getvalue() and "\x07" not in out.getvalue() and "[bold]" in out.getvalue()
+
+
+def test_with_subprocesses_each_stack_counts_for_the_process_it_was_taken_in() -> None:
+    """py-spy --subprocesses roots each stack at a ``process PID:"cmdline"`` frame for every process from the sampled
+    one down: the deepest names the process; those frames are never code (a hostile command line included)."""
+    root = 'process 7:"python train.py"'
+    raw = "\n".join([
+        f"{root};process 9:\"python train.py (x.py:1)\";<module> (/w/train.py:5);decode (/w/train.py:30) 80",
+        f"{root};<module> (/w/train.py:5);step (/w/train.py:60) 20",
+    ])  # fmt: skip
+    total, frames = top_frames(raw)
+    assert total == 100 and [f.function for f in frames] == ["decode", "step"]
+    assert sampled_processes(raw) == {9: 80, 7: 20} and sampled_processes(RAW) == {}
+    e = CodeEvidence(pid=7, verdict="input_starved", taken_at=0.0, seconds=5.0, samples=total, frames=frames,
+                     busiest_pid=9, busiest_share=0.8)  # fmt: skip
+    assert "(80% of them in its child process PID 9): 80% in decode (train.py:30)" in e.sentence()
 
 
 SLOW = textwrap.dedent(
@@ -119,6 +139,61 @@ def test_py_spy_names_the_function_a_job_spends_its_time_in(slow_job: subprocess
     assert sampler.check_once() == []
     # the job leaves the GPU: its evidence goes with it
     assert sampler.analyzer(poll([1]), static) == {}
+
+
+WORKERS = textwrap.dedent(
+    """
+    import multiprocessing as mp, time
+
+    def decode_batch(n):
+        s = 0
+        for i in range(n):
+            s += i * i % 7
+        return s
+
+    def worker():
+        while True:
+            decode_batch(200000)
+
+    def train():
+        p = mp.Process(target=worker, daemon=True)
+        p.start()
+        print(p.pid, flush=True)
+        while True:
+            time.sleep(0.05)  # waits on its worker, as a training loop waits on its DataLoader
+
+    if __name__ == "__main__":
+        train()
+    """
+)
+
+
+@pytest.mark.e2e
+def test_the_evidence_comes_from_the_worker_process_where_the_cpu_is(tmp_path: Path) -> None:
+    """A job whose main process waits on a worker process that does the work (a DataLoader's pattern): the sampled
+    main process and its children; the function is the worker's, and the sentence names the worker's PID."""
+    script = tmp_path / "train.py"
+    script.write_text(WORKERS)
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = 0
+    try:
+        assert p.stdout is not None
+        worker = int(p.stdout.readline())
+        sampler = CodeEvidenceSampler(lambda: [Target("GPU-0", "input_starved", p.pid)], seconds=2.0, rate=100)
+        assert sampler.check_once() == ["GPU-0"]
+        e = sampler._evidence["GPU-0"]
+        if e.error is not None and "may not read" in e.error:
+            pytest.skip(f"this machine does not let py-spy read another process: {e.error}")
+        assert e.error is None, e.error
+        assert e.frames[0].function == "decode_batch" and e.frames[0].share >= 0.5, e
+        assert e.busiest_pid == worker and (e.busiest_share or 0) >= 0.5, e
+        assert f"in its child process PID {worker}" in e.summary
+    finally:
+        p.kill()
+        p.wait()
+        if worker:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)  # the parent killed, its worker is not told
 
 
 @pytest.mark.e2e
