@@ -2,24 +2,27 @@
 
 ``assess(static, poll)`` is a pure function of one poll's readings (the NVML layer's NodeStatic and PollResult), so
 ``gpuwarden check`` (a Slurm prolog, a Kubernetes init container) and the tests read the same rules. The rules are
-those of the on-call alerts (alerts/gpuwarden.rules.yml), read once at a job's start:
+those of the on-call alerts (alerts/gpuwarden.rules.yml), read once at a job's start (``ALERTS`` says of every alert
+whether it is read, and why not):
 
 CRITICAL (the job should not start here)
 - the GPU cannot be read (NVML: GPU is lost, unknown error) - GpuLost;
 - the driver asks for a recovery (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION > 0) - GpuRecoveryActionNeeded;
 - a row remap failed (nvmlDeviceGetRemappedRows) - GpuRowRemapFailure;
 - uncorrectable ECC errors since the driver loaded (volatile counter) - GpuUncorrectableEccErrors;
-- the GPU at or above its own slowdown temperature before any work (cooling);
+- the GPU at or above its own slowdown temperature before any work (cooling) - GpuOverheating;
 - the GPU's NVLink fabric not registered (state not ``completed``) - GpuFabricNotReady: it is not in its NVLink
   domain.
 
 WARN (the job can start; the node needs a look)
 - a row remap pending (applied at the next reset) - GpuRowRemapPending;
-- the GPU within HOT_MARGIN_CELSIUS of its slowdown temperature, or HBM within it of its limit;
+- the GPU within HOT_MARGIN_CELSIUS of its slowdown temperature, or HBM within it of its limit -
+  GpuMemoryOverheating;
 - a hardware slowdown or power-brake clock event active - GpuHardwareSlowdown;
 - the PCIe link narrower than its maximum width - GpuPcieLinkDegraded (the link's generation drops at idle to save
   power, so only the width counts);
-- processes hold the GPU, or memory is used with none visible: an earlier job's leftovers;
+- processes hold the GPU, or memory is used with none visible: an earlier job's leftovers -
+  GpuMemoryHeldWithoutProcess;
 - NVLink links inactive while others of the GPU are active - GpuNvlinkLinkDown (a GPU whose links are all inactive
   may not use NVLink at all: not judged); a fabric health check reporting a problem - GpuFabricUnhealthy.
 """
@@ -34,6 +37,47 @@ from gpuwarden.model import GpuReading, GpuStatic, NodeStatic, PollResult
 
 #: Levels, least severe first.
 LEVELS = ("PASS", "WARN", "CRITICAL")
+#: Every alert of alerts/gpuwarden.rules.yml and what ``check`` does with it: ``read`` where one read at a job's start
+#: judges it (a rule of this module), else why not. tests/test_readiness.py holds the keys to the rules file, so a new
+#: alert is placed here on purpose, never left out unseen. ``check --prometheus`` adds the history of the service
+#: tier (errors, links, fail-slow: gpuwarden.cluster.quality) to the one read.
+ALERTS = {
+    "GpuLost": "read",
+    "GpuRecoveryActionNeeded": "read",
+    "GpuRowRemapFailure": "read",
+    "GpuUncorrectableEccErrors": "read",
+    "GpuFabricNotReady": "read",
+    "GpuOverheating": "read (before any work: at or above the slowdown temperature)",
+    "GpuMemoryOverheating": "read (near the memory's limit: WARN)",
+    "GpuRowRemapPending": "read",
+    "GpuHardwareSlowdown": "read",
+    "GpuPcieLinkDegraded": "read",
+    "GpuNvlinkLinkDown": "read",
+    "GpuFabricUnhealthy": "read",
+    "GpuMemoryHeldWithoutProcess": "read (memory with no process: an earlier job's leftovers, WARN)",
+    "GpuThermalSlowdown": "a job's own heat over minutes: nothing to read before it starts",
+    "GpuCriticalXid": "an event within a job, not a state: --prometheus reads the history",
+    "GpuXidErrors": "an event within a job, not a state: --prometheus reads the history",
+    "GpuNvlinkLinkRecovering": "a count over time: --prometheus reads the history",
+    "GpuNvlinkErrors": "a count over time: --prometheus reads the history",
+    "GpuPcieReplays": "a count over time: --prometheus reads the history",
+    "GpuSuspectFailSlow": "a straggler across jobs: --prometheus reads the history",
+    "GpuMissing": "a GPU the node had: check reads the GPUs there are (--gpus names the ones a job expects)",
+    "GpuMemoryFillingUp": "a job's memory over time, not the next job's readiness",
+    "GpuMemoryAlmostFull": "a job's memory, not the next job's readiness",
+    "GpuMemoryHeldIdle": "a job's use over an hour, for its owner",
+    "GpuAllocatedIdle": "a job's use over an hour, for its owner",
+    "GpuStarved": "a job's efficiency, not a fault",
+    "GpuJobImbalanced": "a job's efficiency, not a fault",
+    "GpuJobImbalancedAcrossNodes": "a job's efficiency, not a fault",
+    "GpuHealthTelemetryMissing": "the exporter's readings over time (check fails on what it cannot read)",
+    "GpuHealthTelemetryFailing": "the exporter's readings over time (check fails on what it cannot read)",
+    "GpuwardenDown": "the daemon, not the GPU",
+    "GpuwardenNvmlDown": "the daemon, not the GPU (check reads NVML itself)",
+    "GpuwardenCollectionStale": "the daemon, not the GPU",
+    "GpuwardenCollectorFailing": "the daemon, not the GPU",
+    "GpuwardenNvmlErrors": "the daemon, not the GPU",
+}
 #: Memory used with no process visible above this: something holds the GPU (processes in another PID namespace).
 HELD_BYTES = 1 << 30
 #: What the driver's recovery action asks for (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values).

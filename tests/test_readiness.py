@@ -149,3 +149,20 @@ def test_a_typo_in_the_command_line_exits_64_not_2_so_a_prolog_drains_no_node_ov
     with pytest.raises(SystemExit) as exited:  # other commands keep argparse's 2
         main(["top", "--no-such-flag"])
     assert exited.value.code == 2
+
+
+def test_every_alert_is_placed_read_at_a_jobs_start_or_not_and_why() -> None:
+    """A new alert in the rules file fails here until gpuwarden.readiness.ALERTS says whether ``check`` reads it; an
+    alert it reads is named in the module's list of rules."""
+    import yaml
+
+    from gpuwarden import readiness
+
+    rules = yaml.safe_load((Path(__file__).parent.parent / "alerts" / "gpuwarden.rules.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts - set(readiness.ALERTS) == set(), "say in gpuwarden.readiness.ALERTS whether check reads them"
+    assert set(readiness.ALERTS) - alerts == set(), "alerts the rules no longer have"
+    doc = readiness.__doc__ or ""
+    assert [
+        a for a, how in readiness.ALERTS.items() if how.startswith("read") and f"- {a}" not in doc.replace("\n  ", " ")
+    ] == []
