@@ -135,6 +135,10 @@ WINDOW_RISE = "uuid:gpu_memory_used_bytes:rise"
 LARGEST_START = "uuid:gpu_process_start_time_seconds:largest"
 #: The GPUs the long trend windows' detectors find leaking (memory_long_records), recorded by their own group.
 LEAKING_LONG = "uuid:gpu_memory_used_bytes:leaking_long"
+#: The GPUs whose job was in its start-up phase (``gpu_idle_seconds_total{cause="startup"}`` grew: from its start to
+#: its first sustained kernels, gpuwarden.insight.startup) over the last interval of the memory group (value 1; no
+#: series otherwise): a detector counts a job's warm-up from the end of that phase, not only from its process's start.
+STARTUP_SEEN = "uuid:gpu_startup_phase:interval"
 
 
 def trend_windows(values: dict[str, str], key: str = "memory_trend_windows") -> list[str]:
@@ -171,7 +175,8 @@ def memory_window_records(values: dict[str, str]) -> str:
     compares, so an idle GPU needs none), and each window's significant rise (WINDOW_RISE). In the group of the leak
     record, evaluated every ``memory_interval``: a detector reads a window's record ``k`` windows back (whole
     intervals), which is what the same evaluation computed then from the raw samples. Each window is read from the raw
-    samples once an evaluation instead of about twenty times."""
+    samples once an evaluation instead of about twenty times. Then LARGEST_START and STARTUP_SEEN, the detectors'
+    warm-up."""
     sel = values["selector"]
     used = f"gpu_memory_used_bytes{{{sel}}}"
     step = values["memory_interval"]
@@ -184,6 +189,9 @@ def memory_window_records(values: dict[str, str]) -> str:
         f"gpu, uuid, pid) topk by (instance, job, gpu, uuid) (1, gpu_process_memory_used_bytes{{{sel}}}))"
     )
     out.append(f"      - record: {LARGEST_START}\n        expr: >\n          {largest}\n")
+    startup = (f"0 * max by ({values['cluster_by']}instance, job, gpu, uuid) (increase(gpu_idle_seconds_total{{{sel}"
+               f"cause=\"startup\"}}[{step}]) > 0) + 1")  # fmt: skip
+    out.append(f"      - record: {STARTUP_SEEN}\n        expr: >\n          {startup}\n")
     return "".join(out)
 
 
@@ -342,12 +350,13 @@ def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool
       again).
 
     Each needs the used ratio above ``memory_filling_min_ratio`` (``memory_leak`` checks it once for all) and a job
-    past its warm-up: a job held the GPU
-    (above ``memory_idle_ratio``) throughout the windows the detector compares and for ``memory_warmup`` before
-    the last two of them (so a job's start is never one of the rises, and the latest rise lies after the warm-up),
-    and where gpuwarden knows the GPU's largest process
-    (``gpu_process_start_time_seconds``), that process is as old. Growth in a job's first ``memory_warmup`` is its
-    allocator warming up, which nothing tells apart from a leak that young (docs/runbook.md).
+    past its warm-up: a job held the GPU (above ``memory_idle_ratio``) throughout the windows the detector compares
+    and for ``memory_warmup`` before the last two of them (so a job's start is never one of the rises, and the latest
+    rise lies after the warm-up), where gpuwarden knows the GPU's largest process (``gpu_process_start_time_seconds``)
+    that process is as old, and its job's start-up phase (STARTUP_SEEN: until its first sustained kernels) ended as
+    long ago (a job that loads and compiles for an hour warms its allocator up after). Growth in a job's first
+    ``memory_warmup`` is its allocator warming up, which nothing tells apart from a leak that young
+    (docs/runbook.md).
 
     Raises ValueError for a malformed duration."""
     sel = values["selector"]
@@ -358,12 +367,14 @@ def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool
 
     def detector(checks: list[str], age: float) -> str:
         young = f"time() - {LARGEST_START} < {age:g}"
+        starting = f"count_over_time({STARTUP_SEEN}[{duration(age - step)}])"
         body = (ind + "and ").join([
             *checks,
             f"min_over_time({WINDOW_MIN}[{duration(age - step)}]) > {values['memory_idle_ratio']} * {total}",
             f"{used} offset {duration(age)}",
         ])  # fmt: skip
-        return f"({ind}{body}\n              )\n              unless on (instance, job, gpu, uuid) ({young})"
+        return (f"({ind}{body}\n              )\n              unless on (instance, job, gpu, uuid) ({young})"
+                f"\n              unless on (instance, job, gpu, uuid) {starting}")  # fmt: skip
 
     parts = []
     for window in windows:
@@ -524,7 +535,7 @@ def memory_only(text: str) -> str:
     values = params()
     windows = trend_windows(values) + trend_windows(values, "memory_long_trend_windows")
     names |= {f"{n}{w}" for n in (WINDOW_MEAN, WINDOW_VARIANCE, WINDOW_RISE) for w in windows}
-    names |= {WINDOW_MIN, WINDOW_MAX, LARGEST_START, LEAKING_LONG}
+    names |= {WINDOW_MIN, WINDOW_MAX, LARGEST_START, LEAKING_LONG, STARTUP_SEEN}
     groups = yaml.safe_load(bare(text).split("\n", 1)[1])["groups"]
     kept = [{**g, "rules": [r for r in g["rules"] if (r.get("record") or r.get("alert")) in names]} for g in groups]
     # promtool evaluates every group at every step: the leak record reads the long group's result as Prometheus may

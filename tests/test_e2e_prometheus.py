@@ -289,10 +289,12 @@ CROSS_NODE = {"job_id:gpu_nodes:count", "job_id:gpu_imbalance_ratio:across_nodes
 PORTS: dict[str, int] = {}
 
 
-#: Records that hold a series only while their condition does (a leak: the leak test asks for it), or only for what
+#: Records that hold a series only while their condition does (a leak: the leak test asks for it; a job in its
+#: start-up phase), or only for what
 #: this stack's recordings lack: GPUs with NVLink links, and the energy held idle (the opt-in idle_energy collector,
 #: which these daemons do not run); promtool's cases (alerts/tests) give each of them data.
 CONDITIONAL = {"uuid:gpu_memory_used_ratio:leaking", "uuid:gpu_memory_used_bytes:leaking_long",
+               "uuid:gpu_startup_phase:interval",
                "uuid:gpu_nvlink_links_up:count", "uuid:gpu_nvlink_links_up:max1d",
                "instance_job_id:gpu_held_idle_energy_joules:increase1m"}  # fmt: skip
 
