@@ -292,36 +292,11 @@ def test_a_client_hello_sent_a_byte_at_a_time_is_handshaken(pki: PKI) -> None:
     limits = HttpLimits()
     with server(limits, (pki.server.cert, pki.server.key)) as (port, _):
         raw = socket.create_connection(("127.0.0.1", port), timeout=5)
-        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        tls = _tls_client(pki).wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
-        with pytest.raises(ssl.SSLWantReadError):
-            tls.do_handshake()
-        hello = outgoing.read()
+        tls, incoming, outgoing, hello = _hello(pki)
         for i in range(0, len(hello), 100):
             raw.sendall(hello[i : i + 100])
             time.sleep(0.02)
-        while True:
-            data = raw.recv(65536)
-            assert data, "the server closed the connection"
-            incoming.write(data)
-            try:
-                tls.do_handshake()
-                break
-            except ssl.SSLWantReadError:
-                raw.sendall(outgoing.read())
-        raw.sendall(outgoing.read())
-        tls.write(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        raw.sendall(outgoing.read())
-        answer = b""
-        while not answer:
-            data = raw.recv(65536)
-            assert data, "the server closed the connection"
-            incoming.write(data)
-            try:
-                answer = tls.read(100)
-            except ssl.SSLWantReadError:
-                pass
-        assert answer.startswith(b"HTTP/1.1 200")
+        assert _finish_and_get(raw, tls, incoming, outgoing).startswith(b"HTTP/1.1 200")
         assert limits.counts["handshake_failed"] == 0
         raw.close()
 
