@@ -89,6 +89,13 @@ def test_a_node_whose_gpu_needs_service_is_tainted_then_untainted_once_clean(tmp
             assert metrics[("gpuwarden_drain_nodes_held_out", (("scheduler", "kubernetes"),))] == 1
             assert metrics[("gpuwarden_drain_nodes", (("scheduler", "kubernetes"),))] == 4
             assert _drain(url, api.url, textfile, "--apply")["actions"] == []  # out already: nothing more
+            # an API server that does not answer: one line, exit 1, no traceback
+            dead = subprocess.run([sys.executable, "-m", "gpuwarden", "drain", "--scheduler", "kubernetes",
+                                   "--kube-api", f"http://127.0.0.1:{free_port()}", "--prometheus", url, "--range",
+                                   RANGE, "--step", "1s"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                                  check=False)  # fmt: skip
+            assert dead.returncode == 1 and dead.stderr.count("\n") == 1, dead.stderr
+            assert dead.stderr.startswith("gpuwarden: drain:") and "API server" in dead.stderr
             stop_all(procs[1:])
             procs[1:] = [serve_replay(TRACES / "h100-idle.jsonl.gz", port, tmp_path / "clean.log", **named)]
             resumed: list[dict] = []

@@ -93,11 +93,18 @@ def run(args: argparse.Namespace) -> int:
     if got is None:
         return EXIT_RUNTIME
     found, names, seen_instances = got
+    import httpx
+
     try:
         scheduler = _scheduler(args)
-        nodes = scheduler.nodes()
-    except (RuntimeError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         return die(f"drain: {exc}")
+    try:
+        nodes = scheduler.nodes()
+    except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
+        scheduler.close()
+        where = f" (the API server {args.kube_api or 'in-cluster'})" if args.scheduler == "kubernetes" else ""
+        return die(f"drain: {exc}{where}")
 
     def node(cluster: tuple[str, ...], instance: str) -> str:
         return names.get((cluster, instance), "") or instance.rsplit(":", 1)[0]
@@ -118,11 +125,6 @@ def run(args: argparse.Namespace) -> int:
         done = "refused" if a.kind == "refuse" else ("failed" if error else "done") if args.apply else "planned"
         rows.append({"action": a.kind, "node": a.node, "reason": a.reason, "status": done, "error": error})
     scheduler.close()
-    if args.textfile:
-        try:
-            _write_textfile(args.textfile, args.scheduler, rows, nodes)
-        except OSError as exc:
-            return die(f"drain: --textfile {args.textfile}: {exc.strerror or exc}")
     if args.json:
         print(json.dumps({"apply": args.apply, "scheduler": args.scheduler, "range": args.range, "actions": rows},
                          indent=2))  # fmt: skip
@@ -133,6 +135,11 @@ def run(args: argparse.Namespace) -> int:
             )
         if not rows:
             print(f"nothing to do: no node to drain or resume over the last {args.range}")
+    if args.textfile:
+        try:
+            _write_textfile(args.textfile, args.scheduler, rows, nodes)
+        except OSError as exc:
+            return die(f"drain: --textfile {args.textfile}: {exc.strerror or exc}")
     return EXIT_RUNTIME if failed else 0
 
 
