@@ -18,6 +18,9 @@ Attacks:
 - ``hello``: ``--connections`` connections from 127.0.0.2 (another address than the scraper's) that send a complete
   TLS ClientHello and then nothing (each costs the server a key exchange and a signature); each one the server
   closes is opened again at once (needs ``--tls``);
+- ``head``: ``--connections`` connections (each with a 4 KiB receive window, so that its answer stays in flight) each
+  send a ``GET /metrics`` and then the next request's head without end (``a: b`` lines, as fast as the server takes
+  them); each one the server closes is opened again at once;
 - ``fdlimit``: the daemon runs with an open-file limit of ``--nofile``; ``--connections`` idle connections are held.
 
 Traffic goes to 127.0.0.1 only and every run ends by itself. Usage::
@@ -25,6 +28,7 @@ Traffic goes to 127.0.0.1 only and every run ends by itself. Usage::
     sudo python3 tools/attack.py unread --tls --connections 800 --pipelined 8
     sudo python3 tools/attack.py squat --tls --connections 300 --python python3.12
     sudo python3 tools/attack.py hello --tls --connections 300
+    sudo python3 tools/attack.py head --tls --connections 8
 """
 
 from __future__ import annotations
@@ -336,6 +340,53 @@ def hello(port: int, connections: int, until: float, threads: int = 8) -> dict[s
     return {"opened": sum(opened)}
 
 
+def head(port: int, tls: bool, connections: int, until: float) -> dict[str, int]:
+    """Hold ``connections`` connections that each send a scrape, read nothing, and then stream the next request's
+    head for ever (``a: b`` header lines) from 4 threads; each one the server closes is opened again, until
+    ``until``. Returns the connections opened."""
+    ctx = client_context()
+    opened = [0] * 4
+    line = b"a: b\r\n" * 1024
+
+    def open_one() -> socket.socket | None:
+        with contextlib.suppress(OSError):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(10)
+            s.connect(("127.0.0.1", port))
+            if tls:
+                s = ctx.wrap_socket(s)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\nGET /metrics HTTP/1.1\r\n")
+            s.settimeout(0.05)
+            return s
+        return None
+
+    def run(k: int, n: int) -> None:
+        held = [s for s in (open_one() for _ in range(n)) if s is not None]
+        opened[k] += len(held)
+        while time.monotonic() < until:
+            for i, s in enumerate(held):
+                try:
+                    s.send(line)
+                except (TimeoutError, BlockingIOError, ssl.SSLWantWriteError):
+                    continue
+                except OSError:  # closed by the server: again
+                    s.close()
+                    again = open_one()
+                    if again is not None:
+                        held[i] = again
+                        opened[k] += 1
+        for s in held:
+            s.close()
+
+    workers = [threading.Thread(target=run, args=(k, max(1, connections // 4))) for k in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return {"opened": sum(opened)}
+
+
 def idle(port: int, connections: int, until: float) -> dict[str, int]:
     """Open ``connections`` idle connections at once (16 threads connecting side by side, a burst) and hold them
     until ``until``. Returns how many opened."""
@@ -411,7 +462,7 @@ def daemon(python: str, tls: bool, cgroup: Cgroup, nofile: int | None, log: Path
 def main(argv: list[str] | None = None) -> int:
     """Run one attack and print its figures as one JSON object; 0, or 1 when the daemon died."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("attack", choices=["unread", "squat", "hello", "fdlimit"])
+    parser.add_argument("attack", choices=["unread", "squat", "hello", "head", "fdlimit"])
     parser.add_argument("--tls", action="store_true", help="serve TLS (a fresh self-signed certificate)")
     parser.add_argument("--connections", type=int, default=800)
     parser.add_argument("--pipelined", type=int, default=8, help="unread: scrapes each connection sends at once")
@@ -448,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
                 run = lambda: squat(port, args.connections, until)  # noqa: E731
             elif args.attack == "hello":
                 run = lambda: hello(port, args.connections, until)  # noqa: E731
+            elif args.attack == "head":
+                run = lambda: head(port, args.tls, args.connections, until)  # noqa: E731
             else:
                 run = lambda: idle(port, args.connections, until)  # noqa: E731
             result["clients"] = run()
