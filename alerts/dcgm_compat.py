@@ -1,7 +1,8 @@
-"""Writes alerts/dcgm-compat.rules.yml: optional recording rules that publish the most used dcgm-exporter series
-from gpuwarden's, so a dashboard, autoscaler or FinOps query written for dcgm-exporter (Grafana dashboard 12239 among
-them) works unchanged against gpuwarden. Two groups: the 4.8 names in 4.8's units (MAPPED), and the names dcgm-exporter
-4.9 exports since DCGM 4.7 deprecated the old ones, in base units (MAPPED_49). Drop the group a site does not need.
+"""Writes gpuwarden/mixin/dcgm-compat.rules.yml: optional recording rules that publish the most used dcgm-exporter
+series from gpuwarden's, so a dashboard, autoscaler or FinOps query written for dcgm-exporter (Grafana dashboard 12239
+among them) works unchanged against gpuwarden. Two groups: the 4.8 names in 4.8's units (MAPPED), and the names
+dcgm-exporter 4.9 exports since DCGM 4.7 deprecated the old ones, in base units (MAPPED_49). Drop the group a site
+does not need.
 
 Each series keeps gpuwarden's GPU labels (instance, job, gpu, uuid, and the labels its selector names) and adds
 dcgm-exporter's: ``UUID``, ``modelName``, ``pci_bus_id``, ``device`` (``nvidia<minor>``), ``DCGM_FI_DRIVER_VERSION``,
@@ -22,7 +23,7 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).parent
-OUT = HERE / "dcgm-compat.rules.yml"
+OUT = HERE.parent / "gpuwarden" / "mixin" / "dcgm-compat.rules.yml"
 
 #: dcgm-exporter name -> (gpuwarden expression, what the scale does). Units as dcgm-exporter 4.8 exports them:
 #: percent 0-100 for the DEV_*_UTIL fields, MiB for frame buffer, MHz for clocks, millijoules for energy, ratios

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What evaluating alerts/dcgm-compat.rules.yml costs a real Prometheus, against another rule file (a git revision's).
+"""What evaluating gpuwarden/mixin/dcgm-compat.rules.yml costs a real Prometheus, against another rule file (a git
+revision's).
 
     python3 bench/dcgm_compat_cost.py [--gpus 98] [--against REV] [--seconds 60]
 
@@ -33,7 +34,7 @@ SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 
 def _series(gpus: int) -> dict[str, list[str]]:
     """Metric name -> sample lines (no timestamp) of ``gpus`` copies of the golden GPU, node-wide series per node."""
-    rules = (REPO / "alerts" / "dcgm-compat.rules.yml").read_text()
+    rules = (REPO / "gpuwarden" / "mixin" / "dcgm-compat.rules.yml").read_text()
     wanted = set(re.findall(r"\b(gpu_[a-z_]+)", rules))
     lines: dict[str, list[str]] = {}
     for line in GOLDEN.read_text().splitlines():
@@ -84,12 +85,12 @@ def main() -> int:
         (tmp / "in.om").write_text("\n".join([*out, "# EOF", ""]))
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "in.om"), str(tmp / "tsdb")],
                        check=True, capture_output=True)  # fmt: skip
-        old = subprocess.run(["git", "show", f"{args.against}:alerts/dcgm-compat.rules.yml"], cwd=REPO,
+        old = subprocess.run(["git", "show", f"{args.against}:gpuwarden/mixin/dcgm-compat.rules.yml"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
         old_doc = yaml.safe_load(old)
         for g in old_doc["groups"]:
             g["name"] = f"{args.against}:{g['name']}"
-        new_doc = yaml.safe_load((REPO / "alerts" / "dcgm-compat.rules.yml").read_text())
+        new_doc = yaml.safe_load((REPO / "gpuwarden" / "mixin" / "dcgm-compat.rules.yml").read_text())
         for doc in (old_doc, new_doc):
             for g in doc["groups"]:
                 g["interval"] = "5s"

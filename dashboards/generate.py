@@ -1,5 +1,5 @@
-"""Generates the Grafana dashboards of dashboards/*.json with grafana-foundation-sdk (typed builders that follow
-Grafana's dashboard schema).
+"""Generates the Grafana dashboards of gpuwarden/mixin/dashboards/*.json with grafana-foundation-sdk (typed builders
+that follow Grafana's dashboard schema).
 
 Run ``python3 dashboards/generate.py`` after editing; tests/test_dashboards.py checks the JSON files are what this
 script writes and lints them (units, thresholds, hidden table columns, $__rate_interval, variables, links), and
@@ -32,7 +32,7 @@ from grafana_foundation_sdk.models import prometheus as mp
 
 from gpuwarden.catalog import THROTTLE_REASONS
 
-HERE = Path(__file__).parent
+OUT = Path(__file__).parent.parent / "gpuwarden" / "mixin" / "dashboards"
 DS = md.DataSourceRef(type_val="prometheus", uid="${datasource}")
 #: Clock event reasons that hold clocks down (NVML's "throttle" reasons; gpuwarden.catalog.CLOCK_EVENT_GROUPS).
 THROTTLE = "|".join(THROTTLE_REASONS)
@@ -634,7 +634,7 @@ def render(d: gd.Dashboard) -> str:
 def main() -> None:
     """Write every dashboard."""
     for name, build in (("fleet", fleet), ("node", node), ("job", job)):
-        (HERE / f"gpuwarden-{name}.json").write_text(render(build()))
+        (OUT / f"gpuwarden-{name}.json").write_text(render(build()))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 from helpers import REPO
 
 AMTOOL = shutil.which("amtool")
-CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
+CONFIG = REPO / "gpuwarden" / "mixin" / "alertmanager.yml"
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (.ci/run installs Debian's alertmanager)"),

@@ -25,7 +25,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp: Path = tmp_path_factory.mktemp("am")
-    cfg = yaml.safe_load((REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    cfg = yaml.safe_load((REPO / "gpuwarden" / "mixin" / "alertmanager.yml").read_text())
     for r in cfg["receivers"]:  # nothing is delivered: a closed port
         r["webhook_configs"] = [{"url": f"http://127.0.0.1:{free_port()}/", "send_resolved": False}]
     with alertmanager(ALERTMANAGER, tmp, cfg) as url:

@@ -11,7 +11,7 @@ import yaml
 
 REPO = Path(__file__).parent.parent
 RULES = [REPO / "alerts" / "gpuwarden.rules.yml"]  # the shipped rules; dcgm-compat.rules.yml is optional, apart
-COMPAT = REPO / "alerts" / "dcgm-compat.rules.yml"
+COMPAT = REPO / "gpuwarden" / "mixin" / "dcgm-compat.rules.yml"
 TESTS = sorted((REPO / "alerts" / "tests").glob("*.test.yml"))
 RUNBOOK = (REPO / "docs" / "runbook.md").read_text()
 
@@ -198,8 +198,8 @@ def _module(name: str) -> object:
 
 
 def test_dcgm_compatibility_rules_are_generated_and_read_only_exported_series() -> None:
-    """alerts/dcgm-compat.rules.yml is its script's output, and every gpuwarden series it reads is one the exporter
-    declares (a renamed family would leave a dcgm-exporter dashboard silently empty)."""
+    """gpuwarden/mixin/dcgm-compat.rules.yml is its script's output, and every gpuwarden series it reads is one the
+    exporter declares (a renamed family would leave a dcgm-exporter dashboard silently empty)."""
     from gpuwarden.catalog import FAMILIES
 
     compat = _module("dcgm_compat")
@@ -241,19 +241,19 @@ def test_the_runbook_routing_table_lists_every_alert_as_the_rules_and_routes_hav
 
 
 def test_the_usage_records_are_those_top_reads() -> None:
-    """``top --source recorded`` (gpuwarden.cluster.usage) reads the records alerts/generate.py writes, under the same
-    names at the shipped interval, one per lost cause."""
+    """``top --source recorded`` (gpuwarden.cluster.usage) reads the records gpuwarden.mixin.rules writes, under the
+    same names at the shipped interval, one per lost cause."""
     from gpuwarden.cluster import usage
+    from gpuwarden.mixin import rules as gen
 
-    gen = _generate()
-    interval = gen.params()["usage_interval"]  # type: ignore[attr-defined]
+    interval = gen.params()["usage_interval"]
     assert interval == usage.RECORDED_INTERVAL
-    assert gen.LOST_CAUSES == usage.LOST_CAUSES  # type: ignore[attr-defined]
-    assert {k: v + interval for k, v in gen.USAGE.items()} == usage.RECORDED  # type: ignore[attr-defined]
-    assert gen.USAGE_SHARE + interval == usage.RECORDED_SHARE  # type: ignore[attr-defined]
-    assert {k: v + interval for k, v in gen.USAGE_GPU.items()} == usage.RECORDED_GPU  # type: ignore[attr-defined]
-    assert gen.USAGE_HEARTBEAT == usage.RECORDED_HEARTBEAT  # type: ignore[attr-defined]
-    assert gen.seconds(gen.USAGE_OFFSET) == usage.RECORDED_OFFSET  # type: ignore[attr-defined]
+    assert gen.LOST_CAUSES == usage.LOST_CAUSES
+    assert {k: v + interval for k, v in gen.USAGE.items()} == usage.RECORDED
+    assert gen.USAGE_SHARE + interval == usage.RECORDED_SHARE
+    assert {k: v + interval for k, v in gen.USAGE_GPU.items()} == usage.RECORDED_GPU
+    assert gen.USAGE_HEARTBEAT == usage.RECORDED_HEARTBEAT
+    assert gen.seconds(gen.USAGE_OFFSET) == usage.RECORDED_OFFSET
     records = {r["record"] for r in rules() if "record" in r}
     assert {*usage.RECORDED.values(), *usage.RECORDED_GPU.values(), usage.RECORDED_SHARE,
             usage.RECORDED_HEARTBEAT} <= records  # fmt: skip

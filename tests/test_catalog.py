@@ -114,12 +114,12 @@ def test_clock_event_groups_are_what_the_alerts_and_dashboards_match() -> None:
     from gpuwarden.catalog import CLOCK_EVENT_GROUPS, CLOCK_EVENT_REASONS, THROTTLE_REASONS, clock_event_reasons
 
     assert {n for names in CLOCK_EVENT_GROUPS.values() for n in names} <= set(CLOCK_EVENT_REASONS.values())
-    template = (Path(__file__).parent.parent / "alerts" / "rules.template.yml").read_text()
+    template = (Path(__file__).parent.parent / "gpuwarden" / "mixin" / "rules.template.yml").read_text()
     for alert, group in (("GpuThermalSlowdown", "thermal"), ("GpuHardwareSlowdown", "hardware")):
         block = template[template.index(f"alert: {alert}\n") :]
         regex = re.search(r'reason=~"([^"]+)"', block)
         assert regex and regex.group(1) == "|".join(clock_event_reasons(group)), alert
-    dashboards = Path(__file__).parent.parent / "dashboards"
+    dashboards = Path(__file__).parent.parent / "gpuwarden" / "mixin" / "dashboards"
     throttle = "|".join(THROTTLE_REASONS)
     for board in dashboards.glob("*.json"):
         for regex in re.findall(r'reason=~\\"([^"\\]+)\\"', board.read_text()):

@@ -298,7 +298,7 @@ def test_the_job_dashboard_finds_a_slurm_job_by_its_number(prom: dict) -> None:
     finds its SLUID (only node a's daemon could read the number); the box's default lists every id."""
     import httpx
 
-    board = json.loads((REPO / "dashboards" / "gpuwarden-job.json").read_text())
+    board = json.loads((REPO / "gpuwarden" / "mixin" / "dashboards" / "gpuwarden-job.json").read_text())
     [job_id] = [v for v in board["templating"]["list"] if v["name"] == "job_id"]
     query = job_id["query"]["query"] if isinstance(job_id["query"], dict) else job_id["query"]
     selector = query.removeprefix("label_values(").rsplit(",", 1)[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).parent.parent
-BOARDS = sorted((REPO / "dashboards").glob("*.json"))
+BOARDS = sorted((REPO / "gpuwarden" / "mixin" / "dashboards").glob("*.json"))
 
 
 def load(path: Path) -> dict:
@@ -140,7 +140,7 @@ def test_xids_and_clock_reasons_drawn_only_when_non_zero_or_active(path: Path) -
 
 
 def test_node_view_shows_one_node_and_its_gpus_model_processes_links_and_lost_gpus() -> None:
-    d = load(REPO / "dashboards" / "gpuwarden-node.json")
+    d = load(REPO / "gpuwarden" / "mixin" / "dashboards" / "gpuwarden-node.json")
     inst = next(v for v in d["templating"]["list"] if v["name"] == "instance")
     assert inst["multi"] is False and inst["includeAll"] is False
     exprs = " ".join(t["expr"] for p in d["panels"] for t in p["targets"])

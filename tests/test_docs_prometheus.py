@@ -187,7 +187,8 @@ def test_the_table_of_recording_rules_each_dashboard_needs_is_right() -> None:
     titles = {"fleet": "GPU fleet", "node": "GPU node", "job": "GPU job"}
     assert set(table) == set(titles.values())
     for stem, title in titles.items():
-        panels = json.loads((REPO / "dashboards" / f"gpuwarden-{stem}.json").read_text())["panels"]
+        board = REPO / "gpuwarden" / "mixin" / "dashboards" / f"gpuwarden-{stem}.json"
+        panels = json.loads(board.read_text())["panels"]
         direct = {n for p in panels for t in p["targets"] for n in re.findall(RULE, t["expr"]) if n in rules}
         closure, todo = set(), list(direct)
         while todo:

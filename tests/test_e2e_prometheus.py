@@ -1,6 +1,6 @@
 """End to end: a real Prometheus scrapes gpuwarden daemons replaying recorded traces (real ones, and derived ones
 marked ``modified`` in their headers: tests/data/make_*.py) with the shipped rules loaded, and a real Alertmanager
-with the shipped routes and inhibitions (deploy/alertmanager/alertmanager.yml) delivers to a webhook, one path per
+with the shipped routes and inhibitions (gpuwarden/mixin/alertmanager.yml) delivers to a webhook, one path per
 receiver. Every dashboard query and recording rule answers; the on-call alerts arrive where they should, once.
 
 The rules are generated with shorter ranges (alerts/generate.py parameters) and every ``for:`` cut to 5 s, group
@@ -121,7 +121,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                 if "for" in rule:  # the memory page's 2 minutes are 2 seconds, as its windows are
                     rule["for"] = "2s" if rule.get("alert") == "GpuMemoryFillingUp" else "5s"
         (tmp / "rules.yml").write_text(yaml.safe_dump(rules))
-        am = yaml.safe_load((REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+        am = yaml.safe_load((REPO / "gpuwarden" / "mixin" / "alertmanager.yml").read_text())
         am["route"]["group_wait"] = "2s"
         for route in am["route"]["routes"]:
             if "group_wait" in route:  # the chat route's (2m): long enough that every GPU's alert joins the group
@@ -175,9 +175,9 @@ def query(prom: str, expr: str) -> list[dict]:
 
 
 def dashboard_panels() -> list[tuple[str, str, list[str]]]:
-    """(dashboard, panel title, the panel's query expressions) of every panel of dashboards/*.json."""
+    """(dashboard, panel title, the panel's query expressions) of every panel of gpuwarden/mixin/dashboards/*.json."""
     out = []
-    for path in sorted((REPO / "dashboards").glob("*.json")):
+    for path in sorted((REPO / "gpuwarden" / "mixin" / "dashboards").glob("*.json")):
         for p in json.loads(path.read_text())["panels"]:
             out.append((path.stem, p["title"], [t["expr"] for t in p["targets"]]))
     return out
@@ -189,7 +189,7 @@ def promql_regex(value: str) -> str:
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:
-    """Grafana's variable substitution for the variables of dashboards/*.json."""
+    """Grafana's variable substitution for the variables of gpuwarden/mixin/dashboards/*.json."""
     expr = expr.replace("$__rate_interval", "10s").replace("$__range", "1m")
     values = {"cluster": ".*", "slurm_job_id": ".*", **values}  # "All" clusters; no Slurm job number typed
     return re.sub(r"\$(job_id|job|instance|gpu|cluster|slurm_job_id)\b", lambda m: values[m.group(1)], expr)
@@ -270,7 +270,7 @@ def test_every_dashboard_variable_has_values(stack: dict) -> None:
         value = plain[m.group(2)]
         return f'{m.group(1)}"{promql_regex(value) if m.group(1) == "=~" else value}"'
 
-    for path in sorted((REPO / "dashboards").glob("*.json")):
+    for path in sorted((REPO / "gpuwarden" / "mixin" / "dashboards").glob("*.json")):
         for v in json.loads(path.read_text())["templating"]["list"]:
             if v["type"] != "query":
                 continue

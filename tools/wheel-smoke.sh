@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the sdist and the wheel, checks them (twine), installs the wheel into a fresh virtual environment outside
-# the checkout and smoke-tests the installed command there: serve --demo, one scrape, diagnose, --version.
+# the checkout and smoke-tests the installed command there: serve --demo, one scrape, diagnose, mixin, --version.
 #   tools/wheel-smoke.sh [OUTDIR]      (run from the repository root; .ci/run calls it)
 set -euo pipefail
 out=${1:-dist}
@@ -36,5 +36,14 @@ demo=$("$work/venv/bin/python" -c 'from gpuwarden.replay import demo_trace_path;
 "$work/venv/bin/gpuwarden" top --help >/dev/null
 # the kubelet client's generated messages and its gRPC runtime come with the wheel
 "$work/venv/bin/python" -c 'from gpuwarden.kubelet.client import PodResources; PodResources().close()'
+# the rules, routes and dashboards come with the wheel, rendered for a site (promtool and amtool where installed)
+"$work/venv/bin/gpuwarden" mixin --out "$work/site" --runbook-url https://wiki.example/gpu \
+  --grafana-url https://grafana.example >/dev/null
+test -s "$work/site/grafana/dashboards/gpuwarden-node.json"
+grep -q 'runbook_url: https://wiki.example/gpu#gpulost' "$work/site/prometheus/gpuwarden.rules.yml"
+if command -v promtool >/dev/null; then
+  promtool check rules "$work/site/prometheus/gpuwarden.rules.yml" "$work/site/prometheus/dcgm-compat.rules.yml" >/dev/null
+fi
+if command -v amtool >/dev/null; then amtool check-config "$work/site/alertmanager/alertmanager.yml" >/dev/null; fi
 "$work/venv/bin/gpuwarden" --version | head -1
 echo "wheel smoke: OK"

@@ -31,7 +31,7 @@ from gpuwarden.cluster.suspects import CLOCK_EVENT_SECONDS, suspects
 if TYPE_CHECKING:
     from gpuwarden.cluster.usage import Accounting, Cluster, GpuKey
 
-#: XIDs that take a GPU out of service (the alert rules' xid_critical, alerts/params.yml).
+#: XIDs that take a GPU out of service (the alert rules' xid_critical, gpuwarden/mixin/params.yml).
 XID_CRITICAL = re.compile(r"^(48|62|64|74|79|95|119|120|140)$")
 #: PCIe replays over the range that make a GPU worth watching (a marginal link: signal integrity, a riser).
 REPLAYS = 100

@@ -182,7 +182,7 @@ ATTRIBUTION_SECONDS = 15.0
 MAX_ATTRIBUTION_STEPS = 5760
 
 
-#: The usage records (alerts/gpuwarden.rules.yml, group gpuwarden.usage; alerts/generate.py names them) at their
+#: The usage records (alerts/gpuwarden.rules.yml, group gpuwarden.usage; gpuwarden.mixin.rules names them) at their
 #: shipped interval, which ``recorded_jobs`` sums: a rule file generated with another ``usage_interval`` names them
 #: by it, and ``top --source raw`` does without them.
 RECORDED_INTERVAL = "1m"
@@ -206,7 +206,7 @@ RECORDED_GPU = {
 RECORDED_HEARTBEAT = "instance:gpu_usage_recorded:count"
 #: The records cover a range when they exist within its first this many seconds.
 RECORDED_CHECK = 300
-#: Each record covers the interval that ended this many seconds before its evaluation (alerts/generate.py,
+#: Each record covers the interval that ended this many seconds before its evaluation (gpuwarden.mixin.rules,
 #: USAGE_OFFSET: the scrapes of the interval are all written by then).
 RECORDED_OFFSET = 15
 
@@ -436,7 +436,7 @@ class Accounting:
     def recorded_jobs(self) -> dict[JobKey, Usage]:
         """``jobs()`` from the usage records (``recorded`` says whether they cover the range): every job that held a
         GPU in the range, each figure the sum over the range of the records of its nodes, one sample a node and
-        record interval (what the records are: alerts/generate.py, usage_records). Within about 1% of ``jobs()``
+        record interval (what the records are: gpuwarden.mixin.rules.usage_records). Within about 1% of ``jobs()``
         over hours: the records cover whole intervals (1 minute), so the range's ends are those of the intervals
         nearest them (a GPU held across an end counts up to an interval more or less there), a GPU that changed
         hands within an interval is split by its scrapes there, an evaluation Prometheus missed is a gap, and the

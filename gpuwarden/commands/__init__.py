@@ -54,6 +54,10 @@ COMMANDS: dict[str, Command] = {
         "take the nodes of GPUs that need service out of Slurm or Kubernetes, put them back once clean (from "
         "Prometheus; dry run by default)",
     ),
+    "mixin": Command(
+        "gpuwarden.commands.mixin",
+        "write the Prometheus rules, Alertmanager routes and Grafana dashboards with your runbook and Grafana URLs",
+    ),
     "collectors": Command("gpuwarden.commands.collectors", "list collectors and their default state"),
     "record": Command("gpuwarden.commands.record", "record a trace of raw NVML readings (JSON Lines)"),
 }
