@@ -319,15 +319,11 @@ def test_probe_paths_exist_in_the_app() -> None:
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
-    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
-    out = []
-    for line in joined.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped (dockerfile-parse)."""
+    from dockerfile_parse import DockerfileParser
+
+    parsed = DockerfileParser(path=str(DOCKERFILE), cache_content=True).structure
+    return [(i["instruction"], i["value"]) for i in parsed if i["instruction"] != "COMMENT"]
 
 
 def final_stage() -> list[tuple[str, str]]:
@@ -347,6 +343,45 @@ def test_dockerfile_final_image() -> None:
     # USER comes after every RUN: nothing runs as root at run time.
     words = [w for w, _ in stage]
     assert max(i for i, w in enumerate(words) if w == "RUN") < words.index("USER")
+
+
+def test_the_image_listens_where_a_published_port_reaches_it_the_demo_too(monkeypatch) -> None:  # noqa: ANN001
+    """``docker run -p 10400:10400 IMAGE --demo`` answers: the image's environment gives the daemon every interface of
+    the container's namespace, which the demo (loopback by default) takes as an address it was given."""
+    from dockerfile_parse import DockerfileParser
+
+    from gpuwarden.config import load_config
+
+    envs = DockerfileParser(path=str(DOCKERFILE), cache_content=True).envs  # the final stage's
+    assert envs["GPUWARDEN_LISTEN_ADDRESS"] == f"0.0.0.0:{DEFAULT_PORT}"
+    assert load_config(overrides={"demo": True}).listen_address == f"127.0.0.1:{DEFAULT_PORT}"  # outside
+    monkeypatch.setenv("GPUWARDEN_LISTEN_ADDRESS", envs["GPUWARDEN_LISTEN_ADDRESS"])
+    assert load_config(overrides={"demo": True}).listen_address == f"0.0.0.0:{DEFAULT_PORT}"
+    assert load_config(overrides={"demo": True, "listen_address": ":9"}).listen_address == ":9"  # a flag wins
+
+
+def test_the_image_installs_the_locked_dependencies_by_hash() -> None:
+    """requirements.lock pins every runtime dependency of pyproject.toml (and theirs) to one version within its range,
+    with hashes; the image installs it with --require-hashes, then gpuwarden's wheel without resolving more."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from pip_requirements_parser import RequirementsFile
+
+    lock = RequirementsFile.from_file(str(ROOT / "requirements.lock"))
+    assert not lock.invalid_lines and lock.requirements
+    pinned: dict[str, str] = {}
+    for req in lock.requirements:
+        assert req.is_pinned and req.hash_options, req.dumps()[:120]
+        assert all(h.startswith("sha256:") for h in req.hash_options)
+        pinned[canonicalize_name(req.name)] = next(iter(req.specifier)).version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for dep in map(Requirement, project["dependencies"]):
+        name = canonicalize_name(dep.name)
+        assert name in pinned, f"{dep.name} is not in requirements.lock: regenerate it (docs/deploy.md)"
+        assert dep.specifier.contains(pinned[name]), (dep, pinned[name])
+    [install] = [arg for word, arg in final_stage() if word == "RUN" and "requirements.lock" in arg]
+    assert "--require-hashes -r /tmp/requirements.lock" in install and "--no-deps /wheels/" in install
+    assert ("COPY", "requirements.lock /tmp/requirements.lock") in final_stage()
 
 
 def test_dockerfile_copies_what_the_build_needs() -> None:

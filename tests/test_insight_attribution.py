@@ -175,3 +175,19 @@ def test_the_gpus_job_is_a_working_process_not_memory_an_exited_one_left() -> No
         gpu = GpuReading(index=0, uuid="GPU-a", timestamp=1.0, processes=procs)
         _, primary = an._process_jobs([gpu], {})
         assert primary["GPU-a"].job == job, ([p.pid for p in procs], primary["GPU-a"])
+
+
+def test_a_job_keyed_by_its_sluid_carries_the_slurm_job_number_users_type() -> None:
+    """Slurm 26.05 keys a job's cgroup by its SLUID; the node's job row also carries the numeric id (SLURM_JOB_ID of
+    its processes), which the node page shows beside it."""
+    from conftest import trace
+
+    _, _, results = run_trace(trace("derived-h200x2-slurm-4242-a"))
+    jobs = {(j.job_kind, j.job): j for j in results[-1].jobs}
+    assert jobs[("slurm", "sEKNKTV3WPV500")].slurm_job_id == "4242"
+    assert all(j.slurm_job_id == "" for k, j in jobs.items() if k[0] != "slurm")
+
+
+def test_a_job_of_no_slurm_process_has_no_slurm_job_number() -> None:
+    _, _, results = run_trace(DDP) if DDP.exists() else run_trace(h100("held_idle"))
+    assert results[-1].jobs and all(j.slurm_job_id == "" for j in results[-1].jobs)

@@ -152,6 +152,24 @@ def test_page_shows_every_gpu_verdict_readings_and_strip() -> None:
 
 @pytest.mark.e2e
 @needs_chromium
+def test_the_jobs_table_says_what_its_columns_hold_and_the_slurm_job_number() -> None:
+    """GPU indices and PIDs under headers that say so (not counts), and a job keyed by its SLUID with the number users
+    type beside it."""
+    with daemon("--replay", str(trace("derived-h200x2-slurm-4242-a"))) as url:
+        _wait_verdicts(url, 2)
+        jobs = httpx.get(url + "/api/v1/diagnosis", timeout=5).json()["jobs"]
+        dom = _dom(url + "/")
+    sluid = next(j for j in jobs if j["job"] == "sEKNKTV3WPV500")
+    heads = [t for tag, _, t in dom.find() if tag == "th"]
+    assert heads[:5] == ["job", "kind", "GPU indices", "PIDs", "imbalance"], heads
+    rows = [t for tag, _, t in dom.find() if tag == "tr"][1:]
+    [row] = [r for r in rows if "sEKNKTV3WPV500" in r]
+    assert "sEKNKTV3WPV500 (Slurm job 4242)" in row, row
+    assert ", ".join(map(str, sluid["pids"])) in row and ", ".join(map(str, sluid["gpus"])) in row, row
+
+
+@pytest.mark.e2e
+@needs_chromium
 def test_page_of_the_demo() -> None:
     """The screenshot of the page with the demo running (the README's first command)."""
     with daemon("--demo") as url:

@@ -89,10 +89,13 @@ def _jobs(windows: _Windows, processes: list[ProcessJob]) -> tuple[list[JobInsig
         by_job.setdefault((ref.kind, ref.job), []).append(uuid)
     mem: dict[tuple[str, str], int] = {}
     pids: dict[tuple[str, str], set[int]] = {}
+    slurm: dict[tuple[str, str], str] = {}
     for p in processes:
         key = (p.job_kind, p.job)
         mem[key] = mem.get(key, 0) + (p.gpu_memory_bytes or 0)
         pids.setdefault(key, set()).add(p.pid)
+        if p.slurm_job_id and not slurm.get(key):
+            slurm[key] = p.slurm_job_id
     jobs: list[JobInsight] = []
     shortfall: dict[str, float] = {}
     for key in sorted(mem, key=lambda k: (-mem[k], k))[:MAX_JOBS]:
@@ -108,6 +111,7 @@ def _jobs(windows: _Windows, processes: list[ProcessJob]) -> tuple[list[JobInsig
                 job_kind=key[0],
                 gpus=[windows.index[u] for u in uuids],
                 pids=sorted(pids[key]),
+                slurm_job_id=slurm.get(key, ""),
                 imbalance_ratio=imbalance(act[0]) if act else None,
                 activity_source=act[1] if act else None,
             )

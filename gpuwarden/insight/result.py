@@ -124,8 +124,13 @@ class JobInsight(_Frozen):
 
     job: str
     job_kind: str
-    gpus: list[int]
-    pids: list[int]
+    gpus: list[int] = Field(description="the indices of the GPUs where the job holds the most memory")
+    pids: list[int] = Field(description="the process ids of its processes on this node's GPUs")
+    slurm_job_id: str = Field(
+        default="",
+        description="the numeric Slurm job id users type (squeue, scancel): of a job keyed by its SLUID, its "
+        "processes' SLURM_JOB_ID where an environment was readable; '' when unknown or not a Slurm job",
+    )
     imbalance_ratio: float | None = None
     activity_source: str | None = None
 

@@ -154,7 +154,9 @@ async function refresh() {
   const jobs = (diagnosis && diagnosis.jobs) || [];
   document.getElementById("jobs-section").hidden = jobs.length === 0;
   document.querySelector("#jobs tbody").replaceChildren(...jobs.map((j) => el("tr", {},
-    el("td", {}, j.job), el("td", {}, j.job_kind), el("td", {}, j.gpus.join(", ")),
+    // a Slurm job keyed by its SLUID (Slurm 26.05+ cgroups) also shows the number users type (squeue, scancel)
+    el("td", {}, j.job, j.slurm_job_id && j.slurm_job_id !== j.job ? ` (Slurm job ${j.slurm_job_id})` : ""),
+    el("td", {}, j.job_kind), el("td", {}, j.gpus.join(", ")),
     el("td", {}, j.pids.join(", ")),
     el("td", {}, j.imbalance_ratio == null ? "- (one GPU)" : j.imbalance_ratio.toFixed(2)))));
 }
