@@ -164,7 +164,8 @@ class Config(BaseModel):
         default=False,
         description="with kubelet_socket, map DRA devices (NVIDIA's DRA driver, gpu.nvidia.com) to GPUs by the UUID "
         "this node's ResourceSlices give them, read from the Kubernetes API with the pod's service account (needs "
-        "list on resourceslices: deploy/kubernetes/dra-rbac.yaml); off: by the driver's gpu-N names, N the NVML index",
+        "list on resourceslices: the dra component of deploy/kubernetes/components); off: by the driver's gpu-N "
+        "names, N the NVML index",
     )
     job_mapping_dir: Path | None = Field(
         default=None,

@@ -418,9 +418,9 @@ def test_dockerignore_keeps_the_build_context_to_what_the_image_copies() -> None
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_the_optional_manifests_validate_and_bind_the_daemonsets_account(kv, version: str) -> None:  # noqa: ANN001
-    """deploy/kubernetes/optional/: each document valid for each Kubernetes version; the DRA RBAC grants list on
-    resourceslices to the DaemonSet's service account in its namespace."""
+def test_the_optional_manifests_validate_and_bind_their_accounts(kv, version: str) -> None:  # noqa: ANN001
+    """deploy/kubernetes/optional/: each document valid for each Kubernetes version; the drain CronJob's role bound
+    to its own account (the DaemonSet's DRA role: tests/test_deploy_components.py)."""
     docs = [d for p in sorted((K8S / "optional").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
     for doc in docs:
         kv.validate(doc, version, strict=True)
@@ -428,14 +428,7 @@ def test_the_optional_manifests_validate_and_bind_the_daemonsets_account(kv, ver
     def named(kind: str, name: str) -> dict:
         return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
 
-    role = named("ClusterRole", "gpuwarden-resourceslices")
-    assert role["rules"] == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}]
-    binding = named("ClusterRoleBinding", "gpuwarden-resourceslices")
-    ds = one("DaemonSet")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    account = ds["spec"]["template"]["spec"]["serviceAccountName"]
     namespace = kustomization()["namespace"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
     # the drain CronJob: exactly the writes gpuwarden.cluster.kube makes, to its own account, a dry run as shipped
     role = named("ClusterRole", "gpuwarden-drain")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "update"]},

@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 REPO = Path(__file__).parent.parent
-SCRIPT = REPO / "deploy" / "kubernetes" / "make_prometheusrule.py"
+SCRIPT = REPO / "deploy" / "kubernetes" / "generate.py"
 MANIFEST = REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"
 
 
 def _module():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("make_prometheusrule", SCRIPT)
+    spec = importlib.util.spec_from_file_location("generate", SCRIPT)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -23,7 +23,7 @@ def _module():  # noqa: ANN202
 
 
 def test_prometheusrule_is_generated_from_alerts() -> None:
-    assert MANIFEST.read_text() == _module().render(), "run python3 deploy/kubernetes/make_prometheusrule.py"
+    assert MANIFEST.read_text() == _module().render(), "run python3 deploy/kubernetes/generate.py"
 
 
 def test_prometheusrule_groups_equal_the_rule_file() -> None:
@@ -40,3 +40,10 @@ def test_prometheusrule_spec_passes_promtool(promtool: str, tmp_path: Path) -> N
     res = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_dashboards_configmap_is_generated_from_the_dashboards() -> None:
+    path = REPO / "deploy" / "kubernetes" / "components" / "grafana-dashboards" / "dashboards.yaml"
+    assert path.read_text() == _module().render_dashboards(), "run python3 deploy/kubernetes/generate.py"
+    data = yaml.safe_load(path.read_text())["data"]
+    assert sorted(data) == ["gpuwarden-fleet.json", "gpuwarden-job.json", "gpuwarden-node.json"]

@@ -8,7 +8,7 @@ from the last answer of ``GET /apis/resource.k8s.io/{v1,v1beta2,v1beta1}/resourc
 ``spec.nodeName`` and ``spec.driver`` (the first version the server serves), asked in the background every
 ``refresh_seconds``: the poll never waits on the API server. In-cluster only: the service account's token and CA
 (``/var/run/secrets/kubernetes.io/serviceaccount``) and ``KUBERNETES_SERVICE_HOST``/``_PORT``; the account needs
-``list`` on ``resourceslices`` (deploy/kubernetes/dra-rbac.yaml).
+``list`` on ``resourceslices`` (the dra component of deploy/kubernetes/components).
 """
 
 from __future__ import annotations
