@@ -1,4 +1,4 @@
-"""deploy/gpuwarden.example.yml is what gpuwarden.config_example writes from Config: every key, with its default."""
+"""deploy/gpuwarden.example.yml is what gpuwarden.config.example writes from Config: every key, with its default."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import yaml
 from helpers import REPO
 
 from gpuwarden.config import Config, load_config
-from gpuwarden.config_example import HEADER, example
+from gpuwarden.config.example import HEADER, example
 
 EXAMPLE = REPO / "deploy" / "gpuwarden.example.yml"
 
@@ -25,7 +25,7 @@ def _keys(model: type, prefix: str = "") -> set[str]:
 
 
 def test_the_committed_example_is_the_generated_one() -> None:
-    assert EXAMPLE.read_text() == HEADER + example(), "run: python3 -m gpuwarden.config_example > " + str(EXAMPLE)
+    assert EXAMPLE.read_text() == HEADER + example(), "run: python3 -m gpuwarden.config.example > " + str(EXAMPLE)
 
 
 def test_the_example_names_every_key_and_loads_to_the_defaults() -> None:

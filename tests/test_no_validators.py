@@ -1,7 +1,7 @@
-"""A serving daemon builds no pydantic validator: the models defer their schemas (``defer_build``) and the NVML
-layer, the kubelet client and the insight analysis make them without validation (``model_construct``), so that
-pydantic's schema machinery (about 5 MiB a daemon would keep for its life) is loaded only when a JSON route, a page,
-a reply of the API reference or a trace's input asks for it. Run in a child interpreter: the models of this one
+"""A serving daemon builds no pydantic validator beyond its configuration's: the models defer their schemas
+(``defer_build``) and the NVML layer, the kubelet client and the insight analysis make them without validation
+(``model_construct``), so that the readings' validators are built only when a JSON route, a page, a reply of the API
+reference or a trace's input asks for it. Run in a child interpreter: the models of this one
 are built by other tests."""
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def built():
 mp = pytest.MonkeyPatch()
 from pathlib import Path
 fake = FakeNvml(Path({trace!r})).install(mp)
-before = built()  # what reading the recording itself validated
-from gpuwarden.config import load_config_apart
+from gpuwarden.config import load_config
+cfg = load_config(None, {{}})  # the configuration is an edge: validated, by pydantic-settings
+before = built()  # what reading the recording itself and the configuration validated
 from gpuwarden.daemon import build_analyzers
 from gpuwarden.nvml import NvmlSource
 from gpuwarden.poller import Poller
@@ -42,7 +43,7 @@ from gpuwarden.catalog import select_collectors
 from gpuwarden.exposition import Exposition
 from gpuwarden.web.app import readiness
 source = NvmlSource(xid_events=True, processes=True)
-poller = Poller(source, 0.05, analyzers=build_analyzers(load_config_apart(None, {{}})), notifier=Notifier({{}}))
+poller = Poller(source, 0.05, analyzers=build_analyzers(cfg), notifier=Notifier({{}}))
 poller.start(thread=False)
 expo = Exposition(poller, select_collectors(), CollectOptions())
 fake.inject_xid(0, 79)
@@ -59,9 +60,10 @@ print(json.dumps({{"new": sorted(built() - before), "before": sorted(before), "x
 
 
 def test_polls_renders_and_readiness_build_no_validator() -> None:
-    """The configuration as ``gpuwarden serve`` loads it (from its child), then six polls of a 2-GPU NVLink recording
-    through the fake NVML (static facts, NVLink fabric, an XID event, processes), each rendered, and /readyz's answer:
-    no model of the daemon's has had its validator built beyond what reading the recording for the fake validated."""
+    """The configuration as ``gpuwarden serve`` loads it (validated: an edge), then six polls of a 2-GPU NVLink
+    recording through the fake NVML (static facts, NVLink fabric, an XID event, processes), each rendered, and
+    /readyz's answer: no model of the daemon's has had its validator built beyond what reading the recording for the
+    fake and the configuration validated."""
     script = _SCRIPT.format(tests=str(Path(__file__).parent), trace=str(trace("h200x2-nvlink")))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]

@@ -144,12 +144,11 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def load(args: argparse.Namespace) -> Config:
-    """Return the configuration: ``--config`` FILE (if given) under the environment and the flags' overrides, loaded
-    in a child interpreter (gpuwarden.config.load_config_apart: pydantic-settings stays out of the daemon); raises
-    ConfigError."""
-    from gpuwarden.config import load_config_apart
+    """Return the configuration: ``--config`` FILE (if given) under the environment and the flags' overrides
+    (gpuwarden.config.load_config); raises ConfigError."""
+    from gpuwarden.config import load_config
 
-    return load_config_apart(Path(args.config) if args.config else None, overrides(args))
+    return load_config(Path(args.config) if args.config else None, overrides(args))
 
 
 def _node_name_problem(cfg: Any) -> str | None:

@@ -3,21 +3,12 @@
 Precedence (highest first): command-line flags, ``GPUWARDEN_*`` environment variables (nested keys with ``__``,
 e.g. ``GPUWARDEN_PROCESSES__MAX_PER_GPU``), the YAML file given by ``--config.file``, the defaults. Unknown keys,
 unknown ``GPUWARDEN_*`` variables and bad values are refused with one line naming the key (``ConfigError``).
-
-pydantic-settings and its sources hold about 5 MiB once imported, which a daemon would keep for its whole life to
-use at start and on a reload. ``gpuwarden serve`` loads its configuration through ``load_config_apart``
-(gpuwarden.config) instead: this module's ``main`` runs in a child interpreter (``python -m
-gpuwarden.config_child``), reads ``{"path": ..., "overrides": ...}`` on standard input and writes the Config's
-JSON (the keys that were set) on standard output, or the one-line error on standard error with exit status 2.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import re
-import sys
 from contextvars import ContextVar
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -34,7 +25,8 @@ from pydantic_settings import (
 )
 
 from gpuwarden.catalog import select_collectors
-from gpuwarden.config import DEFAULT_PORT, Config, ConfigError, read_yaml
+from gpuwarden.config.files import read_yaml
+from gpuwarden.config.model import DEFAULT_PORT, Config, ConfigError
 
 #: The YAML file of the Config being loaded (set by load_config for the duration of one load).
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("gpuwarden_config_file", default=None)
@@ -187,23 +179,3 @@ def _one_line(exc: ValidationError, path: Path | None, overrides: dict[str, Any]
     text = text[:60] + "..." if len(text) > 60 else text
     shown = f" (got {text})" if isinstance(value, str | int | float | bool) else ""
     return f"{prefix}{key}: {err['msg']}{shown}"
-
-
-def main() -> int:
-    """The child interpreter of ``load_config_apart``: read ``{"path": str | null, "overrides": {...}}`` on standard
-    input, write the Config pickled (its keys set with it; gpuwarden.config.read_config_pickle) on standard output
-    and return 0, or write the one-line error on standard error and return 2."""
-    try:
-        asked = json.loads(sys.stdin.read())
-        path = asked.get("path")
-        cfg = load_config(Path(path) if path is not None else None, asked.get("overrides") or {})
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    sys.stdout.buffer.write(pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))  # read_config_pickle reads it
-    sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,14 +1,8 @@
-"""The validated configuration: a YAML file, overridden by environment variables, overridden by flags.
-
-Precedence (highest first): command-line flags, ``GPUWARDEN_*`` environment variables (nested keys with
-``__``, e.g. ``GPUWARDEN_PROCESSES__MAX_PER_GPU``), the YAML file given by ``--config.file``, the defaults.
-Unknown keys and bad values are refused with one line naming the key (``ConfigError``).
-"""
+"""The configuration's model: every key ``gpuwarden serve`` reads, its default, its bounds and what it means
+(gpuwarden.config.load fills it from a file, the environment and the flags)."""
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,7 +69,7 @@ class InsightConfig(BaseModel):
 
 class Config(BaseModel):
     """Everything ``gpuwarden serve`` can be told; see README's configuration reference. Built from the file, the
-    environment and the flags by ``load_config`` (gpuwarden.config_load, through pydantic-settings); ``Config()`` is
+    environment and the flags by ``load_config`` (gpuwarden.config.load, through pydantic-settings); ``Config()`` is
     the defaults."""
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
@@ -216,162 +210,3 @@ class Config(BaseModel):
     def stale_after(self) -> float:
         """Seconds after which the last poll is stale: stale_after_seconds, else max(3 polls, 5 s)."""
         return self.stale_after_seconds or max(3 * self.poll_interval_seconds, 5.0)
-
-
-#: A configuration or web config file larger than this is refused (they are a few hundred bytes).
-MAX_CONFIG_BYTES = 1 << 20
-
-
-def open_regular(path: Path | str) -> int | None:
-    """Open ``path`` for reading without blocking and return its descriptor, or None (closed) when it is not a
-    regular file: a FIFO would block a plain open until a writer comes, and a read for ever; a device such as
-    /dev/zero never ends. Raises OSError when it cannot be opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        return fd
-    os.close(fd)
-    return None
-
-
-def read_small_file(path: Path, limit: int, error: type[Exception]) -> str:
-    """Return the UTF-8 text of the regular file ``path`` of at most ``limit`` bytes.
-
-    Raises ``error`` (one line) for a file that cannot be read, is not a regular file (``open_regular``), is larger
-    than ``limit`` or is not UTF-8.
-    """
-    try:
-        fd = open_regular(path)
-        if fd is None:
-            raise error(f"{path}: not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if len(data) > limit:
-        raise error(f"{path}: larger than {limit} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from exc
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Return the mapping in the YAML file ``path``. Raises ConfigError (unreadable, invalid, not a mapping)."""
-    from gpuwarden.config_yaml import parse_yaml  # PyYAML only where a file is read: off a serving daemon's path
-
-    data = parse_yaml(read_small_file(path, MAX_CONFIG_BYTES, ConfigError), path)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
-    _check_keys(path, data)
-    return data
-
-
-def _check_keys(path: Path, data: Any) -> None:
-    """Raise ConfigError when a mapping in ``data`` has a key that is not text (YAML allows ``1:`` or ``null:``).
-
-    Walks iteratively and visits each container once: YAML anchors can make ``data`` refer to itself.
-    """
-    seen: set[int] = set()
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if not isinstance(item, dict | list) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if not isinstance(key, str):
-                    raise ConfigError(f"{path}: every key must be text, found {key!r}")
-                stack.append(value)
-        else:
-            stack.extend(item)
-
-
-def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Return the Config from the YAML file ``path`` (optional), the ``GPUWARDEN_*`` environment and ``overrides``
-    (the flags' keys), in this process (gpuwarden.config_load, through pydantic-settings).
-
-    Raises ConfigError with one line such as ``poll_interval_seconds: Input should be greater than or equal to
-    0.05`` or ``unknown key 'pol_interval'``; collector names are checked against the registry.
-    """
-    from gpuwarden.config_load import load_config as load
-
-    return load(path, overrides)
-
-
-#: Seconds a child interpreter may take to load the configuration (it reads one small file).
-LOAD_TIMEOUT = 60.0
-
-
-def load_config_apart(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """``load_config`` run in a child interpreter (``python -m gpuwarden.config_child``: gpuwarden.config_load, marked
-    to be killed first under memory pressure), so that the process asking, a daemon that serves for months, never
-    imports pydantic-settings; the child inherits the environment.
-
-    Returns the same Config as ``load_config`` (the keys set are the same), as the child validated it: the child
-    hands it over pickled (``read_config_pickle``), so that the daemon builds no pydantic validator of its own (the
-    schemas and pydantic's schema machinery: about 5 MiB a serving daemon would keep for its life). Raises
-    ConfigError: the child's one line for a bad configuration, or one line saying the child failed (could not start,
-    timed out after LOAD_TIMEOUT, died, or wrote no Config).
-    """
-    import json
-    import subprocess
-    import sys
-
-    if not sys.executable:  # an embedding interpreter cannot start a child: load here
-        return load_config(path, overrides)
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parent.parent)  # this very gpuwarden, installed or not
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    asked = json.dumps({"path": None if path is None else str(path), "overrides": overrides or {}}, default=str)
-    try:
-        done = subprocess.run(  # noqa: S603 - this interpreter, a fixed module, no shell
-            [sys.executable, "-m", "gpuwarden.config_child"],  # gpuwarden.config_load, first to go on OOM
-            input=asked.encode(),
-            capture_output=True,
-            env=env,
-            timeout=LOAD_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"the configuration loader did not run: {exc}") from exc
-    err = done.stderr.decode("utf-8", "replace").strip()
-    if done.returncode == 2 and err:
-        raise ConfigError(err.splitlines()[-1])
-    if done.returncode != 0:
-        last = err.splitlines()[-1] if err else f"exit status {done.returncode}"
-        raise ConfigError(f"the configuration loader failed: {last}")
-    return read_config_pickle(done.stdout)
-
-
-#: What a pickled Config may name (gpuwarden.config_load's output): its models and the paths of its fields.
-_PICKLED = {
-    "gpuwarden.config": frozenset(
-        {"Config", "ProcessesConfig", "CollectorsConfig", "CodeEvidenceConfig", "InsightConfig"}
-    ),
-    "pathlib": frozenset({"PosixPath", "PurePosixPath", "Path"}),
-}
-
-
-def read_config_pickle(data: bytes) -> Config:
-    """The Config pickled by the configuration loader's child (gpuwarden.config_load.main). The unpickler finds
-    only the Config models and pathlib's paths (``_PICKLED``): anything else the bytes name, or bytes that are no
-    pickle of a Config, raise ConfigError with one line, before any of it is made."""
-    import io
-    import pickle
-
-    class _Only(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            if name not in _PICKLED.get(module, ()):
-                raise pickle.UnpicklingError(f"{module}.{name} is no part of a configuration")
-            return super().find_class(module, name)
-
-    try:
-        cfg = _Only(io.BytesIO(data)).load()
-    except Exception as exc:  # noqa: BLE001 - pickle raises many kinds of error for bad bytes: each is one line here
-        raise ConfigError(f"the configuration loader wrote no configuration: {exc}") from exc
-    if not isinstance(cfg, Config):
-        raise ConfigError(f"the configuration loader wrote no configuration: a {type(cfg).__name__}")
-    return cfg

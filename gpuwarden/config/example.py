@@ -9,11 +9,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from gpuwarden.config import Config
+from gpuwarden.config.model import Config
 
 HEADER = """\
 # gpuwarden configuration: every key with its default (written from gpuwarden.config.Config by
-# `python3 -m gpuwarden.config_example`). Validate with: gpuwarden check-config FILE
+# `python3 -m gpuwarden.config.example`). Validate with: gpuwarden check-config FILE
 # Environment variables GPUWARDEN_<KEY> (nested: GPUWARDEN_PROCESSES__MAX_PER_GPU) override this file;
 # command-line flags override both. SIGHUP re-reads it. A key without a default is shown commented out.
 """
