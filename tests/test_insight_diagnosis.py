@@ -6,7 +6,7 @@ import pytest
 from test_insight_helpers import DDP, h100, run, run_trace
 
 from gpuwarden.insight.diagnosis import diagnose
-from gpuwarden.insight.gpu_window import GpuWindow
+from gpuwarden.insight.gpu_window import GpuWindow, replaced
 from gpuwarden.insight.reasons import REASONS, REMEDIES, SEVERITY
 from gpuwarden.trace import read_trace
 
@@ -282,8 +282,10 @@ def test_host_work_on_the_gpus_output_is_host_compute_bound(idle: float, cores: 
 @pytest.mark.parametrize(
     ("idle", "cores", "rx", "tx", "paused", "expected"),
     [
-        (0.6, 4.0, 3.0e9, 0.05e9, 0.0, "input_starved"),  # a loader: input flows in, little comes out
-        (0.6, 4.0, 3.0e9, 2.5e9, 0.0, "input_starved"),  # more in than out: input
+        # a loader: input flows in, little comes out (the loader recordings: 0.03-0.32 GB/s in; at several GB/s an idle
+        # second the copies themselves fill the idle time: h2d_copy_bound, test_copies_beside_compute_...)
+        (0.6, 4.0, 0.3e9, 0.05e9, 0.0, "input_starved"),
+        (0.6, 4.0, 0.3e9, 0.25e9, 0.0, "input_starved"),  # more in than out: input
         (0.6, 4.0, 0.01e9, 0.05e9, 0.0, "input_starved"),  # out > in but a trickle: the direction says nothing
         (0.6, 4.0, None, None, 0.0, "input_starved"),  # no GPM (pre-Hopper): cannot tell, the input rule stands
         (0.7, 0.02, 0.2e9, 0.4e9, 0.7, "job_paused"),  # the job's CPU idles too: a pause, whatever the copies
@@ -294,6 +296,27 @@ def test_without_more_out_than_in_the_input_rule_stands(
 ) -> None:
     d = diagnose(_host_side(idle, cores, rx, tx, paused))
     assert d is not None and d.verdict == expected, d
+
+
+@pytest.mark.parametrize(
+    ("idle", "sm", "rx", "expected"),
+    [
+        (0.5, 0.35, 4.0e9, "h2d_copy_bound"),  # pageable copies between steps: 8 GB/s an idle second
+        (0.3, 0.58, 2.4e9, "h2d_copy_bound"),  # the same with longer steps between them
+        (0.6, 0.30, 1.2e9, "input_starved"),  # 2.0 GB/s an idle second: under 2 GiB/s, input
+        (0.5, 0.35, 0.9e9, "input_starved"),  # under 1 GiB/s in all: input, whatever the idle share
+        (0.2, 0.70, 2.0e9, "compute_bound"),  # idle under a quarter of the time: the GPU mostly works
+    ],
+)
+def test_copies_beside_compute_are_h2d_copy_bound_whatever_the_sms_do_between_them(
+    idle: float, sm: float, rx: float, expected: str
+) -> None:
+    """At a quarter of the time idle or more, PCIe RX per idle second >= 2 GiB/s (the copy_compute recordings: 7.8-8.4
+    GB/s; loaders 0.03-0.47) makes the verdict h2d_copy_bound, with SMs active between the copies."""
+    d = diagnose(replaced(_host_side(idle, 1.0, rx, 0.05 * rx), "sm", sm))
+    assert d is not None and d.verdict == expected, d
+    if expected == "h2d_copy_bound":
+        assert "copies fill the idle time" in d.summary and "pin_memory" in d.remedies[0]
 
 
 def _idle_job(**over: object) -> GpuWindow:

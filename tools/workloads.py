@@ -54,6 +54,11 @@ SCENARIOS = {
     " the GPU a few percent busy with short requests",
     "eval_metrics": "training steps for --busy seconds, then an evaluation: predictions of --size rows copied to the"
     " host and ranking metrics computed there in NumPy for about --pause seconds while the GPU idles",
+    "copy_compute": "each step a --size MiB batch copied from pageable host memory to the GPU (blocking: the CPU"
+    " stages it, the GPU waits), then --busy seconds of bf16 products: copies beside compute",
+    "pinned_copy_compute": "as copy_compute, the batch in pinned memory (a faster blocking copy, the GPU still waits)",
+    "overlapped_copy_compute": "as pinned_copy_compute, each next batch copied on a side stream (non_blocking) under"
+    " this step's products: the remedy, copies hidden behind compute",
 }
 
 
@@ -399,6 +404,45 @@ def eval_metrics(dev: object, end: float, busy: float, pause: float, size: int) 
     return steps
 
 
+def copy_compute(dev: object, end: float, busy: float, size: int, mode: str) -> int:
+    """Each step: a ``size`` MiB bf16 batch on the host copied to the GPU, then bf16 products of 8192-square matrices
+    for ``busy`` seconds (synchronised every ten). ``mode`` ``pageable``: a blocking copy from pageable memory (the
+    driver stages it through a pinned buffer: a core copies, the GPU idles); ``pinned``: a blocking copy from pinned
+    memory (DMA at the link's rate, the GPU idles); ``overlapped``: pinned, the next batch copied on a side stream
+    with ``non_blocking`` while this step computes (the GPU waits only where a copy outlasts the step). Clock:
+    ``copy``, ``gpu``."""
+    import torch
+
+    host = torch.full((size * 1024 * 1024 // 2,), 0.5, dtype=torch.bfloat16)  # made in a second, even 4 GiB
+    if mode != "pageable":
+        host = host.pin_memory()
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) / 90.0
+    side = torch.cuda.Stream(dev) if mode == "overlapped" else None
+    batch = host.to(dev)
+    steps = 0
+    while time.time() < end:
+        CLOCK.to("copy")
+        if side is None:
+            batch = host.to(dev)
+            _sync(torch)
+        else:
+            torch.cuda.current_stream(dev).wait_stream(side)  # the batch copied under the last step
+            nxt = torch.empty_like(batch)
+            with torch.cuda.stream(side):
+                nxt.copy_(host, non_blocking=True)
+        CLOCK.to("gpu")
+        phase = time.time() + busy
+        x = a + batch[0] * 0  # this step computes on its batch
+        while time.time() < phase:
+            for _ in range(10):
+                x = (x @ a).clamp_(-1, 1)
+            _sync(torch)
+        if side is not None:
+            batch = nxt
+        steps += 1
+    return steps
+
+
 def build_model(seconds: float) -> None:
     """A job's start-up after its CUDA context exists: the model built and initialised on the CPU (one thread) for
     ``seconds``, the GPU idle, as imports, model construction and checkpoint loading are."""
@@ -591,6 +635,8 @@ def run(a: argparse.Namespace) -> int:
         return service(dev, end, a.busy, a.pause, a.size or 4096)
     if s == "eval_metrics":
         return eval_metrics(dev, end, a.busy, a.pause, a.size or 16384)
+    if s in ("copy_compute", "pinned_copy_compute", "overlapped_copy_compute"):
+        return copy_compute(dev, end, a.busy, a.size or 1024, s.removesuffix("copy_compute").rstrip("_") or "pageable")
     raise SystemExit(f"unknown scenario {s!r}; see: workloads.py list")
 
 

@@ -33,6 +33,7 @@ from gpuwarden.insight.states import (
 )
 from gpuwarden.insight.thresholds import (
     BUSY_UTIL,
+    H2D_IDLE_RX_BYTES_PER_SECOND,
     H2D_RX_BYTES_PER_SECOND,
     H2D_SM_MAX,
     HELD_IDLE_MIN,
@@ -183,18 +184,41 @@ def _starting_summary(f: Facts) -> str:
     )
 
 
+def _idle_share(w: GpuWindow) -> float:
+    """The share of the window the GPU idled while its job ran (starved and paused)."""
+    return w.share("starved") + w.share("paused")
+
+
+def _copies_beside_compute(w: GpuWindow) -> bool:
+    """Copies fill the GPU's idle time whatever it computes between them: idle STARVED_MIN of the window or more,
+    and PCIe RX per idle second at H2D_IDLE_RX_BYTES_PER_SECOND or more."""
+    idle = _idle_share(w)
+    return idle >= STARVED_MIN and (w.pcie_rx or 0.0) >= H2D_IDLE_RX_BYTES_PER_SECOND * idle
+
+
 def _h2d_copy_bound_when(f: Facts) -> bool:
     w = f.w
-    if w.pcie_rx is None or w.sm is None or w.pcie_rx < H2D_RX_BYTES_PER_SECOND or w.sm >= H2D_SM_MAX:
+    if w.pcie_rx is None or w.sm is None or w.pcie_rx < H2D_RX_BYTES_PER_SECOND:
+        return False
+    if w.sm >= H2D_SM_MAX and not _copies_beside_compute(w):
         return False
     # copies into the GPU, not a round trip around work on the host (host_compute_bound: TX at least RX)
     return w.pcie_tx is None or w.pcie_tx < HOST_TX_PER_RX * w.pcie_rx or not _input_starved_when(f)
 
 
 def _h2d_copy_bound_summary(f: Facts) -> str:
+    w = f.w
+    rx = (w.pcie_rx or 0.0) / 1e9
+    if (w.sm or 0.0) < H2D_SM_MAX:
+        return (
+            f"PCIe receive {rx:.1f} GB/s while SMs are {pct(w.sm)} active: the job waits on host-to-device copies "
+            f"(job CPU {f.cpu})."
+        )
+    idle = _idle_share(w)
     return (
-        f"PCIe receive {(f.w.pcie_rx or 0.0) / 1e9:.1f} GB/s while SMs are {pct(f.w.sm)} active: "
-        f"the job waits on host-to-device copies (job CPU {f.cpu})."
+        f"GPU idle {pct(idle)} of the time between its kernels (SMs {pct(w.sm)} active) while the job receives "
+        f"{rx:.1f} GB/s over PCIe, {rx / idle:.1f} GB/s through each idle second: host-to-device copies fill the "
+        f"idle time, not input preparation (job CPU {f.cpu})."
     )
 
 
@@ -474,11 +498,14 @@ RULES: dict[str, Rule] = {
     "h2d_copy_bound": Rule(
         _h2d_copy_bound_when,
         _h2d_copy_bound_summary,
-        f"GPM PCIe RX >= **{_GIB:g} GiB/s** and SM activity < **{H2D_SM_MAX:.2f}**, unless as much goes out (TX >= "
-        "RX) while the job works on the CPU: a round trip around host work, `host_compute_bound` (the CPU-stepped "
-        "optimizer recordings: 2.6 GB/s in, 2.8 out)",
+        f"GPM PCIe RX >= **{_GIB:g} GiB/s** and either SM activity < **{H2D_SM_MAX:.2f}**, or, whatever the SMs do "
+        f"between copies, the GPU idle (starved + paused) >= **{STARVED_MIN:.0%}** of the window with RX >= "
+        f"**{H2D_IDLE_RX_BYTES_PER_SECOND / 2**30:g} GiB/s** per idle second (RX / the idle share: copies beside "
+        "compute); unless as much goes out (TX >= RX) while the job works on the CPU: a round trip around host work, "
+        "`host_compute_bound` (the CPU-stepped optimizer recordings: 2.6 GB/s in, 2.8 out)",
         "*calibration*: h2d_pageable_copy 7.7–9.6 GB/s with SM 0.000; starved_cpu_heavy 0.04–0.15 GB/s; "
-        "compute_bound 0.017 GB/s [H100]",
+        "compute_bound 0.017 GB/s; copies beside compute (copy_compute: pageable 7.0–8.0, pinned 45 GB/s an idle "
+        "second) against input prepared by the job or its loaders (0.03–0.47) [H100]",
     ),
     "held_idle": Rule(
         _held_idle_when,

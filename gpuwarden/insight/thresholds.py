@@ -34,6 +34,16 @@ PEER_LAG = 0.5
 H2D_RX_BYTES_PER_SECOND = float(2**30)
 #: ... while SM activity stays below this (h2d_pageable_copy: 0.000).
 H2D_SM_MAX = 0.10
+#: ... or, whatever the SMs do between copies, the GPU idles a STARVED_MIN share of the window or more and the job
+#: receives at least this many bytes per second of its idle time (PCIe RX / the idle share): copies fill most of it.
+#: A blocking copy moves at the link's rate for its kind (pageable: the driver stages it through a pinned buffer),
+#: while the GPU idles. H100 recordings (copy_compute, tools/workloads.py): pageable copies of 256 MiB-1 GiB between
+#: 0.03-0.3 s of products 7.0-8.0 GB/s an idle second (their own clock: 34-59% of the time copying), pinned 2 GiB
+#: 45 GB/s; input prepared by the job or its loader (starved_dataloader, loader_workers, launch-bound kinds)
+#: 0.03-0.47; a CPU-stepped optimizer 2.5 (as much back: host_compute_bound). Our calibration: 2 GiB/s, 3.5x below
+#: the pageable copies and 4x above the loaders; copies at a pageable rate of 5-10 GB/s then fill a quarter to half of
+#: the idle time or more.
+H2D_IDLE_RX_BYTES_PER_SECOND = float(2 * 2**30)
 #: Share of the window in held_idle / starved that makes the verdict.
 HELD_IDLE_MIN = 0.5
 #: Starved (idle while the job works on input) this share of the window or more: input bound. At a quarter of the
