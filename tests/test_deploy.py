@@ -365,7 +365,7 @@ def test_the_image_installs_the_locked_dependencies_by_hash() -> None:
     with hashes; the image installs it with --require-hashes, then gpuwarden's wheel without resolving more."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
-    from pip_requirements_parser import RequirementsFile
+    from pip_requirements_parser import RequirementsFile  # type: ignore[import-untyped]
 
     lock = RequirementsFile.from_file(str(ROOT / "requirements.lock"))
     assert not lock.invalid_lines and lock.requirements
