@@ -124,6 +124,14 @@ class ProcessReading(_Model):
     tree_blocked: int | None = Field(
         default=None, description="of those, how many are in uninterruptible sleep (state D: waiting on I/O)"
     )
+    listen_ports: list[int] | None = Field(
+        default=None,
+        description="the TCP ports the process listens on that were chosen, not handed out: below the kernel's "
+        "ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, where bind(0) takes ports: NCCL's and Gloo's "
+        "bootstrap, ZMQ notebook kernels) and not a library's fixed port (MASTER_PORT: torch.distributed's store; "
+        "NCCL's RAS, 28028 or NCCL_RAS_ADDR's) - a server's address; "
+        "read through psutil (/proc/PID/fd and /proc/PID/net/tcp), again every LISTEN_REFRESH_SECONDS; None: not read",
+    )
     stopped: bool | None = Field(
         default=None,
         description="the process is stopped (/proc/PID/stat state T: SIGSTOP, Ctrl-Z, a scheduler's suspend; or t: "

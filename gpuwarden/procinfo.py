@@ -30,6 +30,42 @@ DEVICE_FILE = "/dev/nvidia{minor}"
 #: The CUDA driver's unified memory device: a process with a CUDA context has it open, one that only asks NVML (this
 #: daemon, nvidia-smi, a DCGM agent) does not.
 UVM_FILE = "/dev/nvidia-uvm"
+#: Seconds between two reads of a process's listening sockets (a server opens its port once, after loading its model;
+#: the read lists the process's descriptors and its network namespace's TCP table, so it is not done every poll).
+LISTEN_REFRESH_SECONDS = 30.0
+#: Where bind(0) takes its ports when /proc says nothing (Linux's default ip_local_port_range).
+EPHEMERAL_DEFAULT = (32768, 60999)
+
+
+def ephemeral_range(proc_root: Path = Path("/proc")) -> tuple[int, int]:
+    """The kernel's ephemeral port range (/proc/sys/net/ipv4/ip_local_port_range, this namespace's): the ports a
+    socket bound to port 0 is given. EPHEMERAL_DEFAULT where it cannot be read. Raises nothing."""
+    try:
+        low, high = (proc_root / "sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+
+
+#: NCCL's RAS subsystem (NCCL 2.24 and later, on by default) listens for its ncclras client on localhost at this port
+#: in every process that initialises NCCL, unless NCCL_RAS_ADDR names another.
+NCCL_RAS_PORT = 28028
+
+
+def library_ports(env: dict[str, str]) -> frozenset[int]:
+    """The fixed ports a process's libraries listen on, from what ``_environ`` kept of its environment:
+    torch.distributed's store (MASTER_PORT) and NCCL's RAS (NCCL_RAS_ADDR's port, else NCCL_RAS_PORT)."""
+    ports = {int(env.get("NCCL_RAS_PORT", NCCL_RAS_PORT))}
+    if "MASTER_PORT" in env:
+        ports.add(int(env["MASTER_PORT"]))
+    return frozenset(ports)
+
+
+def chosen_listen_ports(ports: list[int], ephemeral: tuple[int, int], libraries: frozenset[int]) -> list[int]:
+    """Of the TCP ports a process listens on, those a configuration chose (a server's address), sorted and unique:
+    not in the ephemeral range (bind(0): NCCL's and Gloo's bootstrap sockets, a notebook kernel's ZMQ channels, a
+    store on port 0) and not one of its ``libraries``' fixed ports (``library_ports``)."""
+    return sorted({p for p in ports if not ephemeral[0] <= p <= ephemeral[1] and p not in libraries})
 
 
 def read_cgroup(pid: int, proc_root: Path = Path("/proc")) -> str | None:
@@ -82,6 +118,8 @@ class ProcessInspector:
         self.walks = 0  # tree walks done (a refresh of one GPU process's descendants)
         self._kept: tuple[tuple[str, frozenset[int]], list[int]] | None = None  # keepers() for its last question
         self.keeper_scans = 0  # /proc/*/fd scans done
+        self._listens: dict[int, tuple[float, list[int] | None]] = {}  # pid -> (when read, its chosen listen ports)
+        self._ephemeral = ephemeral_range(proc_root)
 
     def new_poll(self) -> None:
         """Start a poll: a process asked for again in it (one process on several GPUs) is read once."""
@@ -119,6 +157,7 @@ class ProcessInspector:
             return ProcessReading.model_construct(pid=pid, gpu_memory_bytes=gpu_memory_bytes)
         name, cmd, user, created, cgroup, env = self._static[pid]
         return ProcessReading.model_construct(
+            listen_ports=self._listen_ports(proc, env),
             pid=pid,
             gpu_memory_bytes=gpu_memory_bytes,
             name=name,
@@ -141,6 +180,22 @@ class ProcessInspector:
             tree_write_bytes_total=tree.write_bytes,
             tree_voluntary_switches_total=tree.voluntary_switches,
         )
+
+    def _listen_ports(self, proc: psutil.Process, env: dict[str, str]) -> list[int] | None:
+        """The chosen TCP ports ``proc`` listens on (``chosen_listen_ports``), read again when LISTEN_REFRESH_SECONDS
+        old; None where its descriptors are not readable (another user's process while gpuwarden is neither root nor
+        has CAP_SYS_PTRACE)."""
+        now = time.monotonic()
+        seen = self._listens.get(proc.pid)
+        if seen is not None and now - seen[0] < LISTEN_REFRESH_SECONDS:
+            return seen[1]
+        try:
+            ports = [c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+            found: list[int] | None = chosen_listen_ports(ports, self._ephemeral, library_ports(env))
+        except (psutil.Error, OSError, AttributeError):
+            found = None
+        self._listens[proc.pid] = (now, found)
+        return found
 
     def keepers(self, minor: int, unknown: frozenset[int], listed: set[int]) -> list[int]:
         """The live processes, other than ``listed`` (the GPU's processes NVML lists) and this one, with the GPU's
@@ -166,6 +221,7 @@ class ProcessInspector:
                 del self._procs[pid]
                 self._static.pop(pid, None)
                 self._trees.pop(pid, None)
+                self._listens.pop(pid, None)
 
     def _members(self, proc: psutil.Process) -> list[psutil.Process]:
         """The live descendants of ``proc`` as last walked, walked again when TREE_REFRESH_SECONDS old."""
@@ -233,7 +289,8 @@ def scan_device_holders(
 def _environ(proc: psutil.Process) -> dict[str, str]:
     """What attribution reads of a process's environment (/proc/PID/environ, through psutil): ``SLURM_JOB_ID`` when it
     is a job id (digits), ``HOSTNAME`` (a container's hostname, its pod's name by default) when it is a DNS name,
-    ``RANK`` and ``LOCAL_RANK`` (``_RANKS``) when they are small numbers.
+    ``RANK`` and ``LOCAL_RANK`` (``_RANKS``) when they are small numbers, ``MASTER_PORT`` and NCCL_RAS_ADDR's port
+    (``NCCL_RAS_PORT``) when they are port numbers.
     Empty when the environment is not readable: another user's process while gpuwarden is neither root nor has
     CAP_SYS_PTRACE. Read once per process: the environment of a running process does not change under it."""
     try:
@@ -251,6 +308,12 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
         value = next((env[n] for n in names if n in env), "")
         if value.isdigit() and len(value) <= 7:  # hostile input: a rank is a small number
             out[key] = value
+    port = env.get("MASTER_PORT", "")
+    if port.isdigit() and len(port) <= 5:
+        out["MASTER_PORT"] = port
+    ras = env.get("NCCL_RAS_ADDR", "").rpartition(":")[2]
+    if ras.isdigit() and len(ras) <= 5:
+        out["NCCL_RAS_PORT"] = ras
     return out
 
 

@@ -387,3 +387,50 @@ def test_mid_size_kernels_with_short_gaps_and_one_busy_thread_are_launch_bound()
     # kernels that fill the GPU (a training step) with the same gaps: input, not launches
     d = diagnose(GpuWindow(**{**w.__dict__, "sm": 0.45}))
     assert d is not None and d.verdict == "input_starved"
+
+
+def _server(busy: float, listening: float | None, idle_state: str = "paused", **over: object) -> GpuWindow:
+    """A held GPU busy ``busy`` of a minute, the rest in ``idle_state``, its job's process listening (on average)
+    ``listening`` of the window on a port of its own, 2 GB held, its CPU quiet."""
+    w = GpuWindow(
+        index=0,
+        uuid="GPU-s",
+        seconds=60.0,
+        states={"busy": 60.0 * busy, idle_state: 60.0 * (1 - busy)},
+        held=True,
+        util=busy,
+        sm=busy * 0.9,
+        job_cpu_cores=0.05,
+        max_process_cpu_cores=0.05,
+        listening_processes=listening,
+        memory_used_bytes=20 * 10**9,
+        memory_total_bytes=80 * 10**9,
+    )
+    for name, value in over.items():
+        w = replaced(w, name, value)
+    return w
+
+
+@pytest.mark.parametrize(
+    ("window", "expected"),
+    [
+        (_server(0.05, 1.0), "serving"),  # sparse requests: the GPU a few percent busy, the job paused between them
+        (_server(0.0, 1.0, "held_idle"), "serving"),  # no request for a while: a server, not "nobody uses it"
+        (_server(0.4, 0.6), "serving"),  # listening most of the window, busy under half of it
+        (_server(0.05, 0.0), "job_paused"),  # no port of its own: a training job's pause (or a notebook kernel's)
+        (_server(0.0, 0.0, "held_idle"), "held_idle"),
+        (_server(0.05, None), "job_paused"),  # not read (a recording from before, no access to its descriptors)
+        (_server(0.0, 1.0, "held_idle", stopped_processes=1.0), "held_idle"),  # stopped: named as stopped
+    ],
+)
+def test_a_server_waiting_for_requests_is_serving(window: GpuWindow, expected: str) -> None:
+    d = diagnose(window)
+    assert d is not None and d.verdict == expected, d
+    if expected == "serving":
+        assert "A server waiting for requests" in d.summary and "Size the server" in d.remedies[0]
+        assert d.value("job_processes_listening") == window.listening_processes
+
+
+def test_a_busy_server_is_judged_by_what_limits_its_kernels() -> None:
+    d = diagnose(_server(0.9, 1.0, tensor=0.6))
+    assert d is not None and d.verdict != "serving", d

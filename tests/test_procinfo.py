@@ -4,6 +4,7 @@ read once per poll. Real local processes (a parent shell with sleeping children)
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -185,3 +186,92 @@ def test_a_process_rank_is_read_from_its_environment(
     finally:
         p.kill()
         p.wait()
+
+
+_LISTENER = """
+import os, socket, sys, time
+socks = []
+for host, port in [("0.0.0.0", int(sys.argv[1])), ("127.0.0.1", 0), ("0.0.0.0", int(sys.argv[2]))]:
+    s = socket.socket()
+    s.bind((host, port))
+    s.listen()
+    socks.append(s)
+print("up", socks[1].getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+def _free_port(below: int) -> int:
+    import socket
+
+    for port in range(below - 1, 1024, -1):
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+def test_a_server_port_is_read_and_the_ports_a_library_was_handed_are_not() -> None:
+    """A process listening on a port of its own (a server's), on a port bind(0) gave it (NCCL's bootstrap, a notebook
+    kernel's channels) and on MASTER_PORT (torch.distributed's store): only the first is its listen port."""
+    import os
+
+    low, _ = procinfo.ephemeral_range()
+    server, master = _free_port(low), _free_port(low - 100)
+    p = subprocess.Popen([sys.executable, "-c", _LISTENER, str(server), str(master)], stdout=subprocess.PIPE,
+                         text=True, env={**os.environ, "MASTER_PORT": str(master)})  # fmt: skip
+    try:
+        assert p.stdout is not None
+        word, handed = p.stdout.readline().split()
+        assert word == "up" and low <= int(handed)  # the kernel's ephemeral range
+        inspector = ProcessInspector()
+        inspector.new_poll()
+        assert inspector.describe(p.pid, None).listen_ports == [server]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_listen_ports_are_read_again_only_after_the_refresh(monkeypatch) -> None:  # noqa: ANN001
+    calls = []
+    real = psutil.Process.net_connections
+
+    def counted(self, kind="inet"):  # noqa: ANN001, ANN202
+        calls.append(self.pid)
+        return real(self, kind)
+
+    monkeypatch.setattr(psutil.Process, "net_connections", counted)
+    clock = [1000.0]
+    monkeypatch.setattr(procinfo.time, "monotonic", lambda: clock[0])
+    inspector = ProcessInspector()
+    for _ in range(5):
+        inspector.new_poll()
+        assert inspector.describe(os.getpid(), None).listen_ports is not None
+        clock[0] += 1.0
+    assert calls == [os.getpid()]
+    clock[0] += procinfo.LISTEN_REFRESH_SECONDS
+    inspector.new_poll()
+    inspector.describe(os.getpid(), None)
+    assert calls == [os.getpid()] * 2
+
+
+@pytest.mark.parametrize(
+    ("ports", "expected"),
+    [
+        ([8000, 40000, 29500, 8000, 8001, 28028], [8000, 8001]),
+        ([50051], []),  # gRPC's usual port is in Linux's default ephemeral range: not told from a handed-out one
+        ([33000, 60999], []),
+        ([], []),
+        ([80, 61000], [80, 61000]),
+    ],
+)
+def test_chosen_listen_ports(ports: list[int], expected: list[int]) -> None:
+    assert procinfo.chosen_listen_ports(ports, (32768, 60999), frozenset({29500, 28028})) == expected
+
+
+def test_the_libraries_fixed_ports_come_from_the_environment() -> None:
+    assert procinfo.library_ports({}) == {28028}  # NCCL's RAS, on by default since NCCL 2.24
+    assert procinfo.library_ports({"MASTER_PORT": "29511", "NCCL_RAS_PORT": "28100"}) == {29511, 28100}

@@ -57,6 +57,12 @@ SCENARIOS = {
     "copy_compute": "each step a --size MiB batch copied from pageable host memory to the GPU (blocking: the CPU"
     " stages it, the GPU waits), then --busy seconds of bf16 products: copies beside compute",
     "pinned_copy_compute": "as copy_compute, the batch in pinned memory (a faster blocking copy, the GPU still waits)",
+    "inference_server": "an HTTP model server on --port (0.0.0.0) holding --size MiB of KV cache, each request --busy"
+    " seconds of bf16 products; a client process sends requests --pause seconds apart on average (Poisson)",
+    "kernel_idle": "a notebook kernel's shape: --size MiB held, five loopback sockets listening on ports bind(0) gave"
+    " (a Jupyter kernel's ZMQ channels), no GPU work",
+    "distributed_paused": "torch.distributed (NCCL, one rank: its store listens on MASTER_PORT, NCCL's bootstrap on an"
+    " ephemeral port) computing --busy seconds, then pausing --pause seconds: a training job, not a server",
     "overlapped_copy_compute": "as pinned_copy_compute, each next batch copied on a side stream (non_blocking) under"
     " this step's products: the remedy, copies hidden behind compute",
 }
@@ -443,6 +449,108 @@ def copy_compute(dev: object, end: float, busy: float, size: int, mode: str) -> 
     return steps
 
 
+def inference_server(dev: object, end: float, busy: float, pause: float, size: int, port: int, host: str) -> int:
+    """An HTTP server on ``host``:``port`` (a port of its own, as servers are configured) that holds ``size`` MiB of
+    GPU memory (a KV cache preallocated) and answers each POST with ``busy`` seconds of bf16 products; a client
+    process (``_client``) sends requests ``pause`` seconds apart on average, exponentially distributed. Requests are
+    served one at a time. Clock: ``gpu`` while a request runs, ``sleep`` while the server waits."""
+    import http.server
+    import multiprocessing
+    import threading
+
+    import torch
+
+    cache = torch.empty(size * 1024 * 1024, dtype=torch.uint8, device=dev)  # noqa: F841 - held, as a KV cache is
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) / 90.0
+    lock = threading.Lock()
+    served = [0]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with lock:
+                CLOCK.to("gpu")
+                until = time.time() + busy
+                x = a
+                while time.time() < until:
+                    x = (x @ a).clamp_(-1, 1)
+                    _sync(torch)
+                served[0] += 1
+                CLOCK.to("sleep")
+            body = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer((host, port), Handler)
+    client = multiprocessing.get_context("spawn").Process(target=_client, args=(port, pause, end), daemon=True)
+    CLOCK.to("sleep")
+    client.start()
+    srv.timeout = 0.5
+    while time.time() < end:
+        srv.handle_request()
+    client.terminate()
+    return served[0]
+
+
+def _client(port: int, pause: float, end: float) -> None:
+    """Requests to ``inference_server`` on localhost ``port``, ``pause`` seconds apart on average (exponential), until
+    ``end``: a client of the service (a process of its own, connecting over TCP)."""
+    import http.client
+    import random
+
+    rng = random.Random(11)
+    while time.time() < end:
+        time.sleep(rng.expovariate(1 / pause))
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/v1/infer", body=b'{"prompt": "x"}', headers={"Content-Type": "application/json"})
+            conn.getresponse().read()
+            conn.close()
+        except OSError:
+            time.sleep(0.1)
+
+
+def kernel_idle(dev: object, end: float, size: int) -> int:
+    """A notebook kernel between cells: ``size`` MiB held on the GPU, five sockets listening on 127.0.0.1 on ports
+    bind(0) gave (a Jupyter kernel's shell, iopub, stdin, control and heartbeat channels), nothing running. Clock:
+    ``sleep``."""
+    import socket
+
+    import torch
+
+    held = torch.empty(size * 1024 * 1024, dtype=torch.uint8, device=dev)  # noqa: F841 - the notebook's tensors
+    socks = []
+    for _ in range(5):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        socks.append(s)
+    CLOCK.to("sleep")
+    while time.time() < end:
+        time.sleep(0.5)
+    return 0
+
+
+def distributed_paused(dev: object, end: float, busy: float, pause: float) -> int:
+    """One rank of torch.distributed over NCCL (MASTER_ADDR 127.0.0.1, MASTER_PORT: its TCPStore listens there; an
+    all-reduce makes NCCL open its bootstrap socket on an ephemeral port), computing bf16 products for ``busy``
+    seconds, then sleeping ``pause`` seconds: a training job that listens on ports, not a server. Clock: ``gpu``,
+    ``sleep``."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", init_method="env://", rank=0, world_size=1, device_id=dev)
+    t = torch.ones(1024, device=dev)
+    dist.all_reduce(t)
+    _sync(torch)
+    return self_paused(dev, end, busy, pause, 8192)
+
+
 def build_model(seconds: float) -> None:
     """A job's start-up after its CUDA context exists: the model built and initialised on the CPU (one thread) for
     ``seconds``, the GPU idle, as imports, model construction and checkpoint loading are."""
@@ -589,6 +697,10 @@ def serve_bytes(port: int, rate_mbps: float, latency: float) -> None:
 
 def run(a: argparse.Namespace) -> int:
     """Run scenario ``a.scenario`` until ``a.seconds`` have passed; return its step count."""
+    if a.scenario == "distributed_paused" and "MASTER_PORT" not in os.environ:
+        # torch.distributed's env:// rendezvous, in the process's own environment (as torchrun sets it)
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "RANK": "0", "WORLD_SIZE": "1"}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     import torch
 
     dev = torch.device(f"cuda:{a.gpu}")
@@ -635,6 +747,12 @@ def run(a: argparse.Namespace) -> int:
         return service(dev, end, a.busy, a.pause, a.size or 4096)
     if s == "eval_metrics":
         return eval_metrics(dev, end, a.busy, a.pause, a.size or 16384)
+    if s == "inference_server":
+        return inference_server(dev, end, a.busy, a.pause, a.size or 8192, a.port, a.host)
+    if s == "kernel_idle":
+        return kernel_idle(dev, end, a.size or 8192)
+    if s == "distributed_paused":
+        return distributed_paused(dev, end, a.busy, a.pause)
     if s in ("copy_compute", "pinned_copy_compute", "overlapped_copy_compute"):
         return copy_compute(dev, end, a.busy, a.size or 1024, s.removesuffix("copy_compute").rstrip("_") or "pageable")
     raise SystemExit(f"unknown scenario {s!r}; see: workloads.py list")
@@ -657,7 +775,13 @@ def main() -> None:
     r.add_argument("--workers", type=int, default=8)
     r.add_argument("--busy", type=float, default=1.0)
     r.add_argument("--pause", type=float, default=1.0)
-    r.add_argument("--port", type=int, default=10500, help="serve-bytes's port (remote_reader)")
+    r.add_argument("--host", default="0.0.0.0", help="the address the server binds (inference_server)")
+    r.add_argument(
+        "--port",
+        type=int,
+        default=10500,
+        help="serve-bytes's port (remote_reader); the server's port (inference_server)",
+    )
     r.add_argument("--split-out", help="write the workload's own clock (seconds per phase per second) here")
     r.add_argument("--startup", type=float, default=0.0, help="seconds of start-up (model built on the CPU) first")
     a = p.parse_args()

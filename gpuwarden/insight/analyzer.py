@@ -91,7 +91,8 @@ class JobInputs:
     second read other than from storage (sockets: remote storage), written to storage, voluntary context switches
     per second; whether the job waits on I/O (reads or writes >= IO_READ_BYTES_PER_SECOND, any process in I/O
     wait, or waits at WAITS_PER_SECOND) and whether it writes (IO_WRITE_BYTES_PER_SECOND, more than it reads: a
-    checkpoint); how many of its processes are stopped (SIGSTOP, a debugger). None: not known."""
+    checkpoint); how many of its processes are stopped (SIGSTOP, a debugger), and how many listen on a TCP port of
+    their own (a server). None: not known."""
 
     job_cpu: float | None = None
     max_proc_cpu: float | None = None
@@ -103,6 +104,9 @@ class JobInputs:
     switches: float | None = None
     writing: bool = False
     stopped: float | None = None  # how many of the GPU's processes are stopped (SIGSTOP, a debugger); None: not read
+    listening: float | None = (
+        None  # how many listen on a port of their own (ProcessReading.listen_ports); None: not read
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,8 +400,10 @@ class InsightAnalyzer:
         writing = st.writes_more_than_reads(written, reads)
         switches = _total(k.switches_per_second for k in known)
         states = [p.stopped for p in procs if p.stopped is not None]
+        ports = [bool(p.listen_ports) for p in procs if p.listen_ports is not None]
         return JobInputs(
             stopped=float(sum(states)) if states else None,
+            listening=float(sum(ports)) if ports else None,
             job_cpu=self._job_cpu(procs, rates) if known else None,
             max_proc_cpu=max(k.cpu_cores for k in known) if known else None,
             io_read=io_read,
@@ -496,6 +502,7 @@ class InsightAnalyzer:
                 whole_idle_ratio=whole_idle,
                 io_blocked_processes=inputs.blocked,
                 stopped_processes=inputs.stopped,
+                listening_processes=inputs.listening,
                 host_cpu_busy_ratio=host_busy,
                 power_watts=finite(g.power_usage_watts),
             ),

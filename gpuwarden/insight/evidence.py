@@ -97,6 +97,12 @@ EVIDENCE: tuple[Mean | Derived, ...] = (
     Mean("whole_idle_ratio", "idle_in_whole_samples", "ratio", "launch gaps: idle within sample periods"),
     Mean("io_blocked_processes", "job_processes_in_io_wait", "processes"),
     Mean("stopped_processes", "job_processes_stopped", "processes", "stopped: SIGSTOP, Ctrl-Z, a debugger"),
+    Mean(
+        "listening_processes",
+        "job_processes_listening",
+        "processes",
+        "serving: listens on a TCP port of its own (not an ephemeral one, not a library's fixed one)",
+    ),
     Mean("host_cpu_busy_ratio", "host_cpu_busy", "ratio"),
     Mean(
         "pcie_rx",

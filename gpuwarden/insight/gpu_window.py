@@ -55,6 +55,7 @@ class GpuWindow:
     whole_idle_ratio: float | None = None
     io_blocked_processes: float | None = None
     stopped_processes: float | None = None
+    listening_processes: float | None = None
     host_cpu_busy_ratio: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None

@@ -23,14 +23,15 @@ class Reason:
 
 
 #: The verdict rules in the order they are tried: the first that holds for a window is its verdict. Cheap and
-#: decisive tests first (no process, a job starting, copies, nobody working), then what limits a working GPU from
-#: outside (clocks, peers, the host, storage, launches, pauses, input), then what limits it inside (HBM,
-#: arithmetic); the last always holds.
+#: decisive tests first (no process, a job starting, copies, a server waiting, nobody working), then what limits a
+#: working GPU from outside (clocks, peers, the host, storage, launches, pauses, input), then what limits it inside
+#: (HBM, arithmetic); the last always holds.
 VERDICT_ORDER: tuple[str, ...] = (
     "free",
     "allocated_idle",
     "starting",
     "h2d_copy_bound",
+    "serving",
     "held_idle",
     "throttled",
     "waiting_on_peers",
@@ -88,6 +89,18 @@ REASON_TABLE: tuple[Reason, ...] = (
             "Copy from pinned memory: pin_memory=True in the DataLoader, or tensor.pin_memory() once; then "
             ".to(device, non_blocking=True) to overlap copies with compute.",
             "Keep data on the GPU across steps; send compact dtypes (uint8 images, not float32) and convert there.",
+        ),
+    ),
+    Reason(
+        "serving",
+        "warning",
+        (
+            "Size the server to its load: scale replicas with the request rate and to zero between bursts "
+            "(KServe/Knative min replicas 0, Ray Serve autoscaling, a Kubernetes HPA on the request rate).",
+            "Share the GPU: several models or servers on one GPU (Triton's or vLLM's multi-model serving, MPS), or a "
+            "MIG slice sized to the model and its KV cache instead of a whole GPU.",
+            "Batch the requests that arrive (dynamic or continuous batching), and preallocate no more KV cache than "
+            "the traffic needs (vLLM --gpu-memory-utilization).",
         ),
     ),
     Reason(

@@ -227,6 +227,31 @@ def _h2d_copy_bound_summary(f: Facts) -> str:
 STOPPED_MIN = 0.5
 
 
+#: A server: the job's process listened on a TCP port of its own (ProcessReading.listen_ports) this many on average
+#: over the window, while the GPU worked at most SERVING_BUSY_MAX of it.
+LISTENING_MIN = 0.5
+#: ... the share of the window a kernel ran, at most: above it the server is busy, and what limits its kernels
+#: (compute, memory, launches) is the verdict.
+SERVING_BUSY_MAX = 0.5
+
+
+def _serving_when(f: Facts) -> bool:
+    w = f.w
+    if (w.listening_processes or 0.0) < LISTENING_MIN or (w.stopped_processes or 0.0) >= STOPPED_MIN:
+        return False
+    return w.seconds > 0 and w.share("busy") <= SERVING_BUSY_MAX
+
+
+def _serving_summary(f: Facts) -> str:
+    w = f.w
+    mem = "" if w.memory_used_bytes is None else f", {w.memory_used_bytes / 1e9:.1f} GB of its memory held"
+    return (
+        f"A server waiting for requests: the job's process listens on a TCP port of its own and the GPU ran kernels "
+        f"{pct(w.share('busy'))} of the time{mem} (job CPU {f.cpu}). Its idle time is waiting for clients, not a "
+        "training job's input or pauses: size it to its load."
+    )
+
+
 def _held_idle_when(f: Facts) -> bool:
     return f.w.share("held_idle") >= HELD_IDLE_MIN or f.both_idle
 
@@ -506,6 +531,18 @@ RULES: dict[str, Rule] = {
         "*calibration*: h2d_pageable_copy 7.7–9.6 GB/s with SM 0.000; starved_cpu_heavy 0.04–0.15 GB/s; "
         "compute_bound 0.017 GB/s; copies beside compute (copy_compute: pageable 7.0–8.0, pinned 45 GB/s an idle "
         "second) against input prepared by the job or its loaders (0.03–0.47) [H100]",
+    ),
+    "serving": Rule(
+        _serving_when,
+        _serving_summary,
+        f"a process of the job listens on a TCP port of its own >= **{LISTENING_MIN:g}** of the window on average "
+        f"(not in the kernel's ephemeral range, where bind(0) takes ports, nor a library's fixed port: MASTER_PORT, "
+        f"NCCL's RAS port 28028) and the GPU ran "
+        f"kernels <= **{SERVING_BUSY_MAX:.0%}** of it",
+        "a server binds the port its clients are told (a configured one); a library's sockets - NCCL's and Gloo's "
+        "bootstrap, a notebook kernel's ZMQ channels - bind port 0 and get an ephemeral one; torch.distributed's store "
+        "listens on MASTER_PORT, NCCL's RAS (2.24+) on localhost:28028 [NCCL docs]; the inference_server recordings "
+        "against the notebook-like and distributed ones [H100]",
     ),
     "held_idle": Rule(
         _held_idle_when,
