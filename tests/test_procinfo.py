@@ -245,7 +245,7 @@ def test_the_listen_ports_are_read_again_only_after_the_refresh(monkeypatch) -> 
 
     monkeypatch.setattr(psutil.Process, "net_connections", counted)
     clock = [1000.0]
-    monkeypatch.setattr(procinfo.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])  # the module reads time.monotonic()
     inspector = ProcessInspector()
     for _ in range(5):
         inspector.new_poll()
