@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 from gpuwarden.insight.reasons import REASONS, REMEDIES
 from gpuwarden.insight.states import IDLE_CAUSES
+from gpuwarden.mixin import rules as _rules
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -182,33 +183,19 @@ ATTRIBUTION_SECONDS = 15.0
 MAX_ATTRIBUTION_STEPS = 5760
 
 
-#: The usage records (alerts/gpuwarden.rules.yml, group gpuwarden.usage; gpuwarden.mixin.rules names them) at their
+#: The usage records (alerts/gpuwarden.rules.yml, group gpuwarden.usage: gpuwarden.mixin.rules names them) at their
 #: shipped interval, which ``recorded_jobs`` sums: a rule file generated with another ``usage_interval`` names them
 #: by it, and ``top --source raw`` does without them.
 RECORDED_INTERVAL = "1m"
-RECORDED = {
-    "held": "instance_job_id:gpu_held_seconds:increase",
-    "busy": "instance_job_id:gpu_busy_seconds:increase",
-    "lost": "instance_job_id:gpu_lost_seconds:increase",
-    "peer_wait": "instance_job_id:gpu_peer_wait_seconds:increase",
-    "held_idle_energy": "instance_job_id:gpu_held_idle_energy_joules:increase",
-    "effective": "instance_job_id:gpu_effective_seconds:sum",
-    "peak_equivalent": "instance_job_id:gpu_peak_equivalent_seconds:sum",
-    "reasons": "instance_job_id:gpu_diagnosis_scrapes:count",
-}
-RECORDED = {k: v + RECORDED_INTERVAL for k, v in RECORDED.items()}
-RECORDED_SHARE = "uuid_job_id:gpu_job_share:ratio" + RECORDED_INTERVAL
-RECORDED_GPU = {
-    "states": "uuid:gpu_state_seconds:increase" + RECORDED_INTERVAL,
-    "causes": "uuid:gpu_idle_seconds:increase" + RECORDED_INTERVAL,
-    "reasons": "uuid:gpu_diagnosis_scrapes:count" + RECORDED_INTERVAL,
-}
-RECORDED_HEARTBEAT = "instance:gpu_usage_recorded:count"
+RECORDED = {k: v + RECORDED_INTERVAL for k, v in _rules.USAGE.items()}
+RECORDED_SHARE = _rules.USAGE_SHARE + RECORDED_INTERVAL
+RECORDED_GPU = {k: v + RECORDED_INTERVAL for k, v in _rules.USAGE_GPU.items()}
+RECORDED_HEARTBEAT = _rules.USAGE_HEARTBEAT
 #: The records cover a range when they exist within its first this many seconds.
 RECORDED_CHECK = 300
-#: Each record covers the interval that ended this many seconds before its evaluation (gpuwarden.mixin.rules,
+#: Each record covers the interval that ended this many seconds before its evaluation (gpuwarden.mixin.rules's
 #: USAGE_OFFSET: the scrapes of the interval are all written by then).
-RECORDED_OFFSET = 15
+RECORDED_OFFSET = int(_rules.seconds(_rules.USAGE_OFFSET))
 
 
 def default_attribution(range_s: float) -> float:

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gpuwarden.insight.states import IDLE_CAUSES
+
 #: The template and its default parameters, package data beside this module (read through importlib.resources, so
 #: a wheel or a zip import holds them).
 _DATA = resources.files("gpuwarden.mixin")
@@ -208,8 +210,7 @@ def memory_long_records(values: dict[str, str]) -> str:
 
 #: Idle causes of lost time (every cause of gpu_idle_seconds_total but ``free``; gpuwarden.cluster.usage.LOST_CAUSES,
 #: which tests/test_alerts.py holds this to): one usage record each.
-LOST_CAUSES = ("input_cpu", "input_io", "input", "launch", "checkpoint", "startup", "paused", "held_idle",
-               "allocated_idle", "unknown", "lost")  # fmt: skip
+LOST_CAUSES = tuple(c for c in IDLE_CAUSES if c != "free")
 #: The usage records (``usage_records``): a GPU's share of each job that held it, then per job and node the seconds
 #: held, busy, lost by cause, waiting on peers, effective and at peak, joules drawn held idle, the diagnosis's
 #: scrapes by reason; and a heartbeat the fleet commands check that the records cover their range by.
