@@ -434,3 +434,23 @@ def test_a_server_waiting_for_requests_is_serving(window: GpuWindow, expected: s
 def test_a_busy_server_is_judged_by_what_limits_its_kernels() -> None:
     d = diagnose(_server(0.9, 1.0, tensor=0.6))
     assert d is not None and d.verdict != "serving", d
+
+
+@pytest.mark.parametrize(
+    ("idle", "verdict", "finding"),
+    [
+        (0.15, "compute_bound", True),  # a host phase of 15%: named with its share, the verdict unmoved
+        (0.05, "compute_bound", False),  # the gaps between steps
+        (0.30, "input_starved", False),  # past the starved line: the phase is the verdict
+    ],
+)
+def test_a_host_phase_under_the_starved_line_is_a_finding_with_its_share(
+    idle: float, verdict: str, finding: bool
+) -> None:
+    w = replaced(replaced(_host_side(idle, 1.0, 0.02e9, 0.01e9), "tensor", 0.6), "sm", 0.9 * (1 - idle))
+    d = diagnose(w)
+    assert d is not None and d.verdict == verdict, d
+    assert ("host_phase" in d.findings) is finding, d.findings
+    if finding:
+        assert f"GPU idles {idle:.0%} of the time while its job works on the host" in d.summary
+        assert any("on the host between GPU phases" in r for r in d.remedies)

@@ -59,6 +59,8 @@ SCENARIOS = {
     "pinned_copy_compute": "as copy_compute, the batch in pinned memory (a faster blocking copy, the GPU still waits)",
     "inference_server": "an HTTP model server on --port (0.0.0.0) holding --size MiB of KV cache, each request --busy"
     " seconds of bf16 products; a client process sends requests --pause seconds apart on average (Poisson)",
+    "host_phase": "bf16 products for --busy seconds, then --pause seconds of NumPy work on the host (sorts: one"
+    " core) while the GPU idles: a mostly busy job with a host phase (evaluation metrics, logging)",
     "kernel_idle": "a notebook kernel's shape: --size MiB held, five loopback sockets listening on ports bind(0) gave"
     " (a Jupyter kernel's ZMQ channels), no GPU work",
     "distributed_paused": "torch.distributed (NCCL, one rank: its store listens on MASTER_PORT, NCCL's bootstrap on an"
@@ -515,6 +517,30 @@ def _client(port: int, pause: float, end: float) -> None:
             time.sleep(0.1)
 
 
+def host_phase(dev: object, end: float, busy: float, pause: float) -> int:
+    """bf16 products of 8192-square matrices for ``busy`` seconds (synchronised every ten), then ``pause`` seconds of
+    sorts of random arrays in NumPy on one core while the GPU idles. Clock: ``gpu``, ``host``."""
+    import numpy as np
+    import torch
+
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) / 90.0
+    rng = np.random.default_rng(3)
+    steps = 0
+    while time.time() < end:
+        CLOCK.to("gpu")
+        x, until = a, time.time() + busy
+        while time.time() < until:
+            for _ in range(10):
+                x = (x @ a).clamp_(-1, 1)
+            _sync(torch)
+        CLOCK.to("host")
+        until = time.time() + pause
+        while time.time() < until:
+            np.sort(rng.random(200_000))
+        steps += 1
+    return steps
+
+
 def kernel_idle(dev: object, end: float, size: int) -> int:
     """A notebook kernel between cells: ``size`` MiB held on the GPU, five sockets listening on 127.0.0.1 on ports
     bind(0) gave (a Jupyter kernel's shell, iopub, stdin, control and heartbeat channels), nothing running. Clock:
@@ -749,6 +775,8 @@ def run(a: argparse.Namespace) -> int:
         return eval_metrics(dev, end, a.busy, a.pause, a.size or 16384)
     if s == "inference_server":
         return inference_server(dev, end, a.busy, a.pause, a.size or 8192, a.port, a.host)
+    if s == "host_phase":
+        return host_phase(dev, end, a.busy, a.pause)
     if s == "kernel_idle":
         return kernel_idle(dev, end, a.size or 8192)
     if s == "distributed_paused":

@@ -7,9 +7,10 @@ The parts: thresholds (gpuwarden.insight.thresholds), the window a rule reads (g
 ``diagnose(window, peers)`` is a pure function of a GPU's window statistics (``GpuWindow``, built by the
 analyzer) and those of the other GPUs of the same job. The verdict rules (gpuwarden.insight.rules.RULES) are tried
 in VERDICT_ORDER (gpuwarden.insight.reasons) and the first that holds is the verdict; docs/scores.md's rule table is
-generated from them. ``throttled``, ``memory_nearly_full``, ``tensor_cores_idle``, ``straggler`` and the health
-findings (``hot``, ``uncorrectable_ecc``, ``xid_errors``, ``row_remap_pending``, ``row_remap_failed``) are also
-reported as findings next to any verdict.
+generated from them. ``throttled``, ``memory_nearly_full``, ``host_phase`` (a working GPU's idle time while its job
+works on the CPU, under the starved line), ``tensor_cores_idle``, ``straggler`` and the health findings (``hot``,
+``uncorrectable_ecc``, ``xid_errors``, ``row_remap_pending``, ``row_remap_failed``) are also reported as findings
+next to any verdict.
 
 A GPU that cannot be read at all (lost, off the bus) gets ``gpu_lost`` (``lost``), critical.
 """
@@ -28,6 +29,7 @@ from gpuwarden.insight.reasons import REMEDIES, SEVERITY, first_verdict
 from gpuwarden.insight.rules import RULES, Facts, input_source, throttled
 from gpuwarden.insight.thresholds import (
     FP32_BUSY_MIN,
+    HOST_PHASE_MIN,
     HOT_MARGIN_CELSIUS,
     MEMORY_FULL_RATIO,
     MIN_SECONDS,
@@ -93,7 +95,8 @@ def lost(index: int, uuid: str, error: str) -> Decided:
 
 
 def _findings(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> tuple[list[str], list[str]]:
-    """The findings next to ``verdict`` (throttled, memory nearly full, tensor cores idle, straggler, health, blind)
+    """The findings next to ``verdict`` (throttled, memory nearly full, a host phase, tensor cores idle, straggler,
+    health, blind)
     and one sentence for each that says why (``blind`` has none: its remedy says it)."""
     findings: list[str] = []
     extra: list[str] = []
@@ -104,6 +107,12 @@ def _findings(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> tuple[l
     if ratio is not None and ratio > MEMORY_FULL_RATIO:
         findings.append("memory_nearly_full")
         extra.append(f"Memory {pct(ratio)} full.")
+    if verdict in _WORKING and w.share("starved") >= HOST_PHASE_MIN:
+        findings.append("host_phase")
+        extra.append(
+            f"Host phase: the GPU idles {pct(w.share('starved'))} of the time while its job works on the host "
+            f"({w.job_cpu_cores or 0.0:.2f} cores): GPU time lost between its busy phases, under the starved line."
+        )
     if verdict == "compute_bound" and _tensor_cores_idle(w):
         findings.append("tensor_cores_idle")
         extra.append(f"Tensor cores {pct(w.tensor)} active while the FP32 pipes are {pct(w.fp32)}: no TF32/bf16.")
@@ -118,6 +127,10 @@ def _findings(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> tuple[l
     if verdict == "underutilized" and w.held and w.job_cpu_cores is None:
         findings.append("blind")
     return findings, extra
+
+
+#: The verdicts of a GPU that mostly works, where a host phase under STARVED_MIN is a finding of its own.
+_WORKING = ("compute_bound", "memory_bound", "underutilized")
 
 
 def _tensor_cores_idle(w: GpuWindow) -> bool:

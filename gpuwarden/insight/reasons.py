@@ -172,6 +172,15 @@ REASON_TABLE: tuple[Reason, ...] = (
         ),
     ),
     Reason(
+        "host_phase",
+        "info",
+        (
+            "Overlap or shorten what the job does on the host between GPU phases (gpu_idle_seconds_total's causes say "
+            "which): metrics on the GPU with scalars copied, evaluation less often or in another process, the next "
+            "input prefetched, checkpoints written asynchronously.",
+        ),
+    ),
+    Reason(
         "tensor_cores_idle",
         "info",
         (

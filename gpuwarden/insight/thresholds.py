@@ -51,6 +51,11 @@ HELD_IDLE_MIN = 0.5
 #: does, so "nothing blocks the GPU" would be wrong advice; a loader that keeps up leaves the GPU idle only
 #: between steps (1% in the compute-bound recording).
 STARVED_MIN = 0.25
+#: A GPU that mostly works (its verdict says what limits its kernels) but idles while its job works on the CPU this
+#: share of the window or more (starved: an evaluation with host-side metrics, logging, input made between steps)
+#: gets the finding host_phase with that share: under STARVED_MIN it does not decide the verdict, and a fifth of it
+#: (2%) is the gap between steps of the compute-bound recordings.
+HOST_PHASE_MIN = 0.10
 #: Throttled: clock-event reasons present this share of the time, SM clock below this share of its maximum.
 THROTTLE_MIN_FRACTION = 0.5
 THROTTLE_CLOCK_RATIO = 0.9
