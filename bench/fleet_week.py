@@ -12,8 +12,7 @@ job and node: held, busy, lost by cause, effective, at peak, the diagnosis's scr
 its states', causes' and reasons'; per node the heartbeat) and each process's job (gpu_process_job_info, at the
 scrapes), with the values a job busy 2/3 of the time and input-starved the rest would give. Then it times ``gpuwarden
 top --source recorded`` over a day and, with ``--days`` 7 or more, a week (and ``--raw``: the raw accounting over a day,
-which reads every GPU's series at every scrape), and ``gpuwarden report`` of one 8-GPU job over the same ranges.
-Prints figures; asserts nothing. Needs prometheus and promtool on PATH.
+which reads every GPU's series at every scrape). Prints figures; asserts nothing. Needs prometheus and promtool on PATH.
 """
 
 from __future__ import annotations
@@ -130,14 +129,6 @@ def main() -> int:
             if args.raw:
                 took = timed([*gw, "--range", "1d", "--source", "raw"], dict(os.environ), REPO)
                 print(f"  top --range 1d --source raw        {took}")
-            # one job's report (8 GPUs, the last whole job of node 0): its own series, whatever the fleet
-            job_s = int(args.job_hours * 3600)
-            last = end - end % job_s - job_s
-            report = [sys.executable, "-m", "gpuwarden", "report", "--prometheus", url, "--timeout", "1200", "--json",
-                      "--job", f"0-{last}", "--at", str(end)]  # fmt: skip
-            for rng in ranges:
-                took = timed([*report, "--range", rng], dict(os.environ), REPO)
-                print(f"  report --job (8 GPUs) --range {rng}  {took}")
         finally:
             server.terminate()
             server.wait(60)
