@@ -104,9 +104,7 @@ class JobInputs:
     switches: float | None = None
     writing: bool = False
     stopped: float | None = None  # how many of the GPU's processes are stopped (SIGSTOP, a debugger); None: not read
-    listening: float | None = (
-        None  # how many listen on a port of their own (ProcessReading.listen_ports); None: not read
-    )
+    listening: float | None = None  # how many listen on a port of their own (ProcessReading.listen_ports)
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,8 +96,7 @@ def lost(index: int, uuid: str, error: str) -> Decided:
 
 def _findings(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> tuple[list[str], list[str]]:
     """The findings next to ``verdict`` (throttled, memory nearly full, a host phase, tensor cores idle, straggler,
-    health, blind)
-    and one sentence for each that says why (``blind`` has none: its remedy says it)."""
+    health, blind) and one sentence for each that says why (``blind`` has none: its remedy says it)."""
     findings: list[str] = []
     extra: list[str] = []
     if verdict != "throttled" and verdict != "free" and utilized(w) and throttled(w):
