@@ -369,10 +369,16 @@ def test_a_source_starting_handshakes_faster_than_its_rate_is_refused_before_any
     limits = HttpLimits(head_timeout=30.0)
     with server(limits, (pki.server.cert, pki.server.key)) as (port, _):
         rushing = []
-        for _ in range(15):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.3", 0))
-            s.sendall(_hello(pki)[3])
-            rushing.append(s)
+
+        def rush(n: int) -> None:
+            for _ in range(n):
+                s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.3", 0))
+                s.sendall(_hello(pki)[3])
+                rushing.append(s)
+
+        rush(5)  # the bucket's five: their handshakes start (the accept loop hands each to its task)
+        _wait(lambda: sum(h.source == "127.0.0.3" for h in limits.handshaking) == 5)
+        rush(10)  # past the bucket, with its handshakes unfinished: each closed before any TLS work
         _wait(lambda: limits.counts["handshake_refused"] == 10 and not limits.pending)
         assert sum(_closed(s, 0.5) for s in rushing) >= 10  # the refused, closed by the server
         raw = socket.create_connection(("127.0.0.1", port), timeout=5)
