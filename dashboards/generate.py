@@ -631,9 +631,13 @@ def render(d: gd.Dashboard) -> str:
     return json.dumps(json.loads(JSONEncoder().encode(d.build())), indent=2, sort_keys=True) + "\n"
 
 
+#: Every dashboard: its file's name part and the function that builds it.
+BOARDS = (("fleet", fleet), ("node", node), ("job", job))
+
+
 def main() -> None:
     """Write every dashboard."""
-    for name, build in (("fleet", fleet), ("node", node), ("job", job)):
+    for name, build in BOARDS:
         (OUT / f"gpuwarden-{name}.json").write_text(render(build()))
 
 

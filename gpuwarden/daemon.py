@@ -175,7 +175,7 @@ class Daemon:
         self.code_evidence = None
         evidence = cfg.insight.code_evidence
         if evidence.enabled and analyzers:  # live only (config: a replay's PIDs are another machine's)
-            from gpuwarden.code_evidence import CodeEvidenceSampler, targets_from
+            from gpuwarden.insight.code_evidence import CodeEvidenceSampler, targets_from
 
             self.code_evidence = CodeEvidenceSampler(
                 lambda: targets_from(self.poller)(),

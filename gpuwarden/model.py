@@ -6,8 +6,7 @@ hertz, degrees Celsius, and ratios in [0, 1]. A reading that the GPU does not su
 failed this poll, is ``None`` (or missing from a dict) - never 0, NaN or an NVML sentinel.
 
 The same models are the lines of a recorded trace (``docs/trace-format.md``): they are pydantic
-models so that a trace read from disk is validated, while the NVML layer, whose data is trusted,
-builds them with ``model_construct`` to keep the poll path cheap.
+models, validated wherever they are built (the NVML layer's readings as a trace read from disk).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class _Model(BaseModel):
     # a trace line holding NaN or an infinity (JSON accepts NaN and Infinity tokens) is refused, not replayed
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class GpuStatic(_Model):

@@ -154,9 +154,9 @@ class ProcessInspector:
             self._procs.pop(pid, None)
             self._static.pop(pid, None)
             self._trees.pop(pid, None)
-            return ProcessReading.model_construct(pid=pid, gpu_memory_bytes=gpu_memory_bytes)
+            return ProcessReading(pid=pid, gpu_memory_bytes=gpu_memory_bytes)
         name, cmd, user, created, cgroup, env = self._static[pid]
-        return ProcessReading.model_construct(
+        return ProcessReading(
             listen_ports=self._listen_ports(proc, env),
             pid=pid,
             gpu_memory_bytes=gpu_memory_bytes,
@@ -496,7 +496,7 @@ def _username(proc: psutil.Process) -> str | None:
 def read_host() -> HostReading:
     """Return the host's cumulative CPU seconds per mode (psutil.cpu_times) and its core count."""
     times = psutil.cpu_times()._asdict()
-    return HostReading.model_construct(
+    return HostReading(
         timestamp=time.time(),
         cpu_count=psutil.cpu_count() or 1,
         cpu_seconds_total=times,

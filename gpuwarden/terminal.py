@@ -1,10 +1,12 @@
-"""Text from the machine (process, job, pod and host names, a remote daemon's answers) as a terminal may show it:
-control characters made visible, never interpreted as Rich markup."""
+"""Text from the machine (process, job, pod and host names, a remote daemon's answers) as a terminal or a log may
+show it: control characters made visible, never interpreted as Rich markup, long values cut, and credentials in a URL
+(``http://user:password@host``) hidden."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 
 def visible(text: object) -> str:
@@ -42,3 +44,17 @@ def plain(text: object, style: str = "") -> Any:
     from rich.text import Text
 
     return Text(brief(text, SHOWN_CHARS), style=style)
+
+
+def redacted(url: str) -> str:
+    """Return ``url`` with its password replaced by ``***`` (``http://user:***@host:port/path``); a URL without a
+    password, or one that does not parse, is returned as it is (it holds no password to hide)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if not password:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))

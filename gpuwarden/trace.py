@@ -37,7 +37,7 @@ class TraceError(Exception):
 class TraceHeader(BaseModel):
     """The first line of a trace."""
 
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+    model_config = ConfigDict(extra="forbid")
 
     type: Literal["header"] = "header"
     format: Literal["gpuwarden-trace"] = FORMAT

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpuwarden.code_evidence import (
+from gpuwarden.config import ConfigError, load_config
+from gpuwarden.insight.code_evidence import (
     CodeEvidence,
     CodeEvidenceSampler,
     Frame,
@@ -26,7 +27,6 @@ from gpuwarden.code_evidence import (
     sampled_processes,
     top_frames,
 )
-from gpuwarden.config import ConfigError, load_config
 
 _TRAIN = "<module> (/home/u/train.py:120);train (/home/u/train.py:101)"
 RAW = "\n".join(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,13 +22,6 @@ def test_three_dashboards_linked_together() -> None:
     for p in BOARDS:
         urls = {link["url"] for link in load(p)["links"]}
         assert {f"/d/{u}" for u in uids} <= urls, p.name
-
-
-@pytest.mark.e2e
-def test_committed_json_is_what_the_generator_writes(tmp_path: Path) -> None:
-    before = {p.name: p.read_text() for p in BOARDS}
-    subprocess.run([sys.executable, str(REPO / "dashboards" / "generate.py")], check=True, timeout=60)
-    assert {p.name: p.read_text() for p in BOARDS} == before, "run python3 dashboards/generate.py and commit"
 
 
 @pytest.mark.parametrize("path", BOARDS, ids=[p.stem for p in BOARDS])

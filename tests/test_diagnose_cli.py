@@ -10,8 +10,8 @@ from rich.console import Console
 from test_insight_diagnosis import EXPECTED
 from test_insight_helpers import DDP, h100, run_trace, snap_of
 
-from gpuwarden import diagnose
 from gpuwarden.cli import build_parser
+from gpuwarden.commands import diagnose
 from gpuwarden.insight.document import diagnosis_document
 from gpuwarden.replay import demo_trace_path
 from gpuwarden.snapshot import NodeSnapshot

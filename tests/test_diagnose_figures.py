@@ -8,7 +8,7 @@ import io
 from conftest import trace
 from rich.console import Console
 
-from gpuwarden.diagnose import render, replay_report, summary_table, window_words
+from gpuwarden.commands.diagnose import render, replay_report, summary_table, window_words
 
 
 def _text(renderable: object) -> str:

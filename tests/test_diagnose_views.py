@@ -195,8 +195,7 @@ def test_watch_draws_what_fits_the_terminal(height: int, shows: str) -> None:
     height."""
     from rich.console import Console
 
-    from gpuwarden.commands.diagnose import _fit
-    from gpuwarden.diagnose import replay_report
+    from gpuwarden.commands.diagnose import _fit, replay_report
 
     report = replay_report(trace("derived-8gpu"))
     console = Console(width=120, height=height, force_terminal=False, color_system=None)

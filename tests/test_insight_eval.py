@@ -34,12 +34,3 @@ def test_a_trace_without_expectations_is_not_right(tmp_path: Path) -> None:
     out.write_text("\n".join(lines))
     [row] = evaluate(out)
     assert row.expected is None and row.given == "free" and not row.ok
-
-
-def test_the_evaluation_table_of_the_docs_is_the_recordings_evaluated() -> None:
-    """docs/scores.md's table is ``python3 -m bench.insight_eval --markdown`` over every recording as it is now."""
-    from bench.insight_eval import markdown
-
-    table = markdown([r for p in PATHS for r in evaluate(p)])
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "scores.md").read_text()
-    assert table in docs, "run: python3 -m bench.insight_eval --markdown, and put the table in docs/scores.md"

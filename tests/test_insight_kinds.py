@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from conftest import TRACES
 
-from gpuwarden.diagnose import replay_report
+from gpuwarden.commands.diagnose import replay_report
 from gpuwarden.insight.result import InsightResult
 
 #: trace -> (verdict, findings that must be there too)
@@ -189,7 +189,7 @@ def test_a_lost_gpu_is_diagnosed_lost() -> None:
     for n, poll in enumerate(polls[:15]):
         if n >= 10:
             g0, g1 = poll.gpus
-            g1 = g1.model_construct(index=g1.index, uuid=g1.uuid, timestamp=g1.timestamp, up=False, error="gpu_is_lost")
+            g1 = type(g1)(index=g1.index, uuid=g1.uuid, timestamp=g1.timestamp, up=False, error="gpu_is_lost")
             poll = poll.model_copy(update={"gpus": [g0, g1]})
         result = insight_result(analyzer(poll, header.node))
     assert result is not None
@@ -214,7 +214,7 @@ def test_a_flapping_gpu_counts_its_time_down_as_lost_and_nothing_else(down: rang
         reference = insight_result(clean(poll, header.node))
         if n in down:
             r0, r1 = poll.gpus
-            r1 = r1.model_construct(index=r1.index, uuid=r1.uuid, timestamp=r1.timestamp, up=False, error="gpu_is_lost")
+            r1 = type(r1)(index=r1.index, uuid=r1.uuid, timestamp=r1.timestamp, up=False, error="gpu_is_lost")
             poll = poll.model_copy(update={"gpus": [r0, r1]})
         result = insight_result(analyzer(poll, header.node))
     assert result is not None and reference is not None

@@ -8,7 +8,7 @@ import pytest
 
 from gpuwarden.cli import build_parser
 from gpuwarden.commands.serve import _node_name_problem, load
-from gpuwarden.nodename import unstable_name
+from gpuwarden.config.nodename import unstable_name
 
 CID = "3f1c2b9a8d7e" + "0" * 52
 MOUNTINFO = (

@@ -53,7 +53,7 @@ def test_fast_polls_read_gpm_once_a_second_and_skip_the_sample_buffer(
     assert fake.calls["nvmlGpmMetricsGet"] == 2
     assert readings[0].gpm == {} and readings[9].gpm == {}
     assert all(r.gpm for r in readings[10:]), "GPM values are carried between reads"
-    assert readings[12].gpm is readings[11].gpm
+    assert readings[12].gpm == readings[11].gpm  # carried: no new GPM computation (the calls above)
     # the util.gpu sample buffer (2.8 ms a call) is read once, at the first poll; util.gpu every poll
     assert fake.calls["nvmlDeviceGetSamples"] == 1
     assert all(r.utilization_gpu_ratio is not None for r in readings)
@@ -102,7 +102,7 @@ def test_gpm_is_computed_once_per_default_interval_at_one_second_polls(
     readings = [gpu.read(t0 + i * 1.0) for i in range(21)]
     assert fake.calls["nvmlGpmSampleGet"] == 3  # at 0, 10 and 20 s (default gpm_interval 10 s)
     assert fake.calls["nvmlGpmMetricsGet"] == 2
-    assert readings[10].gpm and all(r.gpm is readings[10].gpm for r in readings[10:20])
+    assert readings[10].gpm and all(r.gpm == readings[10].gpm for r in readings[10:20])
     source.close()
 
 

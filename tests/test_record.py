@@ -17,7 +17,7 @@ from gpuwarden.trace import TraceError, read_trace, read_trace_losses
 _RECORD = """
 import sys
 from pathlib import Path
-from gpuwarden.record import record
+from gpuwarden.commands.record import record
 from gpuwarden.replay import ReplaySource
 print(record(ReplaySource(Path(sys.argv[1])), Path(sys.argv[2]), 60.0, 0.05, {"scenario": "test"}), flush=True)
 """
@@ -117,7 +117,7 @@ def test_a_full_disk_keeps_the_polls_written_before_it(tmp_path: Path, monkeypat
     import errno
 
     from gpuwarden import trace as trace_module
-    from gpuwarden.record import record
+    from gpuwarden.commands.record import record
     from gpuwarden.replay import ReplaySource
 
     real = trace_module.TraceWriter.write
@@ -138,7 +138,7 @@ def test_a_full_disk_keeps_the_polls_written_before_it(tmp_path: Path, monkeypat
 
 
 def test_progress_is_reported_after_each_poll_written(tmp_path: Path) -> None:
-    from gpuwarden.record import record
+    from gpuwarden.commands.record import record
     from gpuwarden.replay import ReplaySource
 
     seen: list[tuple[int, float]] = []
@@ -152,8 +152,8 @@ def test_progress_is_reported_after_each_poll_written(tmp_path: Path) -> None:
 def test_the_header_carries_the_verdicts_of_the_live_analyzer_at_the_end(tmp_path: Path) -> None:
     """record runs the daemon's analyzer over the polls it writes and puts its final verdicts into the header; the
     replay of the trace gives the same ones."""
+    from gpuwarden.commands.record import record
     from gpuwarden.insight.evaluation import evaluate
-    from gpuwarden.record import record
     from gpuwarden.replay import ReplaySource
 
     out = tmp_path / "t.jsonl.gz"

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuwarden.cluster.views import _row
-from gpuwarden.diagnose import render, replay_report
+from gpuwarden.commands.diagnose import render, replay_report
 from gpuwarden.insight.result import JobInsight
 from gpuwarden.terminal import visible
 

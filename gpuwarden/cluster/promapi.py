@@ -19,8 +19,7 @@ from typing import Any
 import httpx
 import ijson  # type: ignore[import-untyped]
 
-from gpuwarden.terminal import visible
-from gpuwarden.urls import redacted
+from gpuwarden.terminal import redacted, visible
 
 
 class PrometheusError(Exception):

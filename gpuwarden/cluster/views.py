@@ -22,8 +22,7 @@ from gpuwarden.cluster.usage import (
     default_attribution,
     seconds,
 )
-from gpuwarden.terminal import SHOWN_CHARS, brief, listed, plain, visible
-from gpuwarden.urls import redacted
+from gpuwarden.terminal import SHOWN_CHARS, brief, listed, plain, redacted, visible
 
 if TYPE_CHECKING:
     from gpuwarden.cluster.promapi import Prometheus

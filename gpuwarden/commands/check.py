@@ -1,6 +1,6 @@
 """``gpuwarden check``: is each GPU ready for the next job? For a Slurm prolog or a Kubernetes init container.
 
-One NVML read of every GPU (no daemon needed), judged by ``gpuwarden.readiness``: PASS, WARN or CRITICAL per GPU
+One NVML read of every GPU (no daemon needed), judged by ``gpuwarden.health``: PASS, WARN or CRITICAL per GPU
 with the reason and the next action; with ``--prometheus``, each GPU's history too (``gpuwarden top --quality``'s
 tiers over ``--range``: a GPU to service is CRITICAL, one to watch WARN). Exit codes (Nagios's): 0 every GPU PASS or
 WARN, 1 a WARN with ``--strict``, 2 a CRITICAL GPU, 3 the GPUs could not be read at all (no driver, NVML failed); 64
@@ -21,8 +21,8 @@ from gpuwarden.commands import COMMANDS, Subparsers, die
 from gpuwarden.commands._prometheus import duration, positive_seconds
 
 if TYPE_CHECKING:
+    from gpuwarden.health import GpuCheck
     from gpuwarden.model import NodeStatic, PollResult
-    from gpuwarden.readiness import GpuCheck
 
 EXIT_WARN, EXIT_CRITICAL, EXIT_UNKNOWN = 1, 2, 3
 #: Bad flags (sysexits.h's EX_USAGE), apart from CRITICAL: gpuwarden.cli maps check's argparse errors to it.
@@ -94,7 +94,7 @@ def _indices(text: str | None) -> list[int] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Print each GPU's readiness; return the exit code of the worst (see the module docstring)."""
-    from gpuwarden.readiness import assess, worst
+    from gpuwarden.health import assess, worst
     from gpuwarden.source import SourceError
     from gpuwarden.trace import TraceError
 
@@ -141,9 +141,8 @@ def _with_history(checks: list[GpuCheck], args: argparse.Namespace) -> list[GpuC
     from gpuwarden.cluster.promapi import ClientTls, Prometheus, PrometheusError
     from gpuwarden.cluster.quality import quality
     from gpuwarden.cluster.usage import Accounting, promql_string
-    from gpuwarden.readiness import LEVELS, Finding
-    from gpuwarden.terminal import brief
-    from gpuwarden.urls import redacted
+    from gpuwarden.health import LEVELS, Finding
+    from gpuwarden.terminal import brief, redacted
 
     uuids = [c.uuid for c in checks if c.uuid]
     if not uuids:

@@ -152,14 +152,14 @@ def load(args: argparse.Namespace) -> Config:
 
 
 def _node_name_problem(cfg: Any) -> str | None:
-    """Why the node's default name is no stable ``nodename`` (gpuwarden.nodename), when it reads real GPUs under it;
-    None when ``node_name`` is set, for a replay or the demo, or when the host name is stable."""
+    """Why the node's default name is no stable ``nodename`` (gpuwarden.config.nodename), when it reads real GPUs
+    under it; None when ``node_name`` is set, for a replay or the demo, or when the host name is stable."""
     if cfg.node_name or cfg.demo or cfg.replay:
         return None
     import os
     import socket
 
-    from gpuwarden.nodename import unstable_name
+    from gpuwarden.config.nodename import unstable_name
 
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:

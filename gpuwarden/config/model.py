@@ -28,7 +28,7 @@ class ConfigError(Exception):
 class ProcessesConfig(BaseModel):
     """Per-process readings: on/off, and how many processes per GPU get their own series."""
 
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+    model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(default=True, description="read the GPU processes (pids, memory, job and pod)")
     max_per_gpu: int = Field(default=16, ge=0, le=1024, description="processes per GPU with series of their own")
 
@@ -36,7 +36,7 @@ class ProcessesConfig(BaseModel):
 class CollectorsConfig(BaseModel):
     """Collectors to turn on beyond the defaults, and to turn off (names as in ``gpuwarden collectors``)."""
 
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+    model_config = ConfigDict(extra="forbid")
     enable: list[str] = Field(default_factory=list, description="collectors to turn on beyond the defaults")
     disable: list[str] = Field(default_factory=list, description="collectors to turn off")
     disable_defaults: bool = Field(
@@ -45,9 +45,9 @@ class CollectorsConfig(BaseModel):
 
 
 class CodeEvidenceConfig(BaseModel):
-    """Code-level evidence (gpuwarden.code_evidence): py-spy samples of a starved or launch-bound GPU's job."""
+    """Code-level evidence (gpuwarden.insight.code_evidence): py-spy samples of a starved or launch-bound GPU's job."""
 
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+    model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(
         default=False, description="sample the job's Python stacks with py-spy (needs root or CAP_SYS_PTRACE)"
     )
@@ -60,7 +60,7 @@ class CodeEvidenceConfig(BaseModel):
 class InsightConfig(BaseModel):
     """Scores and diagnosis: the window of gpu_starved_ratio and the imbalance scores; code evidence."""
 
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+    model_config = ConfigDict(extra="forbid")
     window_seconds: float = Field(
         default=300.0, gt=0, le=86400, description="the window of gpu_starved_ratio and the imbalance scores"
     )
@@ -72,7 +72,7 @@ class Config(BaseModel):
     environment and the flags by ``load_config`` (gpuwarden.config.load, through pydantic-settings); ``Config()`` is
     the defaults."""
 
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+    model_config = ConfigDict(extra="forbid")
 
     listen_address: str = Field(default=f"0.0.0.0:{DEFAULT_PORT}", description="HOST:PORT to serve on")
     telemetry_path: str = Field(

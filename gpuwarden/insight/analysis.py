@@ -106,7 +106,7 @@ def _jobs(windows: _Windows, processes: list[ProcessJob]) -> tuple[list[JobInsig
         if falls is not None:
             shortfall.update(zip(measured, falls, strict=True))
         jobs.append(
-            JobInsight.model_construct(
+            JobInsight(
                 job=key[1],
                 job_kind=key[0],
                 gpus=[windows.index[u] for u in uuids],
@@ -130,7 +130,7 @@ def _gpu(
         decided = lost(c.index, c.uuid, down[c.uuid])
     activity = w.sm if w.sm is not None else w.util
     source = "sm_activity" if w.sm is not None else "utilization_gpu"
-    insight = GpuInsight.model_construct(
+    insight = GpuInsight(
         gpu=c.index,
         uuid=c.uuid,
         state_seconds_total=c.totals,
@@ -181,7 +181,7 @@ def build_core(
     jobs, shortfall = _jobs(windows, processes)
     made = [_gpu(c, windows, shortfall.get(c.uuid), down or {}) for c in captures]  # in GPU index order
     node_act = activities([windows.node[u] for u in up if u in windows.node])
-    base = InsightResult.model_construct(
+    base = InsightResult(
         timestamp=timestamp,
         window_seconds=window_seconds,
         diagnosis_window_seconds=diagnosis_seconds,

@@ -256,7 +256,7 @@ class InsightAnalyzer:
                 live_jobs[(p.pid, p.create_time, p.cgroup)] = ref
                 names = pod_of(ref, p, g.pods)
                 processes.append(
-                    ProcessJob.model_construct(
+                    ProcessJob(
                         gpu=g.index,
                         uuid=g.uuid,
                         pid=p.pid,
@@ -661,9 +661,9 @@ def _extend_runs(runs: deque[StateRun], secs: dict[str, float], start: float, en
     main = max(secs, key=secs.__getitem__)
     last = runs[-1] if runs else None
     if last is not None and last.state == main and abs(last.end - start) < 1e-6:
-        runs[-1] = StateRun.model_construct(state=main, start=last.start, end=end)
+        runs[-1] = StateRun(state=main, start=last.start, end=end)
     else:
-        runs.append(StateRun.model_construct(state=main, start=start, end=end))
+        runs.append(StateRun(state=main, start=start, end=end))
     while runs and runs[0].end <= end - window:
         runs.popleft()
     return main

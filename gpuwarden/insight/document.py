@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from gpuwarden.code_evidence import CodeEvidence
+from gpuwarden.insight.code_evidence import CodeEvidence
 from gpuwarden.insight.result import GpuInsight, JobInsight, ProcessJob, snapshot_insight
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -15,7 +15,7 @@ from gpuwarden.snapshot import NodeSnapshot
 class GpuDiagnosisDocument(GpuInsight):
     """One GPU in the diagnosis document: the insight on it (GpuInsight: time accounting, idle causes, held-idle
     energy, scores, verdict, None while there is none yet), its name, and the code evidence of its job (py-spy
-    samples, gpuwarden.code_evidence; None unless enabled and taken)."""
+    samples, gpuwarden.insight.code_evidence; None unless enabled and taken)."""
 
     name: str | None = None
     code_evidence: CodeEvidence | None = None
@@ -27,8 +27,6 @@ class DiagnosisDocument(BaseModel):
     ``available`` is False (and ``reason`` says why) when there is no analysis to report: before the first
     poll, while the data is stale, or when the insight analyzer is not running.
     """
-
-    model_config = ConfigDict(defer_build=True)
 
     hostname: str
     source: str
@@ -68,7 +66,7 @@ def diagnosis_document(snapshot: NodeSnapshot) -> DiagnosisDocument:
         node_imbalance_ratio=res.node_imbalance_ratio,
         node_activity_source=res.node_activity_source,
         gpus=[
-            GpuDiagnosisDocument.model_construct(**dict(g), name=names.get(g.uuid), code_evidence=evidence.get(g.uuid))
+            GpuDiagnosisDocument(**dict(g), name=names.get(g.uuid), code_evidence=evidence.get(g.uuid))
             for g in res.gpus
         ],
         jobs=res.jobs,

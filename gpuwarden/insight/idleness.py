@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from gpuwarden.allocation import allocated_jobs
 from gpuwarden.insight.result import GpuInsight, snapshot_insight
@@ -25,11 +25,7 @@ from gpuwarden.snapshot import NodeSnapshot
 Status = Literal["active", "idle", "unknown"]
 
 
-class _Doc(BaseModel):
-    model_config = ConfigDict(defer_build=True)
-
-
-class GpuIdleness(_Doc):
+class GpuIdleness(BaseModel):
     """One GPU: its status, the idle state that makes it idle (``cause``), for how long, and its jobs (kind, id)."""
 
     gpu: int
@@ -46,7 +42,7 @@ class GpuIdleness(_Doc):
     )
 
 
-class JobIdleness(_Doc):
+class JobIdleness(BaseModel):
     """One job of the node: active when any of its GPUs is, idle when all are (``idle_seconds``: the shortest), else
     unknown."""
 
@@ -57,7 +53,7 @@ class JobIdleness(_Doc):
     gpus: list[int]
 
 
-class IdlenessDocument(_Doc):
+class IdlenessDocument(BaseModel):
     """The body of ``/api/v1/idleness``: ``available`` False (and ``reason``) before the first analysis or while the
     data is stale, when every status is unknown; ``timestamp`` the poll the statuses are from."""
 

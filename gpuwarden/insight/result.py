@@ -15,7 +15,7 @@ from gpuwarden.snapshot import NodeSnapshot
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    model_config = ConfigDict(frozen=True)
 
 
 class StateRun(_Frozen):

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class Evidence(BaseModel):
     """One number behind a verdict: its name, value, unit and the rule it was compared with (if any)."""
 
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    model_config = ConfigDict(frozen=True)
 
     name: str
     value: float
@@ -27,7 +27,7 @@ class Diagnosis(BaseModel):
     ``throttled`` / ``memory_nearly_full`` where they hold); ``severity`` ok / info / warning.
     """
 
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    model_config = ConfigDict(frozen=True)
 
     gpu: int
     uuid: str

@@ -100,7 +100,7 @@ class PodResources:
             self._first.set()
             return
         found = [
-            PodAssignment.model_construct(  # protobuf's strings: no validator is built
+            PodAssignment(
                 namespace=pod.namespace, pod=pod.name, container=c.name, device_id=dev_id, resource=dev.resource_name
             )  # fmt: skip
             for pod in resp.pod_resources
@@ -110,7 +110,7 @@ class PodResources:
             for dev_id in dev.device_ids
         ] + [
             # Dynamic Resource Allocation: a ResourceClaim's devices from NVIDIA's DRA driver
-            PodAssignment.model_construct(  # protobuf's strings: no validator is built
+            PodAssignment(
                 namespace=pod.namespace,
                 pod=pod.name,
                 container=c.name,

@@ -23,7 +23,6 @@ import time
 from typing import Any
 
 import pynvml
-from pydantic_core import PydanticUndefined
 
 from gpuwarden.config import GPM_INTERVAL, SLOW_INTERVAL
 from gpuwarden.model import GpuReading, GpuStatic, MigReading, ProcessReading
@@ -62,28 +61,6 @@ PROCESS_UTILIZATION_INTERVAL = 5.0
 #: least this often all the same, for the one case the bytes cannot show (a process gone and another come with the
 #: same memory between two polls).
 PROCESS_LIST_MAX_AGE = 10.0
-
-# GpuReading's defaults, resolved once. pydantic's model_construct resolves a missing field's default_factory
-# through inspect.signature on every call (docs/performance.md): fill them
-# in here and pass the fields actually read as _fields_set, which gives the same model, fields set included.
-_READING_DEFAULTS = {
-    name: f.default
-    for name, f in GpuReading.model_fields.items()
-    if f.default_factory is None and f.default is not PydanticUndefined
-}
-_READING_FACTORIES = {
-    name: f.default_factory for name, f in GpuReading.model_fields.items() if f.default_factory is not None
-}
-
-
-def construct_reading(values: dict[str, Any]) -> GpuReading:
-    """Return ``GpuReading.model_construct(**values)`` (same model and fields set), without its per-call cost."""
-    full = dict(_READING_DEFAULTS)
-    for name, factory in _READING_FACTORIES.items():
-        if name not in values:
-            full[name] = factory()  # type: ignore[call-arg]
-    full.update(values)
-    return GpuReading.model_construct(_fields_set=set(values), **full)
 
 
 class GpuPoller:
@@ -153,10 +130,9 @@ class GpuPoller:
             reading = self._read(now)
         except GpuLost as exc:
             self._caller.errors[(str(exc), "gpu_is_lost")] += 1
-            return construct_reading(
-                {"index": index, "uuid": uuid, "timestamp": now, "up": False, "error": "gpu_is_lost",
-                 "processes": self._holders_alive()}
-            )  # fmt: skip
+            return GpuReading(
+                index=index, uuid=uuid, timestamp=now, up=False, error="gpu_is_lost", processes=self._holders_alive()
+            )
         if self._xid is not None:
             reading.xid_events = self._xid.drain(index)
         self._holders = {p.pid: p.create_time for p in reading.processes or () if p.create_time is not None}
@@ -234,7 +210,7 @@ class GpuPoller:
             r["failing"] = failing_readings(self._caller.failing, self._failing_fields)
         if self.static.mig_enabled:
             r["mig"] = self._mig(now)
-        return construct_reading(r)
+        return GpuReading(**r)
 
     def _samples(self) -> list[tuple[float, float]]:
         got = self._caller.call(
@@ -440,7 +416,7 @@ class GpuPoller:
                     sampler = self._mig_gpm[gi] = GpmSampler(h, self._caller, gpu_instance_id=gi)
                 gpm = self._read_gpm(now, sampler, gi)
             out.append(
-                MigReading.model_construct(
+                MigReading(
                     uuid=decode(uuid),
                     gpu_instance_id=int(gi),
                     compute_instance_id=int(ci) if ci is not None else None,
@@ -458,4 +434,4 @@ class GpuPoller:
                 s.close()
 
 
-__all__ = ["GPM_INTERVAL", "SLOW_INTERVAL", "GpuPoller", "construct_reading", "error_name", "field_value"]
+__all__ = ["GPM_INTERVAL", "SLOW_INTERVAL", "GpuPoller", "error_name", "field_value"]

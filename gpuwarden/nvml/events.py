@@ -82,7 +82,7 @@ class XidWatcher:
             if index is None:
                 continue
             with self._lock:
-                self._pending[index].append(XidEvent.model_construct(timestamp=time.time(), xid=int(data.eventData)))
+                self._pending[index].append(XidEvent(timestamp=time.time(), xid=int(data.eventData)))
 
     def drain(self, index: int) -> list[XidEvent]:
         """Return the XID events of GPU ``index`` since the last drain (oldest first)."""

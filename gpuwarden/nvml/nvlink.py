@@ -83,7 +83,7 @@ def fabric_reading(state: int, status: int, clique: int, cluster: bytes, mask: i
         bits = (mask >> shift) & 0b11
         if bits in (1, 2):
             checks[name] = bits == 1
-    return FabricReading.model_construct(  # NVML's answers, of the fields' types: no validator is built
+    return FabricReading(
         state=FABRIC_STATES.get(state, f"unknown_{state}"),
         status="success" if status == pynvml.NVML_SUCCESS else error_name(pynvml.NVMLError(status)),
         clique_id=clique,

@@ -161,7 +161,7 @@ class NvmlSource:
             self._down = "nvml_unavailable"
             self._down_words = str(exc)
             self._retry_at = time.monotonic() + self._backoff
-            self.static = NodeStatic.model_construct(hostname=socket.gethostname())
+            self.static = NodeStatic(hostname=socket.gethostname())
             return self.static
         self.static = self._discover()
         return self.static
@@ -271,16 +271,14 @@ class NvmlSource:
         host = None
         if now - self._host_at >= self._host_min_gap - CADENCE_SLACK:
             host, self._host_at = read_host(), now
-        return PollResult.model_construct(
-            timestamp=now, duration_seconds=time.perf_counter() - start, gpus=gpus, host=host
-        )
+        return PollResult(timestamp=now, duration_seconds=time.perf_counter() - start, gpus=gpus, host=host)
 
     def _gone_errors(self) -> dict[tuple[str, str], int]:
         """The error counts whose error means "driver gone" (usually none: an empty dict)."""
         return {k: n for k, n in self._errors.items() if k[1] in _DRIVER_GONE_NAMES}
 
     def _down_reading(self, s: GpuStatic, now: float, error: str) -> GpuReading:
-        return GpuReading.model_construct(index=s.index, uuid=s.uuid, timestamp=now, up=False, error=error)
+        return GpuReading(index=s.index, uuid=s.uuid, timestamp=now, up=False, error=error)
 
     def _down_readings(self, now: float) -> list[GpuReading]:
         assert self.static is not None and self._down is not None

@@ -41,7 +41,7 @@ def read_node_static(caller: Caller, gpus: list[GpuStatic]) -> NodeStatic:
     driver = caller.call("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
     nvml = caller.call("nvmlSystemGetNVMLVersion", pynvml.nvmlSystemGetNVMLVersion)
     cuda = caller.call("nvmlSystemGetCudaDriverVersion_v2", pynvml.nvmlSystemGetCudaDriverVersion_v2)
-    return NodeStatic.model_construct(  # NVML's answers are of the fields' types: no validator is built
+    return NodeStatic(
         hostname=socket.gethostname(),
         driver_version=decode(driver) if driver is not None else None,
         nvml_version=decode(nvml) if nvml is not None else None,
@@ -94,7 +94,7 @@ def read_gpu_static(index: int, handle: Any, caller: Caller) -> GpuStatic:
     if fv is not None and fv[0].nvmlReturn == pynvml.NVML_SUCCESS and fv[0].value.uiVal > 0:
         links = int(fv[0].value.uiVal)
     max_width = c("nvmlDeviceGetMaxPcieLinkWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
-    return GpuStatic.model_construct(  # the types NVML's calls return, converted above
+    return GpuStatic(
         index=index,
         uuid=decode(pynvml.nvmlDeviceGetUUID(handle)),
         name=decode(pynvml.nvmlDeviceGetName(handle)),

@@ -210,10 +210,10 @@ class ReplaySource:
             gpus = self._annotate(gpus)  # the scheduler's view now, read live (the job mapping, the kubelet)
         host = None
         if rec.host is not None:
-            host = HostReading.model_construct(
+            host = HostReading(
                 **{**rec.host.__dict__, "timestamp": rec.host.timestamp + shift, **self._continued(rec.host, k, "host")}
             )
-        return PollResult.model_construct(timestamp=now, duration_seconds=rec.duration_seconds, gpus=gpus, host=host)
+        return PollResult(timestamp=now, duration_seconds=rec.duration_seconds, gpus=gpus, host=host)
 
     def _read_next(self) -> PollResult:
         """The next poll of the pass being played (a new pass opened at its start). Raises SourceError when the
@@ -266,7 +266,7 @@ class ReplaySource:
         }
         if g.processes is not None:
             upd["processes"] = [
-                ProcessReading.model_construct(**{
+                ProcessReading(**{
                     **p.__dict__,
                     **self._continued(p, k, "process", g.index, p.pid),
                     "create_time": None if p.create_time is None else p.create_time + started,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -35,16 +35,12 @@ if TYPE_CHECKING:
 class GpuDocument(BaseModel):
     """One GPU in /api/v1/gpus: its static facts and its latest reading (None before the first poll)."""
 
-    model_config = ConfigDict(defer_build=True)
-
     static: GpuStatic
     reading: GpuReading | None = None
 
 
 class GpusDocument(BaseModel):
     """The body of /api/v1/gpus: node facts, source, freshness and every GPU."""
-
-    model_config = ConfigDict(defer_build=True)
 
     hostname: str
     driver_version: str | None = None
@@ -59,8 +55,6 @@ class GpusDocument(BaseModel):
 
 class Readiness(BaseModel):
     """The body of /readyz."""
-
-    model_config = ConfigDict(defer_build=True)
 
     ready: bool
     reason: str
@@ -92,15 +86,15 @@ def readiness(snap: NodeSnapshot | None, stale_after: float, now: float | None =
     now = time.time() if now is None else now
     why = f": {snap.down_reason}" if snap is not None and snap.down_reason else ""
     if snap is None or snap.last_success_timestamp is None:
-        return Readiness.model_construct(ready=False, reason=f"no successful poll yet{why}")
+        return Readiness(ready=False, reason=f"no successful poll yet{why}")
     age = now - snap.last_success_timestamp
     if age > stale_after:
-        return Readiness.model_construct(
+        return Readiness(
             ready=False,
             reason=f"last successful poll is {age:.1f} s old (limit {stale_after:g} s){why}",
             last_poll_age_seconds=age,
         )
-    return Readiness.model_construct(ready=True, reason="ok", last_poll_age_seconds=age)
+    return Readiness(ready=True, reason="ok", last_poll_age_seconds=age)
 
 
 _GZIP = {"content-encoding": "gzip", "vary": "Accept-Encoding"}

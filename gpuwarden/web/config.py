@@ -103,7 +103,7 @@ class WebConfigError(ConfigError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class TLSServerConfig(_Strict):

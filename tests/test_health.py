@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.cli import build_parser
+from gpuwarden.health import assess, worst
 from gpuwarden.model import FabricReading, GpuReading, GpuStatic, NodeStatic, PollResult, ProcessReading
-from gpuwarden.readiness import assess, worst
 
 TRACES = Path(__file__).parent / "data" / "traces"
 
@@ -152,17 +152,17 @@ def test_a_typo_in_the_command_line_exits_64_not_2_so_a_prolog_drains_no_node_ov
 
 
 def test_every_alert_is_placed_read_at_a_jobs_start_or_not_and_why() -> None:
-    """A new alert in the rules file fails here until gpuwarden.readiness.ALERTS says whether ``check`` reads it; an
+    """A new alert in the rules file fails here until gpuwarden.health.ALERTS says whether ``check`` reads it; an
     alert it reads is named in the module's list of rules."""
     import yaml
 
-    from gpuwarden import readiness
+    from gpuwarden import health
 
     rules = yaml.safe_load((Path(__file__).parent.parent / "alerts" / "gpuwarden.rules.yml").read_text())
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
-    assert alerts - set(readiness.ALERTS) == set(), "say in gpuwarden.readiness.ALERTS whether check reads them"
-    assert set(readiness.ALERTS) - alerts == set(), "alerts the rules no longer have"
-    doc = readiness.__doc__ or ""
+    assert alerts - set(health.ALERTS) == set(), "say in gpuwarden.health.ALERTS whether check reads them"
+    assert set(health.ALERTS) - alerts == set(), "alerts the rules no longer have"
+    doc = health.__doc__ or ""
     assert [
-        a for a, how in readiness.ALERTS.items() if how.startswith("read") and f"- {a}" not in doc.replace("\n  ", " ")
+        a for a, how in health.ALERTS.items() if how.startswith("read") and f"- {a}" not in doc.replace("\n  ", " ")
     ] == []

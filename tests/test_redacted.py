@@ -6,9 +6,9 @@ import pytest
 from helpers import free_port
 
 from gpuwarden.cluster.promapi import Prometheus, PrometheusError
-from gpuwarden.diagnose import url_report
+from gpuwarden.commands.diagnose import url_report
 from gpuwarden.source import SourceError
-from gpuwarden.urls import redacted
+from gpuwarden.terminal import redacted
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,7 @@ _PROCESS = re.compile(r"^process (?P<pid>\d+):")
 class Frame(BaseModel):
     """A function of the job's code and the share of samples in it (as the deepest frame of the job's own code)."""
 
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    model_config = ConfigDict(frozen=True)
 
     function: str
     file: str
@@ -72,7 +72,7 @@ class CodeEvidence(BaseModel):
     samples (of it and its child processes), the functions most of them were in, and the process most were taken in
     (``busiest_pid``, its share ``busiest_share``); ``error`` (one line) when it could not be sampled."""
 
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    model_config = ConfigDict(frozen=True)
 
     pid: int
     verdict: str

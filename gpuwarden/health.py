@@ -93,7 +93,7 @@ _HW_SLOWDOWN = sum(b for b, n in CLOCK_EVENT_REASONS.items() if n in ("hw_slowdo
 class Finding(BaseModel):
     """One reason a GPU is not PASS: its level, what was seen, and what to do next."""
 
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    model_config = ConfigDict(frozen=True)
 
     level: str
     reason: str
@@ -103,7 +103,7 @@ class Finding(BaseModel):
 class GpuCheck(BaseModel):
     """One GPU's readiness: its index, UUID and name, its level (the worst of its findings; PASS with none)."""
 
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    model_config = ConfigDict(frozen=True)
 
     gpu: int
     uuid: str
