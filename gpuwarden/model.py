@@ -65,16 +65,38 @@ class NodeStatic(_Model):
     gpus: list[GpuStatic] = Field(default_factory=list)
 
 
-class ProcessReading(_Model):
-    """One process that holds a context on a GPU.
+class ProcessIdentity(BaseModel):
+    """What a GPU process is wherever it is shown: its PID, its memory on the GPU, the process that keeps it, its
+    ranks. ProcessReading (the NVML layer's reading) and gpuwarden.insight.result.ProcessJob (the process with its
+    job) both hold these fields, declared here once.
 
-    ``pid`` and ``gpu_memory_bytes`` come from nvmlDeviceGetComputeRunningProcesses (host PIDs); the
-    rest from /proc through psutil and is ``None`` where the process is not visible (another PID
-    namespace) or has ended.
+    ``pid`` and ``gpu_memory_bytes`` come from nvmlDeviceGetComputeRunningProcesses (host PIDs), the ranks from
+    /proc/PID/environ, ``kept_by`` from the device files open in /proc/*/fd.
     """
 
     pid: int
     gpu_memory_bytes: int | None = None
+    kept_by: int | None = Field(
+        default=None,
+        description="for a PID /proc does not have (a process that exited while a child it forked keeps the device "
+        "open): a live process with the GPU's device file open (its user, cgroup and job stand for the PID's)",
+    )
+    rank: int | None = Field(
+        default=None,
+        description="the process's global rank in a distributed job, from /proc/PID/environ: RANK (torchrun, "
+        "torch.distributed), else SLURM_PROCID (srun), else OMPI_COMM_WORLD_RANK (Open MPI)",
+    )
+    local_rank: int | None = Field(
+        default=None,
+        description="its rank on this node: LOCAL_RANK, else SLURM_LOCALID, else OMPI_COMM_WORLD_LOCAL_RANK",
+    )
+
+
+class ProcessReading(_Model, ProcessIdentity):
+    """One process that holds a context on a GPU: its ProcessIdentity, and from /proc through psutil the rest, which
+    is ``None`` where the process is not visible (another PID namespace) or has ended.
+    """
+
     name: str | None = None
     cmdline: str | None = None
     username: str | None = None
@@ -86,11 +108,6 @@ class ProcessReading(_Model):
         description="the process's share of the GPU's SM time (0-1): the mean smUtil of its "
         "nvmlDeviceGetProcessUtilization samples since the previous poll; None without a sample",
     )
-    kept_by: int | None = Field(
-        default=None,
-        description="for a PID /proc does not have (a process that exited while a child it forked keeps the device "
-        "open): a live process with the GPU's device file open (its user and cgroup stand for the PID's)",
-    )
     hostname_env: str | None = Field(
         default=None,
         description="HOSTNAME from /proc/PID/environ (a container's hostname: its pod's name unless the pod sets "
@@ -100,15 +117,6 @@ class ProcessReading(_Model):
         default=None,
         description="SLURM_JOB_ID from /proc/PID/environ (readable for the process's own user, root, or "
         "CAP_SYS_PTRACE), for Slurm nodes whose cgroup paths do not name the job",
-    )
-    rank: int | None = Field(
-        default=None,
-        description="the process's global rank in a distributed job, from /proc/PID/environ: RANK (torchrun, "
-        "torch.distributed), else SLURM_PROCID (srun), else OMPI_COMM_WORLD_RANK (Open MPI)",
-    )
-    local_rank: int | None = Field(
-        default=None,
-        description="its rank on this node: LOCAL_RANK, else SLURM_LOCALID, else OMPI_COMM_WORLD_LOCAL_RANK",
     )
     cgroup_cpu_seconds_total: float | None = Field(
         default=None,

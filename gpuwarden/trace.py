@@ -7,6 +7,7 @@ sequence number. Files ending in ``.gz`` are gzip-compressed.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -254,50 +255,21 @@ def _polls(reader: TracePass, f: IO[str]) -> Iterator[PollResult]:
     try:
         for n, obj in _lines(f, cut):
             kind = obj.pop("type", None)
-            try:
-                if header is None:
-                    if kind != "header":
-                        raise TraceError(f"line {n}: the first record must be the header")
-                    header = reader.header = TraceHeader.model_validate({"type": "header", **obj})
-                    continue
-                seq = obj.pop("poll", None)
-                if not isinstance(seq, int):
-                    raise TraceError(f"line {n}: record without an integer 'poll'")
-                if kind == "host":
-                    if current is not None:
-                        count += 1
-                        yield _finish(current)
-                    duration = obj.pop("duration_seconds", 0.0)
-                    host = HostReading.model_validate(obj) if "cpu_count" in obj else None
-                    current = {
-                        "line": n,
-                        "seq": seq,
-                        "timestamp": obj.get("timestamp"),
-                        "duration": duration,
-                        "host": host,
-                        "gpus": [],
-                    }
-                elif kind == "gpu":
-                    if current is None or current["seq"] != seq:
-                        raise TraceError(f"line {n}: gpu record of poll {seq} without its host record")
-                    current["gpus"].append(GpuReading.model_validate(obj))
-                else:
-                    raise TraceError(f"line {n}: unknown record type {kind!r}")
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                where = ".".join(str(p) for p in err["loc"])
-                raise TraceError(f"line {n}: {where}: {err['msg']}") from exc
+            if header is None:
+                header = reader.header = _header(n, kind, obj)
+                continue
+            begun = _record(n, kind, obj, current)
+            if begun is not None:
+                if current is not None:
+                    count += 1
+                    yield _finish(current)
+                current = begun
     except TraceError as exc:
         raise TraceError(f"{path}: {exc}") from exc
-    losses: list[str] = []
-    if cut.stream:
-        losses.append("the compressed stream ends early")
-    if cut.line is not None:
-        losses.append(f"line {cut.line} is cut off")
+    losses = _losses(cut)
     last = None
     if current is not None:
-        complete = header is not None and len(current["gpus"]) >= len(header.node.gpus)
-        if complete:
+        if header is not None and len(current["gpus"]) >= len(header.node.gpus):
             try:
                 last = _finish(current)
             except TraceError as exc:
@@ -313,6 +285,58 @@ def _polls(reader: TracePass, f: IO[str]) -> Iterator[PollResult]:
     reader.dropped = f"cut-off end dropped ({'; '.join(losses)}); {count} complete polls read" if losses else None
     if last is not None:
         yield last
+
+
+@contextlib.contextmanager
+def _at_line(n: int) -> Iterator[None]:
+    """A pydantic ValidationError inside becomes a TraceError naming line ``n``, the field and pydantic's reason."""
+    try:
+        yield
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise TraceError(f"line {n}: {where}: {err['msg']}") from exc
+
+
+def _header(n: int, kind: object, obj: dict[str, Any]) -> TraceHeader:
+    """The trace's header from its first record (line ``n``). Raises TraceError for any other record or a header
+    that does not validate."""
+    if kind != "header":
+        raise TraceError(f"line {n}: the first record must be the header")
+    with _at_line(n):
+        return TraceHeader.model_validate({"type": "header", **obj})
+
+
+def _record(n: int, kind: object, obj: dict[str, Any], current: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Read record ``obj`` (line ``n``): a host record begins a poll and returns its state (line, sequence number,
+    time, duration, host reading, GPUs so far); a GPU record joins ``current`` and returns None. Raises TraceError
+    for a record without its poll number, a GPU record out of its poll, an unknown type or a field that does not
+    validate."""
+    seq = obj.pop("poll", None)
+    if not isinstance(seq, int):
+        raise TraceError(f"line {n}: record without an integer 'poll'")
+    with _at_line(n):
+        if kind == "host":
+            duration = obj.pop("duration_seconds", 0.0)
+            host = HostReading.model_validate(obj) if "cpu_count" in obj else None
+            return {"line": n, "seq": seq, "timestamp": obj.get("timestamp"), "duration": duration, "host": host,
+                    "gpus": []}  # fmt: skip
+        if kind == "gpu":
+            if current is None or current["seq"] != seq:
+                raise TraceError(f"line {n}: gpu record of poll {seq} without its host record")
+            current["gpus"].append(GpuReading.model_validate(obj))
+            return None
+    raise TraceError(f"line {n}: unknown record type {kind!r}")
+
+
+def _losses(cut: _Cut) -> list[str]:
+    """What a cut-off end lost, in words (an early end of the compressed stream, a cut line)."""
+    losses: list[str] = []
+    if cut.stream:
+        losses.append("the compressed stream ends early")
+    if cut.line is not None:
+        losses.append(f"line {cut.line} is cut off")
+    return losses
 
 
 def _finish(cur: dict[str, Any]) -> PollResult:

@@ -159,6 +159,7 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return rc, out, err
 
 
+@pytest.mark.e2e  # 20 s: a 30 MiB answer parsed in a child process
 def test_a_valid_answer_of_30_mib_is_parsed_within_a_memory_bound(server: str) -> None:
     """90,000 series in 30 MiB, under both caps: every sample is read while Python's allocations peak under 80 MiB
     (the answer joined whole and parsed by json.loads peaked at 640 MB for its tree; now it is parsed chunk by chunk

@@ -338,39 +338,50 @@ class AnswerParser:
 
     def _item(self, prefix: str, event: str, value: Any) -> None:
         """One event inside ``data.result``: a vector item's parts, or a bare value (a scalar's pair)."""
-        answer = self.answer
         if prefix == self._ITEM:
-            if event == "start_map":
-                self._labels, self._pair = None, None
-            elif event == "end_map":
-                self._sample()
-            elif event in ("number", "string") and len(answer.scalar) < 2:
-                answer.scalar.append(value)
-            elif event != "map_key":
-                answer.malformed = True
-        elif prefix == self._METRIC:
-            if event == "start_map":
-                self._labels = {}
-            elif event == "map_key":
-                self._key = self._intern(value)
-            elif event != "end_map":
-                answer.malformed = True
-        elif prefix.startswith(self._METRIC + "."):
+            self._item_event(event, value)
+        elif prefix == self._METRIC or prefix.startswith(self._METRIC + "."):
+            self._metric_event(prefix, event, value)
+        elif prefix in (self._PAIR, self._PAIR + ".item"):
+            self._pair_event(prefix, event, value)
+        # other keys of an item (Prometheus may add some) are passed over
+
+    def _item_event(self, event: str, value: Any) -> None:
+        """An item's own event: its start and end, or a scalar's value."""
+        if event == "start_map":
+            self._labels, self._pair = None, None
+        elif event == "end_map":
+            self._sample()
+        elif event in ("number", "string") and len(self.answer.scalar) < 2:
+            self.answer.scalar.append(value)
+        elif event != "map_key":
+            self.answer.malformed = True
+
+    def _metric_event(self, prefix: str, event: str, value: Any) -> None:
+        """An event of an item's ``metric``: the map itself, a label's name, a label's value (strings only)."""
+        if prefix != self._METRIC:
             if event == "string" and self._labels is not None and self._key is not None:
                 self._labels[self._key] = self._intern(value)
             else:
-                answer.malformed = True
-        elif prefix == self._PAIR:
+                self.answer.malformed = True
+        elif event == "start_map":
+            self._labels = {}
+        elif event == "map_key":
+            self._key = self._intern(value)
+        elif event != "end_map":
+            self.answer.malformed = True
+
+    def _pair_event(self, prefix: str, event: str, value: Any) -> None:
+        """An event of an item's ``value``: the array, or one of its two parts (time and value)."""
+        if prefix == self._PAIR:
             if event == "start_array":
                 self._pair = []
             elif event != "end_array":
-                answer.malformed = True
-        elif prefix == self._PAIR + ".item":
-            if self._pair is not None and event in ("number", "string") and len(self._pair) < 2:
-                self._pair.append(value)
-            else:
-                answer.malformed = True
-        # other keys of an item (Prometheus may add some) are passed over
+                self.answer.malformed = True
+        elif self._pair is not None and event in ("number", "string") and len(self._pair) < 2:
+            self._pair.append(value)
+        else:
+            self.answer.malformed = True
 
     def _sample(self) -> None:
         """The end of a vector item: keep its sample if whole and finite."""

@@ -355,7 +355,15 @@ class Accounting:
             return self._fine.jobs(job_id, instance)
         jf = _job_filter(job_id, instance)
         out: dict[JobKey, Usage] = defaultdict(Usage)
+        self._add_held(out, jf)
+        self._add_counted(out, jf)
+        self._add_per_step(out, jf)
+        self._add_reasons(out, jf)
+        self._price(out.values())
+        return dict(out)
 
+    def _add_held(self, out: dict[JobKey, Usage], jf: str) -> None:
+        """Add each job's held GPU-hours, nodes, GPUs, cluster and kind to ``out``."""
         # held: the GPU's accounted seconds in every state but free while the job held it (so held = busy + lost,
         # from the same counters), per GPU and job: the job's held hours, nodes and GPUs
         held = self._gpu_increase("gpu_state_seconds_total", 'state!="free"')
@@ -366,6 +374,10 @@ class Accounting:
             u.gpus.add((s.labels["instance"], s.labels["gpu"]))
             u.cluster = self.cluster_of(s.labels)
             u.kind = s.labels.get("job_kind", u.kind)
+
+    def _add_counted(self, out: dict[JobKey, Usage], jf: str) -> None:
+        """Add each job's busy and lost GPU-hours by cause, the energy held idle and the peer waits to ``out``
+        (the growth of the daemons' counters over the range)."""
         busy = self._increase("gpu_state_seconds_total", 'state="busy"')
         for s in self.samples(self._per_job(busy, jf), "job_id"):
             out[self._job_key(s.labels)].busy_hours += s.value / 3600
@@ -379,6 +391,9 @@ class Accounting:
         for s in self.samples(self._per_job(self._increase("gpu_peer_wait_seconds_total"), jf), "job_id"):
             u = out[self._job_key(s.labels)]
             u.peer_wait_hours = (u.peer_wait_hours or 0.0) + s.value / 3600
+
+    def _add_per_step(self, out: dict[JobKey, Usage], jf: str) -> None:
+        """Add the effective and peak-equivalent GPU-hours of each job already in ``out``, step by step."""
         # effective (SM activity >= EFFECTIVE_SM) and peak-equivalent (OFU) GPU-hours, step by step
         h = self.step_s / 3600
         for s in self.samples(self._per_job(self._effective(), jf), "job_id"):
@@ -390,6 +405,9 @@ class Accounting:
             if self._job_key(s.labels) in out:
                 u = out[self._job_key(s.labels)]
                 u.peak_equivalent_hours = (u.peak_equivalent_hours or 0.0) + s.value * h
+
+    def _add_reasons(self, out: dict[JobKey, Usage], jf: str) -> None:
+        """Add the steps of each reason the daemons gave for a job's GPUs while it held them to ``out``."""
         # the reasons the daemons gave for a job's GPUs while it held them, step by step (one query per reason seen
         # in the range: the diagnosis and the job shares both have several series per GPU, which PromQL cannot
         # match many-to-many)
@@ -400,8 +418,6 @@ class Accounting:
                 if s.value > 0:
                     u = out[self._job_key(s.labels)]
                     u.reasons[reason] = u.reasons.get(reason, 0.0) + s.value
-        self._price(out.values())
-        return dict(out)
 
     def recorded(self) -> bool:
         """Whether the usage records (alerts/gpuwarden.rules.yml, group gpuwarden.usage) cover the range for the

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.catalog import COLLECTORS, FAMILIES, FAMILY, GPU_LABELS, Family
 from gpuwarden.model import GpuReading, GpuStatic
@@ -208,20 +209,34 @@ def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
     declared family of every GPU at every render.
     """
     metric = new_values(fam)
-    labels, numbers = metric.labels, metric.numbers
-    statics = {s.index: s for s in snap.static.gpus} if fam.only_if is not None else {}
     gpus, rows = _sources(snap, fam)
     attr = fam.reading if fam.reading is not None else fam.static
     assert attr is not None
-    key = fam.key
-    if fam.only_if is None:
-        values = [getattr(g, attr) for g in gpus]
-        if key is not None:
-            values = [v.get(key) if v.__class__ is dict else v for v in values]
-        if None not in values and not any(v.__class__ is dict for v in values):  # one number per GPU, every GPU
-            labels.extend(rows)
-            numbers.extend(map(float, values))
-            return metric if numbers else None
+    if fam.only_if is not None or not _one_number_each(metric, gpus, rows, attr, fam.key):
+        _each(metric, snap, fam, gpus, attr)
+    return metric if metric.numbers else None
+
+
+def _one_number_each(
+    metric: Series, gpus: Sequence[Any], rows: list[tuple[str, ...]], attr: str, key: str | None
+) -> bool:
+    """Fill ``metric`` with one number a GPU and return True, when every GPU of ``gpus`` has a number in ``attr``
+    (the common case, in two C-level extends); False, ``metric`` untouched, otherwise."""
+    values = [getattr(g, attr) for g in gpus]
+    if key is not None:
+        values = [v.get(key) if v.__class__ is dict else v for v in values]
+    if None in values or any(v.__class__ is dict for v in values):
+        return False
+    metric.labels.extend(rows)
+    metric.numbers.extend(map(float, values))
+    return True
+
+
+def _each(metric: Series, snap: NodeSnapshot, fam: Family, gpus: Sequence[Any], attr: str) -> None:
+    """Fill ``metric`` GPU by GPU: the GPUs ``fam.only_if`` keeps, a dict-valued field a sample a key (or the one
+    ``fam.key`` picks), nothing for a GPU without the value."""
+    labels, numbers, key = metric.labels, metric.numbers, fam.key
+    statics = {s.index: s for s in snap.static.gpus} if fam.only_if is not None else {}
     for g in gpus:
         if fam.only_if is not None:
             s = statics.get(g.index)
@@ -241,4 +256,3 @@ def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
                 continue
         labels.append(gpu_rows(g.index, g.uuid)[0])
         numbers.append(float(value))
-    return metric if numbers else None

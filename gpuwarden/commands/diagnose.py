@@ -323,9 +323,6 @@ def summary_table(doc: DiagnosisDocument, one_line: bool = False) -> Any:
 def renderables(report: DiagnoseReport, brief: bool = False) -> list[Any]:
     """What ``render`` prints, as rich renderables: the header, the one-line-per-GPU table, and unless ``brief``
     each GPU's evidence and remedies, the jobs, the node's imbalance and (replays) the verdicts over time."""
-    from rich.console import Group
-    from rich.panel import Panel
-    from rich.table import Table
     from rich.text import Text
 
     doc = report.diagnosis
@@ -344,59 +341,74 @@ def renderables(report: DiagnoseReport, brief: bool = False) -> list[Any]:
         )
     if brief:
         return out
-    for g in doc.gpus:
-        d = g.diagnosis
-        title = plain(f"GPU {g.gpu} · {g.name or ''} · {g.uuid}")
-        if d is None:
-            out.append(Panel("not enough history for a verdict yet", title=title, border_style="dim"))
-            continue
-        style = _STYLE.get(d.severity, "white")
-        parts: list[Any] = [_verdict_text(g), plain(d.summary)]
-        if g.code_evidence is not None:
-            parts.append(plain(f"code: {g.code_evidence.summary}", style="bold"))
-        states = g.window_state_seconds
-        total = sum(states.values())
-        if total > 0:
-            split = ", ".join(f"{k} {v / total:.0%}" for k, v in states.items() if v > 0)
-            parts.append(Text(f"states over the last {total:.0f} s: {split}", style="dim"))
-        if d.job:
-            parts.append(plain(f"job: {d.job} ({d.job_kind})", style="dim"))
-        ev = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
-        ev.add_column("evidence")
-        ev.add_column("value", justify="right")
-        ev.add_column("rule", style="dim")
-        for e in d.evidence:
-            ev.add_row(plain(e.name), _fmt(e.value, e.unit), plain(e.rule or ""))
-        parts.append(ev)
-        parts.append(Text("what to do:", style="bold"))
-        parts.extend(plain(f"  • {r}") for r in d.remedies)
-        out.append(Panel(Group(*parts), title=title, title_align="left", border_style=style))
+    out.extend(_gpu_panel(g) for g in doc.gpus)
     if doc.jobs:
-        jt = Table(title="jobs", title_justify="left", header_style="bold")
-        for col in ("job", "kind", "GPUs", "PIDs", "imbalance"):
-            jt.add_column(col, overflow="fold")
-        for j in doc.jobs:
-            imb = "- (1 GPU)" if j.imbalance_ratio is None else f"{j.imbalance_ratio:.0%} ({j.activity_source})"
-            jt.add_row(
-                plain(j.job),
-                plain(j.job_kind),
-                ",".join(map(str, j.gpus)) or "-",
-                ",".join(map(str, j.pids)),
-                plain(imb),
-            )
-        out.append(jt)
+        out.append(_jobs_table(doc))
     if len({(s.gpu, s.verdict) for s in report.timeline if s.verdict is not None}) > len(doc.gpus):
-        tt = Table(title="verdicts over time", title_justify="left", header_style="bold")
-        for col in ("GPU", "from s", "to s", "polls", "verdict"):
-            tt.add_column(col, justify="right" if col != "verdict" else "left")
-        for s in report.timeline:
-            if s.verdict is None:
-                continue  # polls before a verdict was possible (kept in --json)
-            tt.add_row(
-                str(s.gpu), f"{s.start_seconds:.0f}", f"{s.end_seconds:.0f}", str(s.polls), plain(s.verdict or "-")
-            )
-        out.append(tt)
+        out.append(_timeline_table(report))
     return out
+
+
+def _gpu_panel(g: GpuDiagnosisDocument) -> Any:
+    """One GPU's panel: its verdict and summary, code evidence, states over the window, job, evidence table and
+    remedies (a rich Panel)."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    d = g.diagnosis
+    title = plain(f"GPU {g.gpu} · {g.name or ''} · {g.uuid}")
+    if d is None:
+        return Panel("not enough history for a verdict yet", title=title, border_style="dim")
+    parts: list[Any] = [_verdict_text(g), plain(d.summary)]
+    if g.code_evidence is not None:
+        parts.append(plain(f"code: {g.code_evidence.summary}", style="bold"))
+    states = g.window_state_seconds
+    total = sum(states.values())
+    if total > 0:
+        split = ", ".join(f"{k} {v / total:.0%}" for k, v in states.items() if v > 0)
+        parts.append(Text(f"states over the last {total:.0f} s: {split}", style="dim"))
+    if d.job:
+        parts.append(plain(f"job: {d.job} ({d.job_kind})", style="dim"))
+    ev = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
+    ev.add_column("evidence")
+    ev.add_column("value", justify="right")
+    ev.add_column("rule", style="dim")
+    for e in d.evidence:
+        ev.add_row(plain(e.name), _fmt(e.value, e.unit), plain(e.rule or ""))
+    parts.append(ev)
+    parts.append(Text("what to do:", style="bold"))
+    parts.extend(plain(f"  • {r}") for r in d.remedies)
+    return Panel(Group(*parts), title=title, title_align="left", border_style=_STYLE.get(d.severity, "white"))
+
+
+def _jobs_table(doc: DiagnosisDocument) -> Any:
+    """The node's jobs: id, kind, GPUs, PIDs and imbalance (a rich Table)."""
+    from rich.table import Table
+
+    jt = Table(title="jobs", title_justify="left", header_style="bold")
+    for col in ("job", "kind", "GPUs", "PIDs", "imbalance"):
+        jt.add_column(col, overflow="fold")
+    for j in doc.jobs:
+        imb = "- (1 GPU)" if j.imbalance_ratio is None else f"{j.imbalance_ratio:.0%} ({j.activity_source})"
+        jt.add_row(plain(j.job), plain(j.job_kind), ",".join(map(str, j.gpus)) or "-", ",".join(map(str, j.pids)),
+                   plain(imb))  # fmt: skip
+    return jt
+
+
+def _timeline_table(report: DiagnoseReport) -> Any:
+    """A replay's verdicts over time, one row a stretch of one verdict on one GPU (a rich Table)."""
+    from rich.table import Table
+
+    tt = Table(title="verdicts over time", title_justify="left", header_style="bold")
+    for col in ("GPU", "from s", "to s", "polls", "verdict"):
+        tt.add_column(col, justify="right" if col != "verdict" else "left")
+    for s in report.timeline:
+        if s.verdict is None:
+            continue  # polls before a verdict was possible (kept in --json)
+        tt.add_row(str(s.gpu), f"{s.start_seconds:.0f}", f"{s.end_seconds:.0f}", str(s.polls), plain(s.verdict or "-"))
+    return tt
 
 
 def first_remedies(report: DiagnoseReport) -> list[Any]:

@@ -115,32 +115,43 @@ def run(args: argparse.Namespace) -> int:
         if reasons:
             service.setdefault(node(q.cluster, q.instance), {})[q.gpu] = reasons
     seen = {node(c, i) for c, i in seen_instances}
-    actions = plan(service, seen, nodes, args.max_out_ratio)
-    failed = []
-    rows = []
-    for a in actions:
-        error = scheduler.apply(a) if args.apply else None
-        if error is not None:
-            failed.append(a.node)
-        done = "refused" if a.kind == "refuse" else ("failed" if error else "done") if args.apply else "planned"
-        rows.append({"action": a.kind, "node": a.node, "reason": a.reason, "status": done, "error": error})
+    rows = _carried_out(plan(service, seen, nodes, args.max_out_ratio), scheduler, args.apply)
     scheduler.close()
-    if args.json:
-        print(json.dumps({"apply": args.apply, "scheduler": args.scheduler, "range": args.range, "actions": rows},
-                         indent=2))  # fmt: skip
-    else:
-        for r in rows:
-            print(
-                f"{r['action']}\t{r['node']}\t{r['status']}\t{r['reason']}" + (f"\t{r['error']}" if r["error"] else "")
-            )
-        if not rows:
-            print(f"nothing to do: no node to drain or resume over the last {args.range}")
+    _print_rows(args, rows)
     if args.textfile:
         try:
             _write_textfile(args.textfile, args.scheduler, rows, nodes)
         except OSError as exc:
             return die(f"drain: --textfile {args.textfile}: {exc.strerror or exc}")
-    return EXIT_RUNTIME if failed else 0
+    return EXIT_RUNTIME if any(r["status"] == "failed" for r in rows) else 0
+
+
+def _carried_out(actions: list[Action], scheduler: _Slurm | KubeApi, apply: bool) -> list[dict[str, Any]]:
+    """Each action as a row (action, node, reason, status, error): a refusal is ``refused``; the rest with ``apply``
+    run by the scheduler (``done``, or ``failed`` with its error), else ``planned``."""
+    rows = []
+    for a in actions:
+        error = scheduler.apply(a) if apply else None  # a refusal runs nothing
+        if a.kind == "refuse":
+            status = "refused"
+        elif not apply:
+            status = "planned"
+        else:
+            status = "failed" if error else "done"
+        rows.append({"action": a.kind, "node": a.node, "reason": a.reason, "status": status, "error": error})
+    return rows
+
+
+def _print_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """The rows as JSON (``--json``) or one tab-separated line each, or a line saying there is nothing to do."""
+    if args.json:
+        print(json.dumps({"apply": args.apply, "scheduler": args.scheduler, "range": args.range, "actions": rows},
+                         indent=2))  # fmt: skip
+        return
+    for r in rows:
+        print(f"{r['action']}\t{r['node']}\t{r['status']}\t{r['reason']}" + (f"\t{r['error']}" if r["error"] else ""))
+    if not rows:
+        print(f"nothing to do: no node to drain or resume over the last {args.range}")
 
 
 class _Slurm:

@@ -77,22 +77,35 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     to 0.05`` or ``unknown key 'pol_interval'``. Collector names are checked against the registry.
     """
     _check_environment()
+    cfg = _combined(path, overrides or {})
+    try:
+        select_collectors(cfg.collectors.enable, cfg.collectors.disable, cfg.collectors.disable_defaults)
+    except ValueError as exc:
+        raise ConfigError(f"collectors: {exc}") from exc
+    return _checked_together(cfg)
+
+
+def _combined(path: Path | None, overrides: dict[str, Any]) -> Config:
+    """The file at ``path``, the environment and ``overrides``, each key validated (pydantic-settings). Raises
+    ConfigError with one line."""
     token = _CONFIG_FILE.set(path)
     try:
-        settings = _Settings(**(overrides or {}))
+        settings = _Settings(**overrides)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, path, overrides or {})) from exc
+        raise ConfigError(_one_line(exc, path, overrides)) from exc
     except SettingsError as exc:  # an environment variable that is not valid JSON for a list or mapping key
         raise ConfigError(_settings_error(exc)) from exc
     except RecursionError as exc:  # JSON nested thousands deep in an environment variable
         raise ConfigError("an environment variable GPUWARDEN_* holds JSON nested too deeply") from exc
     finally:
         _CONFIG_FILE.reset(token)
-    cfg = Config.model_validate(settings.model_dump(exclude_unset=True))
-    try:
-        select_collectors(cfg.collectors.enable, cfg.collectors.disable, cfg.collectors.disable_defaults)
-    except ValueError as exc:
-        raise ConfigError(f"collectors: {exc}") from exc
+    return Config.model_validate(settings.model_dump(exclude_unset=True))
+
+
+def _checked_together(cfg: Config) -> Config:
+    """``cfg`` once the keys that depend on each other agree (the metrics path free, one source, code evidence and
+    GPU selection only on live NVML, readiness not failing between polls), the demo on the loopback address unless
+    one was given. Raises ConfigError with one line."""
     taken = ("/healthz", "/readyz", "/docs", "/redoc", "/openapi.json")
     if cfg.telemetry_path in taken or cfg.telemetry_path.startswith("/api/"):
         raise ConfigError(f"telemetry_path: {cfg.telemetry_path} is taken by another endpoint")

@@ -392,24 +392,19 @@ class InsightAnalyzer:
         io_read = _total(k.read_bytes_per_second for k in known)
         other = _total(k.other_read_bytes_per_second for k in known)
         written = _total(k.write_bytes_per_second for k in known)
-        blocked_counts = [p.tree_blocked for p in procs if p.tree_blocked is not None]
-        blocked = float(sum(blocked_counts)) if blocked_counts else None
+        blocked, stopped, listening = _process_counts(procs)
         reads = (io_read or 0.0) + (other or 0.0)
         writing = st.writes_more_than_reads(written, reads)
         switches = _total(k.switches_per_second for k in known)
-        states = [p.stopped for p in procs if p.stopped is not None]
-        ports = [bool(p.listen_ports) for p in procs if p.listen_ports is not None]
+        waits = [reads >= st.IO_READ_BYTES_PER_SECOND, (blocked or 0.0) > 0, writing]
         return JobInputs(
-            stopped=float(sum(states)) if states else None,
-            listening=float(sum(ports)) if ports else None,
+            stopped=stopped,
+            listening=listening,
             job_cpu=self._job_cpu(procs, rates) if known else None,
             max_proc_cpu=max(k.cpu_cores for k in known) if known else None,
             io_read=io_read,
             blocked=blocked,
-            io_waiting=reads >= st.IO_READ_BYTES_PER_SECOND
-            or (blocked or 0.0) > 0
-            or writing
-            or (switches or 0.0) >= st.WAITS_PER_SECOND,
+            io_waiting=any(waits) or (switches or 0.0) >= st.WAITS_PER_SECOND,
             other_read=other,
             io_write=written,
             switches=switches,
@@ -467,10 +462,7 @@ class InsightAnalyzer:
         starting = state.startup
         if starting is not None:
             causes = startup_causes(causes)
-            kernels = bool(g.utilization_gpu_ratio) or secs["busy"] > 0
-            if starting.ends(start, g.timestamp, secs["busy"], secs["held_idle"], kernels):
-                state.startup = starting = None
-                state.gpm_changes = 0  # a GPM average still running covers the start-up: the second one is the job's
+            starting = _startup_goes_on(state, starting, g, start, secs)
         for k, v in causes.items():
             state.idle[k] += v
         above = _idle_energy(state, g, causes)
@@ -506,7 +498,7 @@ class InsightAnalyzer:
             ),
             power_limit=g.power_limit_watts,
             mem_used=g.memory_used_bytes,
-            mem_total=g.memory_total_bytes or (s.memory_total_bytes if s is not None else None),
+            mem_total=_memory_total(g, s),
             health=_health(g, s, state.xids),
             startup=starting.age(g.timestamp) if starting is not None else None,
             clock_ratio=clocks.ratio,
@@ -514,22 +506,57 @@ class InsightAnalyzer:
             severe=clocks.severe,
             reasons=clocks.reasons,
         )
-        last, last_packed = state.last_iv, state.last_packed
-        if last is not None and last_packed is not None and mergeable(last, iv):  # polls faster than GRANULARITY
-            iv = merged(last, iv)
-            packed = pack(iv)
-            added = terms(packed)
-            for running in (state.node, state.job, state.diag):
-                if not running.replace_last(last_packed, packed, state.last_terms, added):
-                    running.push(packed, added)
-        else:
-            packed = pack(iv)
-            added = terms(packed)
-            for running in (state.node, state.job, state.diag):
-                running.push(packed, added)
-        state.last_iv, state.last_packed, state.last_terms = iv, packed, added
+        _push(state, iv)
         main = _extend_runs(state.runs, secs, start, g.timestamp, self.window_seconds)
         state.idle_since = _idle_since(state.idle_since, main, start)
+
+
+def _startup_goes_on(
+    state: _GpuState, starting: StartUp, g: GpuReading, start: float, secs: dict[str, float]
+) -> StartUp | None:
+    """``starting``, or None when the job's start-up phase ends with this interval (gpuwarden.insight.startup);
+    then the GPM averages begin again (one still running covers the start-up: the second one is the job's)."""
+    kernels = bool(g.utilization_gpu_ratio) or secs["busy"] > 0
+    if not starting.ends(start, g.timestamp, secs["busy"], secs["held_idle"], kernels):
+        return starting
+    state.startup = None
+    state.gpm_changes = 0
+    return None
+
+
+def _memory_total(g: GpuReading, s: GpuStatic | None) -> int | None:
+    """The GPU's memory in bytes: this poll's reading, else the static facts'."""
+    if g.memory_total_bytes:
+        return g.memory_total_bytes
+    return s.memory_total_bytes if s is not None else None
+
+
+def _process_counts(procs: Sequence[ProcessReading]) -> tuple[float | None, float | None, float | None]:
+    """Of the GPU's processes' trees: how many processes are blocked on I/O (state D), how many GPU processes are
+    stopped, how many listen on a port; each None where no process says."""
+    blocked = _total(None if p.tree_blocked is None else float(p.tree_blocked) for p in procs)
+    stopped = _total(None if p.stopped is None else float(p.stopped) for p in procs)
+    listening = _total(None if p.listen_ports is None else float(bool(p.listen_ports)) for p in procs)
+    return blocked, stopped, listening
+
+
+def _push(state: _GpuState, iv: Interval) -> None:
+    """Push ``iv`` into the GPU's node, job and diagnosis windows; at polls faster than GRANULARITY it is merged
+    into the interval pushed last instead, which it replaces."""
+    last, last_packed = state.last_iv, state.last_packed
+    if last is not None and last_packed is not None and mergeable(last, iv):
+        iv = merged(last, iv)
+        packed = pack(iv)
+        added = terms(packed)
+        for running in (state.node, state.job, state.diag):
+            if not running.replace_last(last_packed, packed, state.last_terms, added):
+                running.push(packed, added)
+    else:
+        packed = pack(iv)
+        added = terms(packed)
+        for running in (state.node, state.job, state.diag):
+            running.push(packed, added)
+    state.last_iv, state.last_packed, state.last_terms = iv, packed, added
 
 
 def _rates(now: ProcessSeen, prev: ProcessSeen | None) -> ProcessRates | None:

@@ -17,7 +17,7 @@ A GPU that cannot be read at all (lost, off the bus) gets ``gpu_lost`` (``lost``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,33 +99,61 @@ def _findings(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> tuple[l
     health, blind) and one sentence for each that says why (``blind`` has none: its remedy says it)."""
     findings: list[str] = []
     extra: list[str] = []
-    if verdict != "throttled" and verdict != "free" and utilized(w) and throttled(w):
-        findings.append("throttled")
-        extra.append(f"Clocks at {pct(w.sm_clock_ratio)} of max ({', '.join(w.throttle_reasons) or 'unknown reason'}).")
-    ratio = w.memory_used_ratio
-    if ratio is not None and ratio > MEMORY_FULL_RATIO:
-        findings.append("memory_nearly_full")
-        extra.append(f"Memory {pct(ratio)} full.")
-    if verdict in _WORKING and w.share("starved") >= HOST_PHASE_MIN:
-        findings.append("host_phase")
-        extra.append(
-            f"Host phase: the GPU idles {pct(w.share('starved'))} of the time while its job works on the host "
-            f"({w.job_cpu_cores or 0.0:.2f} cores): GPU time lost between its busy phases, under the starved line."
-        )
-    if verdict == "compute_bound" and _tensor_cores_idle(w):
-        findings.append("tensor_cores_idle")
-        extra.append(f"Tensor cores {pct(w.tensor)} active while the FP32 pipes are {pct(w.fp32)}: no TF32/bf16.")
-    waiting = waiters(w, peers)
-    if waiting and verdict != "waiting_on_peers":
-        findings.append("straggler")
-        own = "" if w.rank is None else f" (rank {w.rank})"
-        extra.append(f"Straggler of its job{own}: {', '.join(named(p) for p in waiting)} wait(s) on it.")
+    for name, check in _CHECKS:
+        text = check(w, peers, verdict)
+        if text is not None:
+            findings.append(name)
+            extra.append(text)
     for name, text in _health(w):
         findings.append(name)
         extra.append(text)
     if verdict == "underutilized" and w.held and w.job_cpu_cores is None:
         findings.append("blind")
     return findings, extra
+
+
+def _throttled(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> str | None:
+    if verdict in ("throttled", "free") or not (utilized(w) and throttled(w)):
+        return None
+    return f"Clocks at {pct(w.sm_clock_ratio)} of max ({', '.join(w.throttle_reasons) or 'unknown reason'})."
+
+
+def _memory_nearly_full(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> str | None:
+    ratio = w.memory_used_ratio
+    return f"Memory {pct(ratio)} full." if ratio is not None and ratio > MEMORY_FULL_RATIO else None
+
+
+def _host_phase(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> str | None:
+    if verdict not in _WORKING or w.share("starved") < HOST_PHASE_MIN:
+        return None
+    return (
+        f"Host phase: the GPU idles {pct(w.share('starved'))} of the time while its job works on the host "
+        f"({w.job_cpu_cores or 0.0:.2f} cores): GPU time lost between its busy phases, under the starved line."
+    )
+
+
+def _tensor_idle(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> str | None:
+    if verdict != "compute_bound" or not _tensor_cores_idle(w):
+        return None
+    return f"Tensor cores {pct(w.tensor)} active while the FP32 pipes are {pct(w.fp32)}: no TF32/bf16."
+
+
+def _straggler(w: GpuWindow, peers: Sequence[GpuWindow], verdict: str) -> str | None:
+    waiting = waiters(w, peers)
+    if not waiting or verdict == "waiting_on_peers":
+        return None
+    own = "" if w.rank is None else f" (rank {w.rank})"
+    return f"Straggler of its job{own}: {', '.join(named(p) for p in waiting)} wait(s) on it."
+
+
+#: The findings a window is checked for, in the order they are listed: each check returns its sentence, or None.
+_CHECKS: tuple[tuple[str, Callable[[GpuWindow, Sequence[GpuWindow], str], str | None]], ...] = (
+    ("throttled", _throttled),
+    ("memory_nearly_full", _memory_nearly_full),
+    ("host_phase", _host_phase),
+    ("tensor_cores_idle", _tensor_idle),
+    ("straggler", _straggler),
+)
 
 
 #: The verdicts of a GPU that mostly works, where a host phase under STARVED_MIN is a finding of its own.

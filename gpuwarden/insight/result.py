@@ -11,6 +11,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwarden.insight.verdicts import Diagnosis
+from gpuwarden.model import ProcessIdentity
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -86,12 +87,11 @@ class GpuInsight(_Frozen):
     )
 
 
-class ProcessJob(_Frozen):
-    """One GPU process and its job (gpuwarden.insight.attribution)."""
+class ProcessJob(_Frozen, ProcessIdentity):
+    """One GPU process (its ProcessIdentity) and its job (gpuwarden.insight.attribution)."""
 
     gpu: int
     uuid: str
-    pid: int
     job: str
     job_kind: str
     container_id: str = ""
@@ -105,15 +105,7 @@ class ProcessJob(_Frozen):
         description="the numeric Slurm job id of a slurm job: the job id itself, or for a job keyed by its SLUID the "
         "process's SLURM_JOB_ID where its environment is readable; '' when unknown",
     )
-    gpu_memory_bytes: int | None = None
     cpu_cores: float | None = Field(default=None, description="CPU seconds per second over the last poll interval")
-    rank: int | None = Field(default=None, description="its rank in a distributed job (RANK), None when unknown")
-    local_rank: int | None = Field(default=None, description="its rank on this node (LOCAL_RANK), None when unknown")
-    kept_by: int | None = Field(
-        default=None,
-        description="a process /proc does not have (exited, its memory kept): the live process with the GPU's device "
-        "file open that keeps it, whose job this is",
-    )
 
 
 class JobInsight(_Frozen):

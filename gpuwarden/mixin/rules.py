@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from string import Template
+from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
@@ -411,7 +412,18 @@ def params(path: Path | None = None, overrides: Mapping[str, str] | None = None)
     gpuwarden/mixin/params.yml, overridden by the YAML mapping in ``path``, then by ``overrides``. ValueError names an
     unknown key, a file that is not a mapping, or a bad value (a relative URL, a window that is not a whole multiple
     of its interval); OSError and yaml.YAMLError from reading ``path``."""
-    values = yaml.safe_load(DEFAULTS.read_text())
+    values = _given(path, overrides)
+    _check_urls(values)
+    _cluster_values(values)
+    _check_memory_windows(values)
+    values["memory_full_percent"] = f"{float(values['memory_full_ratio']) * 100:g}"
+    return _derived({k: str(v) for k, v in values.items()})
+
+
+def _given(path: Path | None, overrides: Mapping[str, str] | None) -> dict[str, Any]:
+    """The defaults updated with the file's parameters, then the overrides. ValueError for an unknown key or a
+    file that is not a mapping."""
+    values: dict[str, Any] = yaml.safe_load(DEFAULTS.read_text())
     for where, given in ((str(path), yaml.safe_load(path.read_text()) if path else None), ("overrides", overrides)):
         if given is None:
             continue
@@ -422,6 +434,12 @@ def params(path: Path | None = None, overrides: Mapping[str, str] | None = None)
             raise ValueError(f"{where}: unknown parameters {', '.join(map(str, unknown))} (known: "
                              f"gpuwarden/mixin/params.yml)")  # fmt: skip
         values.update(given)
+    return values
+
+
+def _check_urls(values: dict[str, Any]) -> None:
+    """ValueError unless the runbook URL (and the Grafana URL, when given) is an absolute http(s) URL; the Grafana
+    URL loses its trailing slash."""
     for key in ("runbook_url", "grafana_url"):
         if key == "grafana_url" and not values[key]:
             continue  # no Grafana: no dashboard_url (render)
@@ -430,14 +448,23 @@ def params(path: Path | None = None, overrides: Mapping[str, str] | None = None)
             raise ValueError(f"{key} must be an absolute http(s) URL (a notification cannot open a relative one), "
                              f"got {values[key]!r}")  # fmt: skip
     values["grafana_url"] = str(values["grafana_url"]).rstrip("/")
+
+
+def _cluster_values(values: dict[str, Any]) -> None:
+    """The cluster labels as the rules use them: a ``by`` list, a list to prefix one, and an alert's printf format
+    and arguments to match them in a query of its annotations. ValueError for a name that is no label name."""
     labels = [x.strip() for x in str(values["cluster_labels"] or "").split(",") if x.strip()]
     if not all(re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", x) for x in labels):
         raise ValueError(f"cluster_labels must be label names separated by commas, got {values['cluster_labels']!r}")
     values["cluster_labels"] = ", ".join(labels)
     values["cluster_by"] = "".join(f"{x}, " for x in labels)
-    # the cluster labels of an alert, matched in a query of its annotations: printf's format and its arguments
     values["cluster_match"] = "".join(f"{x}=%q," for x in labels)
     values["cluster_args"] = "".join(f" $labels.{x}" for x in labels)
+
+
+def _check_memory_windows(values: dict[str, Any]) -> None:
+    """ValueError unless every memory window is a whole multiple of its group's interval (a record read a window
+    back must fall on an evaluation)."""
     step = seconds(str(values["memory_interval"]))
     windows = [*str(values["memory_trend_windows"]).split(","), values["memory_ramp_window"], values["memory_warmup"]]
     if any(seconds(str(w).strip()) % step for w in windows):
@@ -450,9 +477,11 @@ def params(path: Path | None = None, overrides: Mapping[str, str] | None = None)
         raise ValueError(f"memory_long_interval ({values['memory_long_interval']}) must be a whole multiple of "
                          f"memory_interval, and each of memory_long_trend_windows and its detector's span (four "
                          f"windows, or the warm-up and two) a whole multiple of memory_long_interval")  # fmt: skip
-    percent = float(values["memory_full_ratio"]) * 100
-    values["memory_full_percent"] = f"{percent:g}"
-    out = {k: str(v) for k, v in values.items()}
+
+
+def _derived(out: dict[str, str]) -> dict[str, str]:
+    """``out`` with the rule texts made from the parameters (the memory records and detectors, the usage records,
+    the job and grower records, the annotations' texts)."""
     out["memory_leak"] = memory_leak(out)
     out["memory_window_records"] = memory_window_records(out)
     out["memory_long_records"] = memory_long_records(out)
@@ -465,7 +494,7 @@ def params(path: Path | None = None, overrides: Mapping[str, str] | None = None)
     out["holder_process_text"] = HOLDER_PROCESS_TEXT
     out["gpu_job"] = GPU_JOB
     out["holder_text"] = HOLDER_TEXT
-    out["starved_percent"] = f"{float(values['starved_ratio']) * 100:g}"
+    out["starved_percent"] = f"{float(out['starved_ratio']) * 100:g}"
     out["starved_text"] = STARVED_TEXT.replace("CLUSTERMATCH", out["cluster_match"]).replace(
         "CLUSTERARGS", out["cluster_args"]
     )

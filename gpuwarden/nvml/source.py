@@ -235,27 +235,10 @@ class NvmlSource:
                 self._reopen()
             if self._down is not None:
                 return self._result(now, start, self._down_readings(now))
-        gpus: list[GpuReading] = []
-        gone = 0
-        reasons: Counter[str] = Counter()
         if self._inspector is not None:
             self._inspector.new_poll()
-        for p in self._pollers:
-            before = self._gone_errors()
-            g = p.read(now)
-            if not g.up:
-                gone += 1
-                reasons[g.error or "gpu_is_lost"] += 1
-            elif _empty(g):
-                grown = [err for key, n in self._gone_errors().items() if n > before.get(key, 0) for err in [key[1]]]
-                if grown:
-                    gone += 1
-                    reasons[grown[0]] += 1
-            gpus.append(g)
-        known = {g.index for g in gpus}
-        assert self.static is not None
-        gpus += [self._down_reading(s, now, "not_found") for s in self.static.gpus if s.index not in known]
-        if self._pollers and gone == len(self._pollers):
+        gpus, reasons = self._read_gpus(now)
+        if self._pollers and sum(reasons.values()) == len(self._pollers):
             self._go_down(reasons.most_common(1)[0][0])
             return self._result(now, start, self._down_readings(now))
         self._backoff = RETRY_FIRST_SECONDS
@@ -266,6 +249,27 @@ class NvmlSource:
         if self._annotate is not None:
             gpus = self._annotate(gpus)
         return self._result(now, start, gpus)
+
+    def _read_gpus(self, now: float) -> tuple[list[GpuReading], Counter[str]]:
+        """Every GPU's reading this poll (a GPU of the static facts with no poller reads ``not_found``), and why
+        each GPU that is gone is gone: the error of a GPU read down, or of a reading left empty by an error that
+        says the GPU or the driver is gone (gpuwarden.nvml.calls)."""
+        gpus: list[GpuReading] = []
+        reasons: Counter[str] = Counter()
+        for p in self._pollers:
+            before = self._gone_errors()
+            g = p.read(now)
+            if not g.up:
+                reasons[g.error or "gpu_is_lost"] += 1
+            elif _empty(g):
+                grown = [key[1] for key, n in self._gone_errors().items() if n > before.get(key, 0)]
+                if grown:
+                    reasons[grown[0]] += 1
+            gpus.append(g)
+        known = {g.index for g in gpus}
+        assert self.static is not None
+        gpus += [self._down_reading(s, now, "not_found") for s in self.static.gpus if s.index not in known]
+        return gpus, reasons
 
     def _result(self, now: float, start: float, gpus: list[GpuReading]) -> PollResult:
         host = None

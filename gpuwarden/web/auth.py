@@ -24,6 +24,27 @@ from gpuwarden.web.config import BCRYPT_HASH, DEFAULT_OPEN_PATHS, REALM
 log = logging.getLogger(__name__)
 
 
+def _credentials(header: bytes | None) -> tuple[bytes, str, bytes] | None:
+    """The user (as sent, and decoded from UTF-8) and password of a raw ``Authorization: Basic`` value (RFC 7617),
+    or None for any other scheme, bad base64, no colon or a user name that is not UTF-8."""
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(b" ")
+    if scheme.lower() != b"basic":
+        return None
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user_b, sep, password = decoded.partition(b":")
+    if not sep:
+        return None
+    try:
+        return user_b, user_b.decode("utf-8"), password
+    except UnicodeDecodeError:
+        return None
+
+
 class BasicAuthMiddleware:
     """ASGI middleware: HTTP basic auth (RFC 7617) against bcrypt hashes, as exporter-toolkit does it.
 
@@ -114,22 +135,10 @@ class BasicAuthMiddleware:
         ``client`` (ASGI's ``scope["client"]``: address and port, one per connection) picks the lane the check
         waits in: the second when that connection failed a check before.
         """
-        if not header or not self.users:
+        credentials = _credentials(header) if self.users else None
+        if credentials is None:
             return False
-        scheme, _, token = header.strip().partition(b" ")
-        if scheme.lower() != b"basic":
-            return False
-        try:
-            decoded = base64.b64decode(token.strip(), validate=True)
-        except (binascii.Error, ValueError):
-            return False
-        user_b, sep, password = decoded.partition(b":")
-        if not sep:
-            return False
-        try:
-            user = user_b.decode("utf-8")
-        except UnicodeDecodeError:
-            return False
+        user_b, user, password = credentials
         hashed = self.users.get(user)
         known = hashed is not None
         if hashed is None:
@@ -139,18 +148,9 @@ class BasicAuthMiddleware:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return known
-        lane = 1 if client is not None and client in self._failed else 0
-        if lane == 0 and self._lanes.waiting(0) >= self.max_waiting:
-            # a crowd of fresh connections already waits: refused at once, and counted as a check, so that this
-            # connection waits in the second lane next time (else a flood of them refused unchecked never leaves
-            # the first lane, and keeps it full for every right password after it)
-            if client is not None:
-                self._remember(client, failed=True)
+        lane = self._lane(client)
+        if lane is None:
             return False
-        if lane == 1 and (client in self._waiting or self._lanes.waiting(1) >= self.max_waiting_failed):
-            return False  # one check in line per connection; all of them bounded
-        if lane == 1 and client is not None:
-            self._waiting.add(client)
         try:
             async with self._lanes.turn(lane):
                 start = time.perf_counter()
@@ -170,6 +170,24 @@ class BasicAuthMiddleware:
         if client is not None:
             self._remember(client, failed=not ok)  # only a checked password moves a connection between lanes
         return ok
+
+    def _lane(self, client: tuple[str, int] | None) -> int | None:
+        """The lane a check from ``client`` waits in (0, or 1 for a connection that failed a check before; it is
+        then marked waiting), or None when it is refused unchecked: its lane is full, or the connection already has
+        a check in line."""
+        lane = 1 if client is not None and client in self._failed else 0
+        if lane == 0 and self._lanes.waiting(0) >= self.max_waiting:
+            # a crowd of fresh connections already waits: refused at once, and counted as a check, so that this
+            # connection waits in the second lane next time (else a flood of them refused unchecked never leaves
+            # the first lane, and keeps it full for every right password after it)
+            if client is not None:
+                self._remember(client, failed=True)
+            return None
+        if lane == 1 and (client in self._waiting or self._lanes.waiting(1) >= self.max_waiting_failed):
+            return None  # one check in line per connection; all of them bounded
+        if lane == 1 and client is not None:
+            self._waiting.add(client)
+        return lane
 
     def _remember(self, client: tuple[str, int], failed: bool) -> None:
         if not failed:
