@@ -23,7 +23,7 @@ from gpuwarden.source import Source
 from gpuwarden.web import listener
 from gpuwarden.web.app import JsonRoute, create_app, diagnosis_route, idleness_route
 from gpuwarden.web.gate import AuthGate
-from gpuwarden.web.limits import HttpLimits, connection_cap
+from gpuwarden.web.limits import HttpLimits, connection_cap, release_free_heap
 
 log = logging.getLogger(__name__)
 
@@ -129,23 +129,6 @@ def _listener(web: Any) -> tuple[Any, ...]:
         return (None, {})
     tls = web.tls_server_config.model_dump() if web.tls_enabled else None
     return (tls, web.http_server_config.headers)
-
-
-def release_free_heap() -> bool:
-    """Hand the C heap's free pages back to the system: glibc's ``malloc_trim(0)`` (malloc(3)), through ctypes.
-
-    Start-up frees much of what it allocated (the imports' temporaries, the configuration's hand-over, the first
-    poll), but glibc keeps freed pages below the heap's top resident until trimmed. Returns True when memory was
-    released, False when none was or the C library has no ``malloc_trim`` (musl, macOS). Raises nothing.
-    """
-    import ctypes
-
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return bool(trim(0))
 
 
 class Daemon:

@@ -45,14 +45,9 @@ _OPENMETRICS_EOF = b"# EOF\n"
 
 @dataclass(frozen=True)
 class Format:
-    """A negotiated exposition format: its ``content_type`` and prometheus_client's encoder for it.
-
-    ``openmetrics``: the encoder ends its output with ``# EOF``, which a per-family render strips and the whole
-    exposition carries once.
-    """
+    """A negotiated exposition format: its ``content_type`` (prometheus_client's name for it)."""
 
     content_type: str
-    encoder: Callable[..., bytes]
 
     @property
     def openmetrics(self) -> bool:
@@ -64,8 +59,7 @@ class Format:
 def negotiate(accept: str | None) -> Format:
     """Return the format for an ``Accept`` header (prometheus_client's ``choose_encoder``; the 0.0.4 text format
     when the header is absent or names nothing it knows)."""
-    encoder, content_type = choose_encoder(accept or "")
-    return Format(content_type, encoder)
+    return Format(choose_encoder(accept or "")[1])
 
 
 #: The format of a request that asks for none.

@@ -20,9 +20,7 @@ wants its types (tests, ``generate_latest`` in bench/profile.py, which compares 
 
 from __future__ import annotations
 
-import functools
 import math
-from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from operator import add
 
@@ -106,42 +104,26 @@ def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
 _REPR_BELOW = 1e6
 
 
-#: prometheus_client's floatToGoString of numbers at or above _REPR_BELOW, kept: clock rates, memory sizes and
-#: totals recur from one render to the next (only positive numbers: 0.0 and -0.0 are equal keys of a cache). The
-#: recurring ones are read at every render, so they stay among the most recent while the counters that move (energy,
-#: memory used) pass through: 1,024 holds a 64-GPU node's recurring values without keeping every passing one.
-_go_large = functools.lru_cache(maxsize=1024)(floatToGoString)
-
-
 def _values(numbers: list[float]) -> Iterable[str]:
     """Each number as prometheus_client writes it (``floatToGoString``): a C-level ``repr`` over the whole column
     when every number is finite and below _REPR_BELOW (the sum is finite only when every number is); else per
-    number, ``repr`` below _REPR_BELOW, the kept text at or above it, floatToGoString for NaN and the infinities."""
+    number, ``repr`` below _REPR_BELOW, floatToGoString at or above it and for NaN and the infinities."""
     if math.isfinite(sum(numbers)) and (not numbers or max(numbers) < _REPR_BELOW):
         return map(repr, numbers)
     return [
-        repr(v) if -math.inf < v < _REPR_BELOW else _go_large(v) if v >= _REPR_BELOW else floatToGoString(v)  # type: ignore[no-untyped-call]
+        repr(v) if -math.inf < v < _REPR_BELOW else floatToGoString(v)  # type: ignore[no-untyped-call]
         for v in numbers
     ]
 
 
 class _Kept:
-    """One family's series of the last render: their label names and values, the name-and-labels text of each
-    (``NAME{labels} ``), the numbers' bits (``array('d').tobytes()``: equal bits, equal texts, -0.0 and NaN
-    included) and the family's sample lines as written (a view into the text of the render that wrote them: one copy
-    of the exposition is kept, not two)."""
+    """One family's series of the last render: their label names and values, and the name-and-labels text of each
+    (``NAME{labels} ``)."""
 
-    __slots__ = ("names", "labels", "prefixes", "bits", "lines")
+    __slots__ = ("names", "labels", "prefixes")
 
-    def __init__(
-        self,
-        names: list[tuple[str, ...]] | None,
-        labels: list[tuple[str, ...]],
-        prefixes: list[str],
-        bits: bytes,
-        lines: bytes | memoryview,
-    ):
-        self.names, self.labels, self.prefixes, self.bits, self.lines = names, labels, prefixes, bits, lines
+    def __init__(self, names: list[tuple[str, ...]] | None, labels: list[tuple[str, ...]], prefixes: list[str]):
+        self.names, self.labels, self.prefixes = names, labels, prefixes
 
 
 class TextWriter:
@@ -189,34 +171,17 @@ class TextWriter:
 
     def render(self, families: Iterable[Series]) -> bytes:
         """The exposition of ``families``, in order (OpenMetrics closed by ``# EOF``), as UTF-8 bytes."""
-        parts: list[bytes | memoryview] = []
+        parts: list[bytes] = []
         append = parts.append
         old, kept = self._kept, {}
-        at = 0  # the offset in the text of what is appended next
-        spans: list[tuple[_Kept, int, int]] = []
         for fam in families:
-            header = self._header(fam)
-            append(header)
-            at += len(header)
+            append(self._header(fam))
             if not fam.numbers:
                 continue
-            last = old.get(fam.name)
-            prefixes = self._prefixes(fam, last)
-            bits = array("d", fam.numbers).tobytes()
-            lines: bytes | memoryview
-            if last is not None and prefixes is last.prefixes and bits == last.bits:
-                lines = last.lines  # the same series with the same numbers: the same lines
-            else:
-                lines = ("\n".join(map(add, prefixes, _values(fam.numbers))) + "\n").encode()
-            kept[fam.name] = entry = _Kept(fam.names, fam.labels, prefixes, bits, lines)
-            spans.append((entry, at, at + len(lines)))
-            append(lines)
-            at += len(lines)
+            prefixes = self._prefixes(fam, old.get(fam.name))
+            kept[fam.name] = _Kept(fam.names, fam.labels, prefixes)
+            append(("\n".join(map(add, prefixes, _values(fam.numbers))) + "\n").encode())
         if self.openmetrics:
             append(b"# EOF\n")
-        text = b"".join(parts)
-        view = memoryview(text)
-        for entry, start, end in spans:
-            entry.lines = view[start:end]  # the lines as they stand in this text, which is kept anyway
         self._kept = kept
-        return text
+        return b"".join(parts)

@@ -23,6 +23,7 @@ PROMETHEUS = shutil.which("prometheus")
 #: The marks of a test that needs this Slurm and a Prometheus.
 NEEDS = [
     pytest.mark.e2e,
+    pytest.mark.xdist_group("slurm"),  # one Slurm node at a time on a host (parallel runs: --dist loadgroup)
     pytest.mark.skipif(
         any(shutil.which(b) is None for b in BINARIES) or PROMETHEUS is None,
         reason="Slurm (slurmctld, slurmd, slurm-client), munge or prometheus not installed (CI installs them)",

@@ -1,4 +1,5 @@
-"""``gpuwarden.daemon.release_free_heap``: the C heap's free pages handed back after start-up (glibc malloc_trim)."""
+"""``gpuwarden.web.limits.release_free_heap``: the C heap's free pages handed back after start-up and after a
+connection flood (glibc malloc_trim)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import platform
 
 import pytest
 
-from gpuwarden import daemon
+from gpuwarden.web import limits
 
 
 def _rss_anon_kib() -> int:
@@ -25,7 +26,7 @@ def test_freed_heap_pages_go_back_to_the_system() -> None:
     last = blocks[-1]
     del blocks
     before = _rss_anon_kib()
-    assert daemon.release_free_heap() is True
+    assert limits.release_free_heap() is True
     after = _rss_anon_kib()
     assert before - after > 16 * 1024, (before, after)
     assert last.raw[:1] == b"\x01"
@@ -38,4 +39,4 @@ def test_without_malloc_trim_nothing_is_released(monkeypatch: pytest.MonkeyPatch
         raise OSError("no C library")
 
     monkeypatch.setattr(ctypes, "CDLL", no_library)
-    assert daemon.release_free_heap() is False
+    assert limits.release_free_heap() is False

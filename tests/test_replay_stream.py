@@ -102,6 +102,7 @@ def test_a_trace_cut_short_under_the_replay_is_one_line(tmp_path: Path) -> None:
         src.poll()
 
 
+@pytest.mark.e2e  # 720 s of replay under tracemalloc
 def test_diagnosing_a_long_recording_holds_what_a_shorter_one_past_the_window_holds(tmp_path: Path) -> None:
     """``gpuwarden diagnose --replay`` reads the trace a poll at a time: past the analyzer's 300 s window, four times
     twice the recording peaks at about the memory of the shorter one (holding the polls, it peaked at about twice)."""

@@ -5,10 +5,7 @@ Always enabled: alerts on a stale or failing collection depend on it.
 
 from __future__ import annotations
 
-import functools
-import os
 import platform
-import resource
 
 from prometheus_client import ProcessCollector
 
@@ -108,54 +105,28 @@ def reload_timestamp(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> S
     return _value(fam, snap.reload_success_timestamp) if snap.reload_success_timestamp is not None else None
 
 
-#: The page size /proc/self/statm counts in.
-_PAGE = resource.getpagesize()
-
-
-@functools.cache
-def _start_time() -> float | None:
-    """This process's start, Unix seconds: prometheus_client's ProcessCollector asked once (/proc/self/stat's start
-    time after the boot time of /proc/stat); None when /proc cannot tell."""
-    for fam in ProcessCollector(registry=None).collect():
-        if fam.name == "process_start_time_seconds":
-            return float(fam.samples[0].value)
-    return None
+#: prometheus_client's own reader of this process's /proc/self/stat, /proc/self/limits and /proc/self/fd (the
+#: boot time read once, when it is made); kept out of any registry: the exposition asks it once a render.
+_PROCESS = ProcessCollector(registry=None)
 
 
 def process_values() -> dict[str, float]:
-    """The standard ``process_*`` values of this process, by family name: what prometheus_client's ProcessCollector
-    exports, each from its cheapest source, which gives the same number: CPU seconds (user and system) from
-    ``os.times`` (times(2), the utime and stime of /proc/self/stat), virtual and resident memory in bytes from
-    /proc/self/statm (the vsize and rss of /proc/self/stat), open file descriptors from /proc/self/fd, the maximum
-    from getrlimit(RLIMIT_NOFILE)'s soft limit (the "Max open files" of /proc/self/limits; left out when unlimited),
-    the start time once (``_start_time``, from ProcessCollector). A value /proc cannot give is left out. Raises nothing.
-
-    ProcessCollector reads /proc/self/stat and /proc/self/limits and builds its families on every call: about half a
-    render's exporter collector on one GPU (docs/performance.md)."""
-    times = os.times()
-    out = {"process_cpu_seconds_total": times.user + times.system}
+    """The standard ``process_*`` values of this process by family name (CPU seconds, virtual and resident memory in
+    bytes, start time in Unix seconds, open and maximum file descriptors), as prometheus_client's ProcessCollector
+    reads them; a value it cannot read (no /proc) is absent. Raises nothing."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            size, resident = f.read().split()[:2]
-        out["process_virtual_memory_bytes"] = float(int(size) * _PAGE)
-        out["process_resident_memory_bytes"] = float(int(resident) * _PAGE)
-        out["process_open_fds"] = float(len(os.listdir("/proc/self/fd")))
-    except (OSError, ValueError):
-        pass
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft != resource.RLIM_INFINITY:
-        out["process_max_fds"] = float(soft)
-    started = _start_time()
-    if started is not None:
-        out["process_start_time_seconds"] = started
-    return out
+        families = _PROCESS.collect()
+    except (OSError, ValueError):  # a limits line it cannot parse
+        return {}
+    return {s.name: float(s.value) for fam in families for s in fam.samples}
 
 
 _process_cache: tuple[int, dict[str, float]] = (-1, {})
 
 
 def _process_family(snap: NodeSnapshot, fam: Family) -> Series | None:
-    """The ``process_*`` family ``fam`` (``process_values``, read once a render), None when /proc lacks it."""
+    """The ``process_*`` family ``fam`` (``process_values``, read once a render for the six), None when /proc lacks
+    it."""
     global _process_cache
     seq, values = _process_cache
     if seq != snap.seq:

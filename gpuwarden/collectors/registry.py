@@ -10,7 +10,6 @@ Collectors never call NVML and keep no state: they turn the latest NodeSnapshot 
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -162,41 +161,15 @@ def gpu_key_rows(gpu: int, uuid: str, keys: tuple[tuple[str, ...], ...]) -> tupl
     return tuple((str(gpu), uuid, *k) for k in keys)
 
 
-class _Sources:
-    """The GPUs a declared family reads in one snapshot (up readings, health readings, statics) and their label
-    rows, made once per snapshot and kept for the next family: forty declared families read the same GPUs in every
-    render. Replaced whole when the snapshot changes (one assignment: safe across rendering threads). The snapshot
-    is held weakly, and the lists are let go when it is freed: the poll's readings are freed with their snapshot
-    (when the poller publishes the next), not by the next render."""
-
-    __slots__ = ("snap", "lists")
-
-    def __init__(self, snap: NodeSnapshot | None) -> None:
-        self.lists: dict[str, tuple[list[GpuReading] | list[GpuStatic], list[tuple[str, ...]]]] = {}
-        lists = self.lists
-        self.snap = None if snap is None else weakref.ref(snap, lambda _: lists.clear())
-
-
-_kept_sources = _Sources(None)
-
-
 def _sources(snap: NodeSnapshot, fam: Family) -> tuple[list[GpuReading] | list[GpuStatic], list[tuple[str, ...]]]:
     """The GPUs that ``fam`` reads in ``snap`` (``readings``, ``health_readings`` or the statics) and each one's
     label row (``gpu_rows``)."""
-    global _kept_sources
-    kept = _kept_sources
-    if kept.snap is None or kept.snap() is not snap:
-        kept = _kept_sources = _Sources(snap)
-    which = "static" if fam.reading is None else "health" if fam.collector in KEPT_WHEN_LOST else "up"
-    got = kept.lists.get(which)
-    if got is None:
-        gpus: list[GpuReading] | list[GpuStatic]
-        if which == "static":
-            gpus = list(snap.static.gpus)
-        else:
-            gpus = list(health_readings(snap) if which == "health" else readings(snap))
-        got = kept.lists[which] = (gpus, [gpu_rows(g.index, g.uuid)[0] for g in gpus])
-    return got
+    gpus: list[GpuReading] | list[GpuStatic]
+    if fam.reading is None:
+        gpus = list(snap.static.gpus)
+    else:
+        gpus = list(health_readings(snap) if fam.collector in KEPT_WHEN_LOST else readings(snap))
+    return gpus, [gpu_rows(g.index, g.uuid)[0] for g in gpus]
 
 
 def declared(snap: NodeSnapshot, fam: Family) -> Series | None:

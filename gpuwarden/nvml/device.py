@@ -55,12 +55,6 @@ _QUIET_NOT_FOUND = frozenset({pynvml.NVML_ERROR_NOT_FOUND})
 #: Seconds between reads of per-process utilization (nvmlDeviceGetProcessUtilization is one of the slowest calls,
 #: docs/performance.md; it returns every sample since the last read, so a longer gap loses nothing but resolution).
 PROCESS_UTILIZATION_INTERVAL = 5.0
-#: Most seconds a GPU's process list (nvmlDeviceGetComputeRunningProcesses) is carried while its memory in use does
-#: not change. A process that starts makes a CUDA context (about 0.5 GB on an H100) and one that ends frees its
-#: memory, so an unchanged nvmlDeviceGetMemoryInfo ``used`` means the same processes; the list is read again at
-#: least this often all the same, for the one case the bytes cannot show (a process gone and another come with the
-#: same memory between two polls).
-PROCESS_LIST_MAX_AGE = 10.0
 
 
 class GpuPoller:
@@ -115,8 +109,6 @@ class GpuPoller:
         self._mig_gpm: dict[int, GpmSampler] = {}
         self._memory_v2 = True
         self._holders: dict[int, float] = {}  # pid -> start time of the processes at the last good read
-        # (memory used when listed, monotonic time listed, (pid, its GPU memory) of each process): see _listed
-        self._listing: tuple[int, float, list[tuple[int, int | None]]] | None = None
         self._links: LinkReader | None = None
         if static.nvlink_link_count:  # each GPU's link counters at its own offset: 8 GPUs an eighth apart
             interval = LINK_COUNTER_SLOW_READS * slow_interval
@@ -204,7 +196,7 @@ class GpuPoller:
             r["nvlink_link_up"] = dict(self._links.up)
             r["nvlink_link_errors_total"] = dict(self._links.errors)
             r["fabric"] = self._links.fabric
-        r["processes"] = self._processes(r.get("memory_used_bytes"))
+        r["processes"] = self._processes()
         r["unsupported"] = self._unsupported_names()
         if self._caller.failing or self._failing_fields:
             r["failing"] = failing_readings(self._caller.failing, self._failing_fields)
@@ -304,27 +296,13 @@ class GpuPoller:
         for key, value in slow.items():
             self._slow[key] = value
 
-    def _listed(self, memory_used: int | None) -> list[tuple[int, int | None]] | None:
-        """(pid, GPU memory in bytes or None) of each compute process on the GPU, each PID once: the list of
-        nvmlDeviceGetComputeRunningProcesses, made again only when the GPU's memory in use (nvmlDeviceGetMemoryInfo,
-        this poll's ``memory_used``) changed since it was made, or it is PROCESS_LIST_MAX_AGE seconds old; None when
-        the call fails. Nothing is carried over a failure, without this poll's memory reading, or on a GPU in MIG mode
-        (whose instances' processes the GPU's one memory figure does not follow one by one)."""
-        now = time.monotonic()
-        last = self._listing
-        if (
-            last is not None
-            and memory_used is not None
-            and not self.static.mig_enabled
-            and last[0] == memory_used
-            and now - last[1] < PROCESS_LIST_MAX_AGE
-        ):
-            return last[2]
+    def _listed(self) -> list[tuple[int, int | None]] | None:
+        """(pid, GPU memory in bytes or None) of each compute process on the GPU, each PID once, as
+        nvmlDeviceGetComputeRunningProcesses answers this poll; None when the call fails."""
         procs = self._caller.call(
             "nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses, self._handle
         )
         if procs is None:
-            self._listing = None
             return None
         listed: list[tuple[int, int | None]] = []
         seen = set()
@@ -335,13 +313,12 @@ class GpuPoller:
             seen.add(pid)
             used = p.usedGpuMemory
             listed.append((pid, int(used) if used is not None else None))
-        self._listing = (memory_used, now, listed) if memory_used is not None else None
         return listed
 
-    def _processes(self, memory_used: int | None) -> list[ProcessReading] | None:
+    def _processes(self) -> list[ProcessReading] | None:
         if self._inspector is None:
             return None
-        listed = self._listed(memory_used)
+        listed = self._listed()
         if listed is None:
             return None
         describe = self._inspector.describe

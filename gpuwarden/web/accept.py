@@ -135,7 +135,7 @@ class Listener:
     def released(self) -> None:
         """A connection this listener accepted is closed: its descriptor is free; accept again if paused there.
         Once a flood of FLOOD_CONNECTIONS or more is gone, its memory is handed back to the system."""
-        from gpuwarden.web.limits import FLOOD_CONNECTIONS, give_back_memory
+        from gpuwarden.web.limits import FLOOD_CONNECTIONS, release_free_heap
 
         limits = self.limits
         limits.open -= 1
@@ -143,7 +143,7 @@ class Listener:
             self._resume()
         if limits.open == 0 and limits.peak >= FLOOD_CONNECTIONS:
             limits.peak = 0
-            self.loop.call_later(1.0, give_back_memory)  # after the loop has freed the transports
+            self.loop.call_later(1.0, release_free_heap)  # after the loop has freed the transports
 
     def waiting(self) -> None:
         """A served connection now waits for its request head, where it can be evicted: accept again if paused at

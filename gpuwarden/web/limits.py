@@ -77,7 +77,7 @@ class HttpLimits:
     handshaking: OrderedDict[Any, float] = field(default_factory=OrderedDict)
     stalled: OrderedDict[Any, float] = field(default_factory=OrderedDict)
     open: int = 0
-    peak: int = 0  # the most connections open at once since memory was last given back (give_back_memory)
+    peak: int = 0  # the most connections open at once since memory was last given back (release_free_heap)
 
     def keep_unsent_within_budget(self) -> int:
         """While the bytes waiting on stalled connections exceed ``max_unsent_bytes``, close the connection that has
@@ -138,19 +138,20 @@ def connection_cap(wanted: int) -> tuple[int, int, str | None]:
 FLOOD_CONNECTIONS = 100
 
 
-def give_back_memory() -> bool:
-    """Hand memory freed after a connection flood back to the system (glibc's ``malloc_trim(0)``); return whether
-    it ran. Python and OpenSSL free a flood's buffers into the C heap, which keeps them: without this, a daemon that
-    weathered 600 TLS connections stays at their peak resident memory. Elsewhere than glibc: nothing (False)."""
-    import ctypes
-    import ctypes.util
+def release_free_heap() -> bool:
+    """Hand the C heap's free pages back to the system: glibc's ``malloc_trim(0)`` (malloc(3)), through ctypes.
+    Return True when memory was released, False when none was or the C library has no ``malloc_trim`` (musl,
+    macOS). Raises nothing.
 
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
+    glibc keeps freed pages below the heap's top resident until trimmed. The daemon trims once after start-up (which
+    frees much of what it allocated: the imports' temporaries, the first poll) and a second after a connection flood
+    (Python and OpenSSL free a flood's buffers into the C heap: without it, a daemon that weathered 600 TLS
+    connections stays at their peak resident memory)."""
+    import ctypes
+
     try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
         return False
-    trim(0)
-    return True
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
