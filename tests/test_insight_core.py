@@ -221,3 +221,39 @@ def test_the_alternatives_are_the_verdicts_of_every_moved_window_judged_afresh()
         assert got == reference(w, peers, verdict)
         seen.update(got)
     assert "waiting_on_peers" in seen and len(seen) >= 4
+
+
+def test_every_number_a_verdict_rule_reads_is_moved_by_the_margins_or_said_not_to_be() -> None:
+    """Every verdict rule run on 300 random windows whose attribute reads are recorded: each number of GpuWindow a
+    rule reads is in margins.MEASURED (moved by the margin) or margins.NOT_MOVED, and each of MEASURED is read."""
+    import dataclasses
+
+    from gpuwarden.insight.reasons import VERDICT_RULES
+    from gpuwarden.insight.rules import Facts
+
+    numbers = {f.name for f in dataclasses.fields(GpuWindow) if str(f.type) in ("float", "float | None")}
+    seen: set[str] = set()
+
+    class Reads:
+        def __init__(self, w: GpuWindow) -> None:
+            self._w = w
+
+        def __getattr__(self, name: str) -> object:
+            seen.add(name)
+            return getattr(self._w, name)
+
+    rnd = random.Random(1)
+    for _ in range(300):
+        values = {n: rnd.choice([None, 0.0, rnd.random(), rnd.uniform(0, 1e10)]) for n in numbers}
+        values.update(throttle_fraction=rnd.random(), severe_throttle_fraction=rnd.random(), seconds=60.0)
+        states = {s: rnd.uniform(0, 20) for s in ("busy", "starved", "paused", "held_idle")}
+        w = GpuWindow(index=0, uuid="GPU-0", held=rnd.random() < 0.8, states=states, **values)
+        peer = GpuWindow(index=1, uuid="GPU-1", seconds=60.0, held=True, states={"busy": 30.0}, util=rnd.random(),
+                         sm=rnd.random())  # fmt: skip
+        facts = Facts(Reads(w), [peer])  # type: ignore[arg-type]
+        for _, rule in VERDICT_RULES:
+            if rule.when is not None:
+                rule.when(facts)
+    read = seen & numbers
+    assert read - set(margins.MEASURED) - margins.NOT_MOVED == set(), "add them to MEASURED or NOT_MOVED"
+    assert set(margins.MEASURED) - read == set(), "MEASURED names numbers no rule reads"

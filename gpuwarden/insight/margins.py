@@ -50,6 +50,13 @@ MEASURED = (
     "throttle_fraction",
     "severe_throttle_fraction",
 )
+#: The GpuWindow numbers the verdict rules read that are not moved: counts of processes compared with zero (blocked on
+#: I/O, stopped, listening: a margin never moves a count across zero), the window's length and the start-up phase's
+#: age (facts of the window, not estimates). tests/test_insight_core.py runs every rule on windows whose reads are
+#: recorded: a number a rule reads that is in neither list fails it.
+NOT_MOVED = frozenset(
+    {"io_blocked_processes", "stopped_processes", "listening_processes", "seconds", "starting_seconds"}
+)
 #: Values that are ratios: kept within [0, 1] when moved.
 _RATIOS = frozenset({"util", "sm", "dram", "whole_idle_ratio", "sm_clock_ratio", "throttle_fraction"})
 #: The states whose share of the window the rules compare with thresholds, moved one at a time.
