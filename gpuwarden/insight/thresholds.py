@@ -7,7 +7,15 @@ gpuwarden.insight.launches and the per-poll states' in gpuwarden.insight.states.
 
 from __future__ import annotations
 
+from importlib import resources
+
+import yaml
+
 from gpuwarden.catalog import clock_event_reasons
+
+#: The alert rules' shipped parameters (gpuwarden/mixin/params.yml): a line the diagnosis and the alerts share is
+#: declared there, once, and read here (a site's own ``gpuwarden mixin --params`` moves its alerts, not this).
+_ALERTS = yaml.safe_load((resources.files("gpuwarden") / "mixin" / "params.yml").read_text())
 
 #: util.gpu at or above this is "utilized" (a kernel ran at least half the time).
 BUSY_UTIL = 0.5
@@ -23,8 +31,9 @@ MEMORY_BOUND_DRAM = 0.6
 TENSOR_IDLE_MAX = 0.05
 #: ... and FP32 pipe activity at or above this (FP32 matrix math that TF32 or bf16 would put on tensor cores).
 FP32_BUSY_MIN = 0.3
-#: Hot: the GPU within this many degrees Celsius of its own slowdown threshold (or HBM of its memory_max).
-HOT_MARGIN_CELSIUS = 5.0
+#: Hot: the GPU within this many degrees Celsius of its own slowdown threshold (or HBM of its memory_max); the
+#: overheating alerts' ``hot_margin_celsius``.
+HOT_MARGIN_CELSIUS = float(_ALERTS["hot_margin_celsius"])
 #: SM activity per util.gpu below this marks a kernel that occupies the GPU without working (spin).
 SPIN_SM_PER_UTIL = 0.5
 #: A peer GPU of the same job at or below this fraction of this GPU's util.gpu is a straggler.
@@ -59,8 +68,8 @@ HOST_PHASE_MIN = 0.10
 #: Throttled: clock-event reasons present this share of the time, SM clock below this share of its maximum.
 THROTTLE_MIN_FRACTION = 0.5
 THROTTLE_CLOCK_RATIO = 0.9
-#: Used / total GPU memory above this: memory nearly full.
-MEMORY_FULL_RATIO = 0.9
+#: Used / total GPU memory above this: memory nearly full; GpuMemoryAlmostFull's ``memory_full_ratio``.
+MEMORY_FULL_RATIO = float(_ALERTS["memory_full_ratio"])
 #: Host compute bound: the GPU idles while its job works on the CPU (as for input_starved), and the job moves at least
 #: this many bytes device-to-host per byte host-to-device (GPM PCIe TX / RX). Input prepared on the host flows to the
 #: GPU (RX far above TX); work that consumes the GPU's output on the host - an optimizer stepped on the CPU, as
