@@ -47,7 +47,7 @@ STEPS: list[tuple[str, str | None, str, str]] = [
     ("gpuwarden.insight.analyzer", "InsightAnalyzer", "prepare", "poll: insight accounting (every poll)"),
     ("gpuwarden.insight.analyzer", None, "build_core", "insight: result's core built (when first read)"),
     ("gpuwarden.exposition", "Exposition", "render", "render: the exposition (collectors + text)"),
-    ("gpuwarden.series", "TextWriter", "render", "render: the text (kept name-and-labels, values formatted)"),
+    ("gpuwarden.families", "TextWriter", "render", "render: the text (kept name-and-labels, values formatted)"),
     ("gpuwarden.exposition", "Exposition", "cached", "scrape: look-up of the ready text"),
 ]
 

@@ -13,7 +13,7 @@ finds the text ready and only sends bytes; it renders ahead only on the last pol
 one render per scrape, not fifteen. When polls come faster than once per ``min_age`` (1 s), the rendered text is
 reused for up to ``min_age``: rendering at most once a second bounds the CPU a fast poll costs.
 
-The text is written by gpuwarden.series.TextWriter, one per format, byte for byte what prometheus_client's encoders
+The text is written by gpuwarden.families.TextWriter, one per format, byte for byte what prometheus_client's encoders
 write (tests/test_exposition_cache.py and tests/test_golden_expositions.py hold it; prometheus_client's parser,
 ``promtool check metrics`` and an OpenMetrics parser read it back in tests/test_exposition_format.py): each series'
 name-and-labels text is made once and kept, each value formatted per render. The format is still negotiated by
@@ -35,7 +35,7 @@ from prometheus_client.exposition import choose_encoder
 from gpuwarden.catalog import FAMILY
 from gpuwarden.collectors import CollectOptions, collect
 from gpuwarden.collectors.registry import new_values
-from gpuwarden.series import Series, TextWriter
+from gpuwarden.families import MetricFamily, TextWriter
 from gpuwarden.snapshot import NodeSnapshot, SnapshotHolder
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def negotiate(accept: str | None) -> Format:
 PLAIN = negotiate(None)
 
 
-def families(snap: NodeSnapshot, collectors: list[str], options: CollectOptions) -> Iterator[Series]:
+def families(snap: NodeSnapshot, collectors: list[str], options: CollectOptions) -> Iterator[MetricFamily]:
     """Yield every enabled collector's families for ``snap``, then per-collector success and duration."""
     success = new_values(FAMILY["gpuwarden_scrape_collector_success"])
     duration = new_values(FAMILY["gpuwarden_scrape_collector_duration_seconds"])
@@ -145,7 +145,7 @@ class Exposition:
             self._cache = {}
             self._texts = {}
 
-    def families(self, snap: NodeSnapshot) -> Iterator[Series]:
+    def families(self, snap: NodeSnapshot) -> Iterator[MetricFamily]:
         """Yield the families of ``snap`` that a render would encode (the enabled collectors' and per collector)."""
         return families(snap, self.collectors, self.options)
 

@@ -223,15 +223,15 @@ def test_the_writer_is_byte_for_byte_prometheus_clients_encoder_at_every_poll(na
 def test_hostile_label_values_and_help_text_are_escaped_as_prometheus_client_escapes_them() -> None:
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-    from gpuwarden.series import Series, TextWriter
+    from gpuwarden.families import MetricFamily, TextWriter
 
     hostile = 'a\\b"c\nd\x1b[2J\u00e9{}=,'
-    gauge = Series("x_ratio", 'X "quoted" \\ and\nmore.', "gauge", ("gpu", "name"))
+    gauge = MetricFamily("x_ratio", 'X "quoted" \\ and\nmore.', "gauge", ("gpu", "name"))
     gauge.add_metric(["0", hostile], 0.5)
     gauge.add_metric(["1", ""], float("nan"))
-    counter = Series("y", "Y.", "counter", ("gpu",))
+    counter = MetricFamily("y", "Y.", "counter", ("gpu",))
     counter.add_metric(["0"], 1e21)
-    info = Series("z", "Z.", "info", ("gpu",))
+    info = MetricFamily("z", "Z.", "info", ("gpu",))
     info.add_metric(["0"], {"version": hostile, "b": "1"})
 
     class All:
@@ -245,12 +245,12 @@ def test_hostile_label_values_and_help_text_are_escaped_as_prometheus_client_esc
 
 
 def test_a_series_gone_from_the_exposition_is_forgotten() -> None:
-    from gpuwarden.series import Series, TextWriter
+    from gpuwarden.families import MetricFamily, TextWriter
 
     writer = TextWriter(False)
 
-    def fam(*pids: str) -> Series:
-        g = Series("p_bytes", "P.", "gauge", ("pid",))
+    def fam(*pids: str) -> MetricFamily:
+        g = MetricFamily("p_bytes", "P.", "gauge", ("pid",))
         for pid in pids:
             g.add_metric([pid], 1.0)
         return g
@@ -299,14 +299,14 @@ def test_numbers_of_every_range_are_written_as_prometheus_client_writes_them() -
     and a large number after its neighbour keep their own text."""
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-    from gpuwarden.series import Series, TextWriter
+    from gpuwarden.families import MetricFamily, TextWriter
 
     numbers = [0.0, -0.0, 1e6, 999999.9, 2e6, 123456789.0, 1e16, 1e21, 5e-324, -7e8, float("inf"), float("-inf"),
                float("nan"), 1.5e6, 1.5e6 + 1]  # fmt: skip
-    mixed = Series("mixed", "M.", "gauge", ("i",))
+    mixed = MetricFamily("mixed", "M.", "gauge", ("i",))
     for i, v in enumerate(numbers):
         mixed.add_metric([str(i)], v)
-    small = Series("small", "S.", "gauge", ("i",))
+    small = MetricFamily("small", "S.", "gauge", ("i",))
     for i, v in enumerate([0.0, -0.0, 0.25, 999999.0, -3.0]):
         small.add_metric([str(i)], v)
 
@@ -326,10 +326,10 @@ def test_a_family_rendered_again_with_any_bit_changed_is_prometheus_clients_text
     formats."""
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-    from gpuwarden.series import Series, TextWriter
+    from gpuwarden.families import MetricFamily, TextWriter
 
-    def fam(*values: float) -> Series:
-        g = Series("v", "V.", "gauge", ("i",))
+    def fam(*values: float) -> MetricFamily:
+        g = MetricFamily("v", "V.", "gauge", ("i",))
         for i, v in enumerate(values):
             g.add_metric([str(i)], v)
         return g

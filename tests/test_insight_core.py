@@ -244,7 +244,7 @@ def test_every_number_a_verdict_rule_reads_is_moved_by_the_margins_or_said_not_t
 
     rnd = random.Random(1)
     for _ in range(300):
-        values = {n: rnd.choice([None, 0.0, rnd.random(), rnd.uniform(0, 1e10)]) for n in numbers}
+        values: dict[str, Any] = {n: rnd.choice([None, 0.0, rnd.random(), rnd.uniform(0, 1e10)]) for n in numbers}
         values.update(throttle_fraction=rnd.random(), severe_throttle_fraction=rnd.random(), seconds=60.0)
         states = {s: rnd.uniform(0, 20) for s in ("busy", "starved", "paused", "held_idle")}
         w = GpuWindow(index=0, uuid="GPU-0", held=rnd.random() < 0.8, states=states, **values)

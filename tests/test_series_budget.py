@@ -24,7 +24,7 @@ from gpuwarden.catalog import FAMILIES  # noqa: E402
 from gpuwarden.insight.analyzer import InsightAnalyzer  # noqa: E402
 from gpuwarden.replay import demo_trace_path  # noqa: E402
 
-#: Series a GPU at most, all recordings, less each NVLink link's series (link up, and its error counters that
+#: MetricFamily a GPU at most, all recordings, less each NVLink link's series (link up, and its error counters that
 #: counted): 32-43 for most, up to 49 for a GPU whose recording walks through many states and idle causes (each a
 #: series once it occurred).
 BUDGET = 49

@@ -10,12 +10,12 @@ import functools
 
 from gpuwarden.catalog import CLOCK_EVENT_REASONS, Family
 from gpuwarden.collectors.registry import CollectOptions, add_grown, builds, gpu_rows, new_values, readings
-from gpuwarden.series import Series
+from gpuwarden.families import MetricFamily
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_clock_event_reason_active")
-def reason_active(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def reason_active(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return 1 for each clock event reason that holds a GPU's clocks now; the reasons that do not have no series
     (NVML names nine). None when no reason holds any GPU's clocks."""
     active = new_values(fam)
@@ -29,7 +29,7 @@ def reason_active(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
 
 
 @builds("gpu_clock_event_reason_seconds_total")
-def reason_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def reason_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the seconds each clock event reason has held a GPU's clocks since the driver loaded (NVML's duration
     counters), for the reasons that have: a reason still at 0 has no series."""
     total = new_values(fam)

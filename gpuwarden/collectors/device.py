@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, gpu_rows, new_family, new_values
-from gpuwarden.series import Series
+from gpuwarden.families import MetricFamily
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_info")
-def gpu_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def gpu_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return one info sample per GPU with its identity labels (unknown values left out; minor number 0 kept)."""
     info = new_family(fam)
     for s in snap.static.gpus:
@@ -24,7 +24,7 @@ def gpu_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
 
 
 @builds("gpu_driver_info")
-def driver_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def driver_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return the node's driver, NVML and CUDA driver versions as one info sample."""
     info = new_family(fam)
     values = {k: getattr(snap.static, k) for k in fam.labels}
@@ -33,7 +33,7 @@ def driver_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series
 
 
 @builds("gpu_up")
-def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return 1 per GPU that answered the last poll, 0 per GPU that did not (empty before the first poll)."""
     up = new_values(fam)
     if snap.poll is not None:
@@ -44,7 +44,7 @@ def gpu_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
 
 
 @builds("gpu_reading_unsupported")
-def reading_unsupported(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def reading_unsupported(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return 1 per GPU and reading it never answers (``GpuReading.unsupported``); None when every GPU answers all."""
     out = new_values(fam)
     if snap.poll is not None:
@@ -55,7 +55,7 @@ def reading_unsupported(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -
 
 
 @builds("gpu_reading_failing")
-def reading_failing(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def reading_failing(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return 1 per GPU, reading and error whose last read failed (``GpuReading.failing``); None when none did."""
     out = new_values(fam)
     if snap.poll is not None:
@@ -66,7 +66,7 @@ def reading_failing(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Se
 
 
 @builds("gpu_devices")
-def gpu_devices(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def gpu_devices(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return the number of GPUs watched, labelled with the node's name (``CollectOptions.node_name``, else the host
     name), which stays when the daemon restarts under another ``instance``."""
     count = new_values(fam)

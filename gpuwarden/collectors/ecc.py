@@ -18,12 +18,12 @@ from gpuwarden.collectors.registry import (
     health_readings,
     new_values,
 )
-from gpuwarden.series import Series
+from gpuwarden.families import MetricFamily
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_ecc_errors_total")
-def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def ecc_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the ECC counters split into labels ``type`` (corrected, uncorrected) and ``counter``."""
     errors = new_values(fam)
     for g in health_readings(snap):
@@ -41,7 +41,7 @@ def _split(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 @builds("gpu_remapped_rows_total")
-def remapped_rows(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def remapped_rows(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the rows remapped for corrected and for uncorrected errors (label ``type``)."""
     rows = new_values(fam)
     for g in health_readings(snap):

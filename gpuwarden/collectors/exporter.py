@@ -12,24 +12,24 @@ from prometheus_client import ProcessCollector
 from gpuwarden import __version__
 from gpuwarden.catalog import HTTP_CLOSE_REASONS, Family
 from gpuwarden.collectors.registry import CollectOptions, builds, new_family, new_values
-from gpuwarden.series import Series
+from gpuwarden.families import MetricFamily
 from gpuwarden.snapshot import NodeSnapshot
 
 
-def _info(fam: Family, values: dict[str, str]) -> Series:
+def _info(fam: Family, values: dict[str, str]) -> MetricFamily:
     info = new_family(fam)
     info.add_metric([], values)
     return info
 
 
-def _value(fam: Family, value: float) -> Series:
+def _value(fam: Family, value: float) -> MetricFamily:
     metric = new_values(fam)
     metric.add_metric([], value)
     return metric
 
 
 @builds("gpuwarden_build_info")
-def build_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def build_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return gpuwarden's version, Python's and nvidia-ml-py's."""
     return _info(
         fam,
@@ -42,7 +42,7 @@ def build_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
 
 
 @builds("gpuwarden_gpu_hour_price")
-def gpu_hour_price(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def gpu_hour_price(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the configured price of one GPU-hour with its currency, None when no price is configured."""
     if opts.price_per_gpu_hour is None:
         return None
@@ -52,55 +52,55 @@ def gpu_hour_price(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Ser
 
 
 @builds("gpuwarden_source_info")
-def source_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def source_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return the source (nvml or replay) and what describes it (the trace's name)."""
     return _info(fam, {"source": snap.source, **snap.extra_info})
 
 
 @builds("gpuwarden_source_up")
-def source_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def source_up(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return 1 when the last poll of the source succeeded."""
     return _value(fam, 1.0 if snap.source_up else 0.0)
 
 
 @builds("gpuwarden_polls_total")
-def polls(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def polls(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return the polls completed."""
     return _value(fam, snap.polls_total)
 
 
 @builds("gpuwarden_poll_failures_total")
-def poll_failures(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def poll_failures(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return the polls that failed as a whole."""
     return _value(fam, snap.poll_failures_total)
 
 
 @builds("gpuwarden_poll_interval_seconds")
-def poll_interval(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def poll_interval(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return the configured poll interval, in seconds."""
     return _value(fam, snap.interval_seconds)
 
 
 @builds("gpuwarden_poll_duration_seconds")
-def poll_duration(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def poll_duration(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the duration of the last poll, in seconds (absent before the first)."""
     return _value(fam, snap.poll.duration_seconds) if snap.poll is not None else None
 
 
 @builds("gpuwarden_last_poll_success_timestamp_seconds")
-def last_success(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def last_success(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the Unix time of the last successful poll (absent before the first)."""
     return _value(fam, snap.last_success_timestamp) if snap.last_success_timestamp is not None else None
 
 
 @builds("gpuwarden_config_last_reload_successful")
-def reload_successful(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def reload_successful(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return 1 when the last reload applied (or there was none), 0 when it was refused."""
     return _value(fam, 1.0 if snap.reload_successful else 0.0)
 
 
 @builds("gpuwarden_config_last_reload_success_timestamp_seconds")
-def reload_timestamp(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def reload_timestamp(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return when the configuration last loaded, Unix seconds."""
     return _value(fam, snap.reload_success_timestamp) if snap.reload_success_timestamp is not None else None
 
@@ -124,7 +124,7 @@ def process_values() -> dict[str, float]:
 _process_cache: tuple[int, dict[str, float]] = (-1, {})
 
 
-def _process_family(snap: NodeSnapshot, fam: Family) -> Series | None:
+def _process_family(snap: NodeSnapshot, fam: Family) -> MetricFamily | None:
     """The ``process_*`` family ``fam`` (``process_values``, read once a render for the six), None when /proc lacks
     it."""
     global _process_cache
@@ -148,7 +148,7 @@ for _name in (
 
 
 @builds("gpuwarden_nvml_errors_total")
-def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series:
+def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily:
     """Return the NVML failures by call and error (the family is there, empty, while there are none)."""
     errors = new_values(fam)
     for (call, err), n in sorted(snap.errors.items()):
@@ -157,7 +157,7 @@ def nvml_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series
 
 
 @builds("gpuwarden_http_connections_closed_total")
-def http_closed(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def http_closed(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the HTTP server's closed and refused connections by reason (HttpLimits.counts), every reason from 0;
     None without a server (a collector test, a replay rendered in-process)."""
     if opts.http_closed is None:

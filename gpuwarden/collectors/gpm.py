@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_rows, new_values, readings
+from gpuwarden.families import MetricFamily
 from gpuwarden.insight.ofu import flop_utilization
-from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 #: label value of ``pipe`` -> key of GpuReading.gpm
@@ -23,7 +23,7 @@ PIPES = (
 
 
 @builds("gpu_pipe_activity_ratio")
-def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the FP16, FP32, FP64 and integer pipe activities (0-1) of each GPU that has them."""
     pipes = new_values(fam)
     for g in readings(snap):
@@ -37,7 +37,7 @@ def pipe_activity(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
 
 
 @builds("gpu_flop_utilization_ratio")
-def flop_utilization_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def flop_utilization_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return each GPU's OFU (gpuwarden.insight.ofu.flop_utilization), where GPM gives its tensor activity."""
     statics = {s.index: s for s in snap.static.gpus}
     ofu = new_values(fam)

@@ -38,11 +38,11 @@ from gpuwarden.collectors.registry import (
     new_values,
     readings,
 )
+from gpuwarden.families import MetricFamily
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.reasons import REASONS
 from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, snapshot_core
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
-from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -62,7 +62,7 @@ def _result(snap: NodeSnapshot) -> InsightResult | None:
 Value = Callable[[GpuInsight], float | None]
 
 
-def _per_gpu(snap: NodeSnapshot, fam: Family, value: Value, doc: str | None = None) -> Series | None:
+def _per_gpu(snap: NodeSnapshot, fam: Family, value: Value, doc: str | None = None) -> MetricFamily | None:
     """Return ``fam`` with each GPU's ``value`` (labels: the GPU's), None before the first analysis or without any
     sample. ``doc`` is a help text other than the declared one."""
     res = _result(snap)
@@ -80,7 +80,7 @@ def _per_gpu(snap: NodeSnapshot, fam: Family, value: Value, doc: str | None = No
 
 def _grown(
     snap: NodeSnapshot, fam: Family, totals: Callable[[GpuInsight], dict[str, float] | None], order: tuple[str, ...]
-) -> Series | None:
+) -> MetricFamily | None:
     """Return ``fam`` with each GPU's counters by key (the family's one extra label), in ``order``, for the keys that
     have grown since the daemon started (``add_grown``: a GPU that never idled for a cause costs no series for it).
     A key's series appears with its first growth, its value then the seconds or joules since that growth began, which
@@ -96,26 +96,26 @@ def _grown(
 
 
 @builds("gpu_state_seconds_total")
-def state_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def state_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the seconds each GPU spent in each state it has been in since the daemon started."""
     return _grown(snap, fam, lambda g: g.state_seconds_total, STATES)
 
 
 @builds("gpu_idle_seconds_total")
-def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def idle_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the seconds each GPU idled by each cause it has idled for since the daemon started."""
     return _grown(snap, fam, lambda g: g.idle_seconds_total, IDLE_CAUSES)
 
 
 @builds("gpu_held_idle_energy_joules_total")
-def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def held_idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the joules each GPU drew above its idle floor while held idle (GpuInsight.held_idle_energy_joules_total:
     power minus the lowest power seen since start, times the held-idle seconds of each poll interval)."""
     return _per_gpu(snap, fam, lambda g: g.held_idle_energy_joules_total)
 
 
 @builds("gpu_peer_wait_seconds_total")
-def peer_wait_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def peer_wait_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the busy seconds each GPU spent waiting in a collective on another GPU of its job
     (GpuInsight.peer_wait_seconds_total), for the GPUs that have waited since the daemon started (a GPU that never
     waited has no series: as ``_grown``)."""
@@ -123,14 +123,14 @@ def peer_wait_seconds(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> 
 
 
 @builds("gpu_peer_wait_energy_joules_total")
-def peer_wait_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def peer_wait_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the joules each GPU drew above its idle floor while waiting on a peer
     (GpuInsight.peer_wait_energy_joules_total). Absent for a GPU that reports no power."""
     return _per_gpu(snap, fam, lambda g: g.peer_wait_energy_joules_total)
 
 
 @builds("gpu_idle_energy_joules_total")
-def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the joules each GPU drew above its idle floor while idle, by each cause it has idled for
     (GpuInsight.idle_energy_joules_total: power minus the lowest power seen, times each poll interval's idle seconds
     of the cause). Absent for a GPU that reports no power."""
@@ -138,7 +138,7 @@ def idle_energy(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series
 
 
 @builds("gpu_starved_ratio")
-def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return each GPU's starved share of the analyzer window (help text names the window)."""
     res = _result(snap)
     doc = fam.help.format(window=f"{res.window_seconds:g}") if res is not None else None
@@ -146,7 +146,7 @@ def starved_ratio(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
 
 
 @builds("gpu_diagnosis")
-def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def diagnosis(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return 1 for each GPU's verdict and each of its findings; the other reasons have no series (a one-hot of
     every reason would cost a series per reason and GPU for zeros)."""
     core = _core(snap)
@@ -168,13 +168,13 @@ def _held(findings: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @builds("gpu_job_shortfall_ratio")
-def job_shortfall(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def job_shortfall(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return each GPU's shortfall against the busiest GPU of its job (GPUs of jobs on 2+ GPUs)."""
     return _per_gpu(snap, fam, lambda g: g.shortfall_ratio)
 
 
 @builds("gpu_node_imbalance_ratio")
-def node_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def node_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the node's imbalance (absent with fewer than 2 GPUs)."""
     res = _result(snap)
     if res is None or res.node_imbalance_ratio is None:
@@ -185,7 +185,7 @@ def node_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Ser
 
 
 @builds("gpu_job_imbalance_ratio")
-def job_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def job_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the imbalance of each job on 2 or more GPUs."""
     res = _result(snap)
     if res is None:
@@ -198,7 +198,7 @@ def job_imbalance(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
 
 
 @builds("gpu_process_job_info")
-def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the job of each GPU process (the ``max_processes_per_gpu`` largest by GPU memory per GPU)."""
     res = _result(snap)
     if res is None:
@@ -232,7 +232,7 @@ def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series
 
 
 @builds("gpu_job_info")
-def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return one series per GPU and job holding it (its processes merged; Kubernetes names from any of them)."""
     res = _result(snap)
     if res is None:

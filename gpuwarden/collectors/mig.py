@@ -17,13 +17,13 @@ from gpuwarden.collectors.registry import (
     new_values,
     readings,
 )
+from gpuwarden.families import MetricFamily
 from gpuwarden.model import MigReading
-from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
 def _mig_family(get: Callable[[MigReading], float | None]) -> Builder:
-    def build(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+    def build(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
         metric = new_values(fam)
         for g in readings(snap):
             for m in g.mig:

@@ -17,7 +17,7 @@ from gpuwarden.collectors.registry import (
     new_values,
     readings,
 )
-from gpuwarden.series import Series
+from gpuwarden.families import MetricFamily
 from gpuwarden.snapshot import NodeSnapshot
 
 #: The fabric states a series is given for (not_supported: no fabric, no series).
@@ -25,7 +25,7 @@ FABRIC_STATES = ("not_started", "in_progress", "completed")
 
 
 @builds("gpu_nvlink_link_errors_total")
-def link_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def link_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return each link's error counters that have counted an error, keys ``LINK:TYPE`` split into the labels
     ``link`` and ``type``: a counter still at 0 has no series (an SXM GPU has 18 links and 5 counters a link, nearly
     all 0 on a healthy one)."""
@@ -46,7 +46,7 @@ def _order(key: str) -> tuple[int, str]:
 
 
 @builds("gpu_fabric_state")
-def fabric_state(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def fabric_state(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return 1 for the fabric's state (one of FABRIC_STATES), per GPU with a fabric; the other states have no
     series."""
     states = new_values(fam)
@@ -57,7 +57,7 @@ def fabric_state(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Serie
 
 
 @builds("gpu_fabric_info")
-def fabric_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def fabric_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the fabric's registration status, clique, cluster and health summary, per GPU with a fabric."""
     info = new_family(fam)
     for g in readings(snap):
@@ -70,7 +70,7 @@ def fabric_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series
 
 
 @builds("gpu_fabric_health_problem")
-def fabric_health(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def fabric_health(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return 1 per health check that reports a problem, 0 per check that reports none."""
     checks = new_values(fam)
     for g in readings(snap):

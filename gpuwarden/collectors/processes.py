@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_family, new_values, readings
+from gpuwarden.families import MetricFamily
 from gpuwarden.model import GpuReading, ProcessReading
-from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_compute_processes")
-def process_count(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def process_count(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the number of compute processes per GPU where the process list was read."""
     count = new_values(fam)
     for g in readings(snap):
@@ -25,7 +25,7 @@ def process_count(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
 
 
 @builds("gpu_process_memory_used_bytes")
-def process_memory(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def process_memory(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the GPU memory of the ``max_processes_per_gpu`` largest processes of each GPU, in bytes."""
     mem = new_values(fam)
     for g in readings(snap):
@@ -46,7 +46,7 @@ def largest(g: GpuReading, opts: CollectOptions) -> list[ProcessReading]:
 
 
 @builds("gpu_process_start_time_seconds")
-def process_start(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def process_start(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the start time (Unix seconds, ProcessReading.create_time from psutil) of the processes of
     gpu_process_memory_used_bytes whose start /proc gave."""
     start = new_values(fam)
@@ -59,7 +59,7 @@ def process_start(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Seri
 
 
 @builds("gpu_pod_info")
-def pod_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def pod_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return one series per container the kubelet assigned each GPU (GpuReading.pods, from pod-resources List)."""
     info = new_family(fam)
     for g in readings(snap):
@@ -89,7 +89,7 @@ def process_shares(g: GpuReading) -> dict[int, float]:
 
 
 @builds("gpu_process_sm_utilization_ratio")
-def process_utilization(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def process_utilization(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return each process's share of its GPU (process_shares) for the ``max_processes_per_gpu`` largest processes
     by GPU memory, as gpu_process_memory_used_bytes."""
     util = new_values(fam)

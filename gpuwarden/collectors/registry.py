@@ -4,7 +4,8 @@ A family whose declaration names a reading (``gpuwarden.catalog.Family.reading``
 with no code of its collector's own; a hand-written family is built by the function its collector module
 registers with ``@builds(family name)``. Either way the name, type, help and labels come from the catalogue.
 Collectors never call NVML and keep no state: they turn the latest NodeSnapshot into fresh metric families
-(gpuwarden.series.Series) on every render. Learned from node_exporter (one file per domain, ``--collector.NAME``).
+(gpuwarden.families.MetricFamily) on every render. Learned from node_exporter (one file per domain,
+``--collector.NAME``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.catalog import COLLECTORS, FAMILIES, FAMILY, GPU_LABELS, Family
+from gpuwarden.families import MetricFamily
 from gpuwarden.model import GpuReading, GpuStatic
-from gpuwarden.series import Series
 from gpuwarden.snapshot import NodeSnapshot
 
 
@@ -34,7 +35,7 @@ class CollectOptions:
 
 
 #: Builds one hand-written family from the snapshot; None leaves the family out of this render.
-Builder = Callable[[NodeSnapshot, CollectOptions, Family], Series | None]
+Builder = Callable[[NodeSnapshot, CollectOptions, Family], MetricFamily | None]
 
 _BUILDERS: dict[str, Builder] = {}
 _BY_COLLECTOR: dict[str, tuple[Family, ...]] = {
@@ -61,7 +62,7 @@ def builds(name: str) -> Callable[[Builder], Builder]:
     return wrap
 
 
-def collect(name: str, snap: NodeSnapshot, opts: CollectOptions) -> Iterator[Series]:
+def collect(name: str, snap: NodeSnapshot, opts: CollectOptions) -> Iterator[MetricFamily]:
     """Yield collector ``name``'s families for ``snap``, in catalogue order. A declared family with no sample is
     left out (an unsupported reading is absent, never 0); a builder decides for its own family."""
     for fam in _BY_COLLECTOR[name]:
@@ -82,7 +83,7 @@ def missing_builders() -> list[str]:
     ]
 
 
-def new_family(fam: Family, doc: str | None = None) -> Series:
+def new_family(fam: Family, doc: str | None = None) -> MetricFamily:
     """Return an empty family for the declaration ``fam`` (``doc`` overrides its help).
 
     Gauges and counters take ``fam.all_labels``; an info family takes the GPU labels (its own labels are the keys
@@ -90,11 +91,11 @@ def new_family(fam: Family, doc: str | None = None) -> Series:
     """
     text = fam.help if doc is None else doc
     if fam.type == "info":
-        return Series(fam.base_name, text, "info", GPU_LABELS if fam.per_gpu else ())
-    return Series(fam.base_name, text, fam.type, fam.all_labels)
+        return MetricFamily(fam.base_name, text, "info", GPU_LABELS if fam.per_gpu else ())
+    return MetricFamily(fam.base_name, text, fam.type, fam.all_labels)
 
 
-def new_values(fam: Family, doc: str | None = None) -> Series:
+def new_values(fam: Family, doc: str | None = None) -> MetricFamily:
     """``new_family`` of a gauge or counter declaration: a family whose ``add_metric`` takes the label values and
     one number. Raises ValueError for an info declaration."""
     if fam.type == "info":
@@ -137,13 +138,15 @@ def health_readings(snap: NodeSnapshot) -> Iterator[GpuReading]:
 def gpu_rows(gpu: int, uuid: str, keys: tuple[str, ...] = ()) -> tuple[tuple[str, ...], ...]:
     """The label values of a GPU's series in a family whose one extra label takes ``keys`` (without keys: the GPU's
     one series, ``(index, uuid)``): made once per GPU and key set and the same tuples at every render, so the
-    writer (gpuwarden.series.TextWriter) finds the last render's texts by identity."""
+    writer (gpuwarden.families.TextWriter) finds the last render's texts by identity."""
     if not keys:
         return ((str(gpu), uuid),)
     return tuple((str(gpu), uuid, k) for k in keys)
 
 
-def add_grown(metric: Series, gpu: int, uuid: str, totals: Mapping[str, float] | None, order: Iterable[str]) -> None:
+def add_grown(
+    metric: MetricFamily, gpu: int, uuid: str, totals: Mapping[str, float] | None, order: Iterable[str]
+) -> None:
     """Add to ``metric`` (a family with one label beyond the GPU's) a GPU's counters by key, in ``order``, for the keys
     whose counter has grown (is not 0): a counter still at 0 has no series, so a key that never occurred (an idle
     cause, a clock event reason) costs nothing. ``totals`` None or empty adds nothing."""
@@ -172,14 +175,14 @@ def _sources(snap: NodeSnapshot, fam: Family) -> tuple[list[GpuReading] | list[G
     return gpus, [gpu_rows(g.index, g.uuid)[0] for g in gpus]
 
 
-def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
+def declared(snap: NodeSnapshot, fam: Family) -> MetricFamily | None:
     """Return the family of a declared field for every GPU that has it, or None when no GPU has it.
 
     ``fam.reading`` reads the up GPUs' ``GpuReading`` field, ``fam.static`` each GPU's ``GpuStatic`` field; a
     dict-valued field gives one sample per key (label ``fam.labels[0]``, keys sorted, or ``fam.keys`` in their order)
     unless ``fam.key`` picks one.
-    The samples go straight into the family's columns (``Series.labels``, ``Series.numbers``): this runs for every
-    declared family of every GPU at every render.
+    The samples go straight into the family's columns (``MetricFamily.labels``, ``MetricFamily.numbers``): this runs
+    for every declared family of every GPU at every render.
     """
     metric = new_values(fam)
     gpus, rows = _sources(snap, fam)
@@ -191,7 +194,7 @@ def declared(snap: NodeSnapshot, fam: Family) -> Series | None:
 
 
 def _one_number_each(
-    metric: Series, gpus: Sequence[Any], rows: list[tuple[str, ...]], attr: str, key: str | None
+    metric: MetricFamily, gpus: Sequence[Any], rows: list[tuple[str, ...]], attr: str, key: str | None
 ) -> bool:
     """Fill ``metric`` with one number a GPU and return True, when every GPU of ``gpus`` has a number in ``attr``
     (the common case, in two C-level extends); False, ``metric`` untouched, otherwise."""
@@ -205,7 +208,7 @@ def _one_number_each(
     return True
 
 
-def _each(metric: Series, snap: NodeSnapshot, fam: Family, gpus: Sequence[Any], attr: str) -> None:
+def _each(metric: MetricFamily, snap: NodeSnapshot, fam: Family, gpus: Sequence[Any], attr: str) -> None:
     """Fill ``metric`` GPU by GPU: the GPUs ``fam.only_if`` keeps, a dict-valued field a sample a key (or the one
     ``fam.key`` picks), nothing for a GPU without the value."""
     labels, numbers, key = metric.labels, metric.numbers, fam.key

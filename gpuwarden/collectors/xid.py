@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from gpuwarden.catalog import Family
 from gpuwarden.collectors.registry import CollectOptions, builds, gpu_label_values, new_values
-from gpuwarden.series import Series
+from gpuwarden.families import MetricFamily
 from gpuwarden.snapshot import NodeSnapshot
 
 
 @builds("gpu_xid_errors_total")
-def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the XID count per code and GPU since start, for the codes that occurred."""
     total = new_values(fam)
     for g in snap.poll.gpus if snap.poll is not None else ():
@@ -28,7 +28,7 @@ def xid_errors(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series 
 
 
 @builds("gpu_xid_last_event_timestamp_seconds")
-def xid_last(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Series | None:
+def xid_last(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
     """Return the Unix time of the last XID of each code that occurred, per GPU."""
     last = new_values(fam)
     for g in snap.poll.gpus if snap.poll is not None else ():

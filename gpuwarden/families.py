@@ -3,8 +3,8 @@ and a number, the label names once per family.
 
 prometheus_client's metric families keep each sample as a named tuple with a dict of labels, built on every
 ``add_metric``, and its encoders escape and format every label of every sample on every scrape (47-51% of the
-daemon's CPU samples at 8 GPUs, 31 ms of a 64-GPU render: docs/performance.md). ``Series`` keeps columns instead
-(each sample's label values, its number), and ``TextWriter`` renders them in either text format with each series'
+daemon's CPU samples at 8 GPUs, 31 ms of a 64-GPU render). ``MetricFamily`` keeps columns instead (each sample's
+label values, its number), and ``TextWriter`` renders them in either text format with each series'
 name-and-labels text made once and kept while the series is in the exposition: per render, a family whose series are
 the same as in the last render costs C-level joins of its kept texts and its numbers' ``repr``.
 
@@ -14,8 +14,8 @@ counter's samples and, in the text format, its HELP and TYPE named ``_total``; a
 in the text format), labels sorted by name, the same escaping of label values (backslash, newline, double quote) and
 of HELP text (backslash and newline; and double quote in OpenMetrics), values written by prometheus_client's own
 ``floatToGoString``. gpuwarden's metric and label names are legacy Prometheus names (the catalogue's test holds
-them to it), which neither encoder rewrites. ``Series.samples`` gives prometheus_client's samples for anything that
-wants its types (tests, ``generate_latest`` in bench/profile.py, which compares the two byte for byte).
+them to it), which neither encoder rewrites. ``MetricFamily.samples`` gives prometheus_client's samples for anything
+that wants its types (tests, ``generate_latest`` in bench/profile.py, which compares the two byte for byte).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from prometheus_client.utils import floatToGoString
 _TYPES = ("gauge", "counter", "info")
 
 
-class Series:
+class MetricFamily:
     """One metric family: its base ``name`` (a counter's without ``_total``, an info family's without ``_info``, as
     prometheus_client names them), ``documentation``, ``type`` (gauge, counter or info), ``labelnames``, and its
     samples as columns: ``labels`` (each sample's label values), ``numbers`` (each sample's value) and, for an info
@@ -127,10 +127,10 @@ class _Kept:
 
 
 class TextWriter:
-    """Writes Series in the text format 0.0.4 (``openmetrics`` False) or OpenMetrics 1.0: each family's HELP and TYPE
-    lines and each series' name-and-labels text made once and kept while the series is written (the families of
-    the last render are kept; a series gone from its family is forgotten), the values formatted per render. A family
-    whose label values are those of the last render, in the same order, reuses its texts as they are; one that
+    """Writes metric families in the text format 0.0.4 (``openmetrics`` False) or OpenMetrics 1.0: each family's HELP
+    and TYPE lines and each series' name-and-labels text made once and kept while the series is written (the families
+    of the last render are kept; a series gone from its family is forgotten), the values formatted per render. A
+    family whose label values are those of the last render, in the same order, reuses its texts as they are; one that
     changed remakes only the texts of series it did not have. Not thread-safe."""
 
     def __init__(self, openmetrics: bool) -> None:
@@ -138,7 +138,7 @@ class TextWriter:
         self._headers: dict[tuple[str, str, str], bytes] = {}
         self._kept: dict[str, _Kept] = {}
 
-    def _header(self, fam: Series) -> bytes:
+    def _header(self, fam: MetricFamily) -> bytes:
         key = (fam.name, fam.type, fam.documentation)
         text = self._headers.get(key)
         if text is None:
@@ -152,7 +152,7 @@ class TextWriter:
             text = self._headers[key] = f"# HELP {name} {doc}\n# TYPE {name} {typ}\n".encode()
         return text
 
-    def _prefixes(self, fam: Series, kept: _Kept | None) -> list[str]:
+    def _prefixes(self, fam: MetricFamily, kept: _Kept | None) -> list[str]:
         """The name-and-labels text of each of ``fam``'s series, those of ``kept`` (the last render's) reused."""
         if kept is not None and kept.labels == fam.labels and kept.names == fam.names:
             return kept.prefixes
@@ -169,7 +169,7 @@ class TextWriter:
             prefixes.append(prefix)
         return prefixes
 
-    def render(self, families: Iterable[Series]) -> bytes:
+    def render(self, families: Iterable[MetricFamily]) -> bytes:
         """The exposition of ``families``, in order (OpenMetrics closed by ``# EOF``), as UTF-8 bytes."""
         parts: list[bytes] = []
         append = parts.append
