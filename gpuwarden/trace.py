@@ -61,15 +61,22 @@ class TraceWriter:
     Each poll is flushed to the file as it is written (a gzip stream with a sync flush, so everything before it
     decompresses), so a recording killed, or stopped by a full disk, keeps every complete poll readable
     (``read_trace`` drops the incomplete end and says so). ``overwrite=False`` refuses an existing file
-    (FileExistsError). Raises OSError where the file cannot be created or written.
+    (FileExistsError). Raises OSError where the file cannot be created or written; a header that cannot be written
+    leaves no file behind.
     """
 
     def __init__(self, path: Path, header: TraceHeader, overwrite: bool = True) -> None:
         self._file = _open(path, "w" if overwrite else "x")
         self._seq = 0
         self._broken = False
-        self._file.write(header.model_dump_json(exclude_none=True) + "\n")
-        self._flush()
+        try:
+            self._file.write(header.model_dump_json(exclude_none=True) + "\n")
+            self._flush()
+        except OSError:  # a full disk before the header: no trace at all rather than an empty file that reads as one
+            self._broken = True
+            self.close()
+            path.unlink(missing_ok=True)
+            raise
 
     @property
     def polls(self) -> int:

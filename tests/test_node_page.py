@@ -152,6 +152,34 @@ def test_page_shows_every_gpu_verdict_readings_and_strip() -> None:
 
 @pytest.mark.e2e
 @needs_chromium
+def test_bidirectional_and_control_characters_from_the_machine_are_shown_escaped(tmp_path: Path) -> None:
+    """A host and a GPU whose names carry U+202E (right-to-left override: what follows shows reversed) and a bell: the
+    page shows them as \\u escapes, in the header, the card and the window title, never the characters themselves
+    (a trace derived from h100-idle, marked modified)."""
+    import gzip
+    import json
+
+    lines = gzip.decompress(trace("h100-idle").read_bytes()).decode().splitlines()
+    header = json.loads(lines[0])
+    header["node"]["hostname"] = "node\u202egpj.exe\u0007"
+    header["node"]["gpus"][0]["name"] = "NVIDIA \u2066H100\u202a"
+    header.setdefault("metadata", {})["modified"] = "hostname and GPU name replaced with bidi and control characters"
+    path = tmp_path / "bidi.jsonl.gz"
+    path.write_bytes(gzip.compress("\n".join([json.dumps(header), *lines[1:]]).encode() + b"\n"))
+    with daemon("--replay", str(path)) as url:
+        _wait_verdicts(url, 1)
+        dumped = _chromium(url + "/", "--dump-dom")
+    dom = _Dom()
+    dom.feed(dumped)
+    assert dom.find(id="hostname")[0][2] == "node\\u202egpj.exe\\u0007"
+    (card,) = dom.find(class_="gpu")
+    assert "NVIDIA \\u2066H100\\u202a" in card[2], card[2]
+    assert "<title>gpuwarden · node\\u202egpj.exe\\u0007</title>" in dumped
+    assert not any(c in dumped for c in "\u202e\u2066\u202a\u0007"), "a control character reached the page"
+
+
+@pytest.mark.e2e
+@needs_chromium
 def test_the_jobs_table_says_what_its_columns_hold_and_the_slurm_job_number() -> None:
     """GPU indices and PIDs under headers that say so (not counts), and a job keyed by its SLUID with the number users
     type beside it."""

@@ -137,6 +137,25 @@ def test_a_full_disk_keeps_the_polls_written_before_it(tmp_path: Path, monkeypat
     assert len(polls) == 3
 
 
+def test_a_full_disk_before_the_header_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC at the header's flush (a gzip trace's first bytes): the error is raised (``gpuwarden record`` says it in
+    one line, exit 1) and no empty file that reads as a trace is left."""
+    import errno
+
+    from gpuwarden import trace as trace_module
+    from gpuwarden.commands.record import record
+    from gpuwarden.replay import ReplaySource
+
+    def full(self) -> None:  # noqa: ANN001
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trace_module.TraceWriter, "_flush", full)
+    out = tmp_path / "t.jsonl.gz"
+    with pytest.raises(OSError, match="No space left"):
+        record(ReplaySource(trace("h100-idle")), out, 60.0, 0.01, {})
+    assert not out.exists()
+
+
 def test_progress_is_reported_after_each_poll_written(tmp_path: Path) -> None:
     from gpuwarden.commands.record import record
     from gpuwarden.replay import ReplaySource

@@ -11,16 +11,22 @@ const STATE_TEXT = {
   free: "free", unknown: "unknown", lost: "lost (could not be read)",
 };
 
+// Bidirectional controls (U+202E RIGHT-TO-LEFT OVERRIDE and its kin) reorder what follows them on screen, so a name
+// from the machine could read "exe.txt" for "txt\u202eexe.txt"; they, and the C0 and C1 controls, are shown as
+// \uXXXX escapes wherever the page writes text or a title (as a terminal shows them: gpuwarden.terminal.visible).
+const HIDDEN = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+const shown = (s) => String(s).replace(HIDDEN, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (k === "class") node.className = v;
     else if (k === "style") for (const [p, x] of Object.entries(v)) node.style.setProperty(p, x);
-    else node.setAttribute(k, v);
+    else node.setAttribute(k, shown(v));
   }
   for (const c of children) {
     if (c === null || c === undefined) continue;
-    node.append(typeof c === "string" ? document.createTextNode(c) : c);
+    node.append(typeof c === "string" ? document.createTextNode(shown(c)) : c);
   }
   return node;
 }
@@ -119,7 +125,7 @@ async function refresh() {
   try {
     gpus = await fetchJson("api/v1/gpus");
   } catch (e) {
-    banner.textContent = `The daemon did not answer (${e.message}); showing the last data.`;
+    banner.textContent = shown(`The daemon did not answer (${e.message}); showing the last data.`);
     banner.hidden = false;
     return;
   }
@@ -131,18 +137,18 @@ async function refresh() {
   const problems = [];
   if (!gpus.fresh) problems.push(gpus.down_reason ? `no readings: ${gpus.down_reason}` : "the readings are stale: the last poll is too old");
   if (diagnosis && !diagnosis.available) problems.push(`no diagnosis: ${diagnosis.reason}`);
-  banner.textContent = problems.join("; ");
+  banner.textContent = shown(problems.join("; "));
   banner.hidden = problems.length === 0;
 
-  document.getElementById("hostname").textContent = gpus.hostname;
-  document.title = `gpuwarden · ${gpus.hostname}`;
+  document.getElementById("hostname").textContent = shown(gpus.hostname);
+  document.title = shown(`gpuwarden · ${gpus.hostname}`);
   const age = gpus.last_poll_timestamp ? Math.max(0, Date.now() / 1000 - gpus.last_poll_timestamp) : null;
   const facts = [`${gpus.gpus.length} GPU${gpus.gpus.length === 1 ? "" : "s"}`, `source ${gpus.source}`];
   if (gpus.driver_version) facts.push(`driver ${gpus.driver_version}`);
   if (age !== null) facts.push(`last poll ${age.toFixed(0)} s ago`);
   if (diagnosis && diagnosis.node_imbalance_ratio != null)
     facts.push(`node imbalance ${diagnosis.node_imbalance_ratio.toFixed(2)} (0 balanced, 1 one GPU does all)`);
-  document.getElementById("node").textContent = facts.join(" · ");
+  document.getElementById("node").textContent = shown(facts.join(" · "));
 
   const byGpu = {};
   for (const g of (diagnosis && diagnosis.gpus) || []) byGpu[g.gpu] = g;
