@@ -470,9 +470,18 @@ Drawer = Callable[[DiagnoseReport | None, str | None], None]
 def _each_redraw(args: argparse.Namespace, step: Callable[[], DiagnoseReport], sampler: LiveSampler | None,
                  draw: Drawer) -> int:  # fmt: skip
     """Draw ``step()``'s report every ``--interval`` s until interrupted (0); a ``--url`` daemon that does not answer
-    is drawn as a problem line and asked again, live NVML that cannot start raises SourceError. Closes ``sampler``."""
+    is drawn as a problem line and asked again, live NVML that cannot start raises SourceError. Closes ``sampler``.
+
+    SIGINT (Ctrl-C) and SIGTERM set a flag that ends the loop after the redraw in hand (a request is bounded by its
+    timeout) instead of raising KeyboardInterrupt wherever the interpreter is: one raised inside a library that
+    catches and carries on (an HTTP client, the terminal renderer) was lost, and the watch went on."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while True:
+        while not stop.is_set():
             try:
                 report = step()
             except SourceError as exc:
@@ -481,10 +490,11 @@ def _each_redraw(args: argparse.Namespace, step: Callable[[], DiagnoseReport], s
                 draw(None, f"{visible(exc)}; asking again every {args.interval:g} s")
             else:
                 draw(report, None)
-            time.sleep(args.interval)
-    except KeyboardInterrupt:
+            stop.wait(args.interval)
         return 0
     finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         if sampler is not None:
             sampler.close()
 

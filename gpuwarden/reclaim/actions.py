@@ -217,9 +217,10 @@ def run_command(argv: list[str], timeout: float) -> tuple[str, str]:
 
 def post_webhook(url: str, headers: dict[str, str], doc: dict[str, Any], timeout: float) -> tuple[str, str]:
     """POST ``doc`` as JSON to ``url``: ("ran", status) on a 2xx answer, ("failed", why) otherwise, ("timed_out")
-    when the exchange outlives ``timeout`` s: it runs in a thread waited on until then (httpx's timeouts bound each
-    read, not the whole exchange: a server that drips its answer would outlast them); then its connection is closed
-    under it, so the thread ends too, whatever the server does. The answer is read to OUTPUT_BYTES."""
+    when the exchange or one of its reads outlives ``timeout`` s: it runs in a thread waited on until then (httpx's
+    timeouts bound each read, not the whole exchange: a server that drips its answer would outlast them); then its
+    connection is closed under it, so the thread ends too, whatever the server does. The answer is read to
+    OUTPUT_BYTES."""
     import httpx
 
     answer: list[tuple[str, str]] = []
@@ -236,6 +237,8 @@ def post_webhook(url: str, headers: dict[str, str], doc: dict[str, Any], timeout
                 ok = 200 <= r.status_code < 300
                 answer.append(("ran", f"HTTP {r.status_code}") if ok else ("failed", f"HTTP {r.status_code}: "
                                                                                       f"{_text(body)}"))  # fmt: skip
+        except httpx.TimeoutException:  # one of httpx's own timeouts ran out before the whole exchange's
+            answer.append(("timed_out", f"no answer within {timeout:g} s"))
         except Exception as exc:  # noqa: BLE001 - an HTTP error, or the connection closed under it at the deadline
             answer.append(("failed", f"{type(exc).__name__}: {exc}"))
         finally:
