@@ -51,6 +51,7 @@ def per_gpu(text: str) -> dict[str, collections.Counter[str]]:
     return out
 
 
+@pytest.mark.e2e  # every recording replayed to its end (400 polls at most): about 14 s in all
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
 def test_a_gpu_stays_in_the_series_budget(path: Path) -> None:
     poller = replay_poller(path, 400, analyzers={"insight": InsightAnalyzer().prepare})
