@@ -262,6 +262,14 @@ def test_yaml_keys_that_are_not_text_are_a_config_error(tmp_path: Path, text: st
         load_config(path)
 
 
+@pytest.mark.parametrize("gpus", [[-1], ["-1"], [-1.0], [0, "-2"]])
+def test_a_negative_gpu_index_given_in_any_form_is_a_config_error(gpus: list[object]) -> None:
+    # found by hypothesis under load: "-1" and -1.0 passed the check made before coercion, and the configuration's
+    # second validation raised pydantic's own error (a traceback)
+    with pytest.raises(ConfigError, match="GPU indices are 0 or more"):
+        load_config(None, {"gpus": gpus})
+
+
 def test_self_referencing_yaml_is_a_config_error(tmp_path: Path) -> None:
     # found by hypothesis: a YAML alias inside its own anchor makes a structure that contains itself
     path = tmp_path / "c.yml"

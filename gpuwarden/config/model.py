@@ -184,7 +184,13 @@ class Config(BaseModel):
             if not all(p.isdigit() for p in parts):
                 raise ValueError("expects comma-separated GPU indices")
             return [int(p) for p in parts]
-        if isinstance(v, list) and any(isinstance(i, int) and i < 0 for i in v):
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _check_gpus(cls, v: list[int] | None) -> list[int] | None:
+        """Refuse a negative index, whatever it was given as (``-1``, ``"-1"``, ``-1.0``: checked once coerced)."""
+        if v is not None and any(i < 0 for i in v):
             raise ValueError("GPU indices are 0 or more")
         return v
 
