@@ -5,8 +5,8 @@
 ``tools/workloads.py run SCENARIO`` on the GPU, then every 0.1 s asks NVML for the GPU's compute processes
 (nvmlDeviceGetComputeRunningProcesses) and scrapes the daemon at URL (parsed by prometheus_client's parser) for
 the workload's ``gpu_process_memory_used_bytes``; prints when each first listed the process, each memory value the
-daemon exported, and when each stopped listing it after it ended. The daemon lists processes again only when the
-GPU's memory in use changes (gpuwarden.nvml.device.PROCESS_LIST_MAX_AGE): a start or an end shows at its next poll.
+daemon exported, and when each stopped listing it after it ended. The daemon lists the GPU's processes at every
+poll: a start or an end shows at its next poll.
 Exits 1 when the daemon shows the start or the end more than two polls (``--poll``, the daemon's interval) and a
 second after NVML does, or never. Needs a GPU, PyTorch and a daemon polling it.
 """
