@@ -52,7 +52,7 @@ PACKAGES = (
     "prometheus-client",
     "nvidia-ml-py",
     "fastapi",
-    "uvicorn",
+    "h11",
     "pydantic",
     "psutil",
 )

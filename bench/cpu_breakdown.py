@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "machine": machine(),
         "gpus": gpu_facts() if args.replay is None else None,
-        "versions": versions("gpuwarden", "fastapi", "uvicorn", "pydantic", "prometheus-client", "nvidia-ml-py"),
+        "versions": versions("gpuwarden", "fastapi", "h11", "pydantic", "prometheus-client", "nvidia-ml-py"),
         "config": {k: str(v) for k, v in overrides.items()},
         "duration_seconds": wall,
         "scrape_interval_seconds": args.scrape_interval,

@@ -38,7 +38,7 @@ from bench.common import (
 )
 from bench.traces import trace_for
 
-PACKAGES = ("gpuwarden", "fastapi", "uvicorn", "pydantic", "prometheus-client", "nvidia-ml-py", "psutil")
+PACKAGES = ("gpuwarden", "fastapi", "h11", "pydantic", "prometheus-client", "nvidia-ml-py", "psutil")
 
 
 def _floats(text: str) -> list[float]:

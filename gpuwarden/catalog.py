@@ -324,7 +324,6 @@ HTTP_CLOSE_REASONS = (
     "evicted",
     "head_timeout",
     "head_too_large",
-    "pipeline_too_deep",
     "handshake_evicted",
     "handshake_failed",
     "handshake_refused",
@@ -919,7 +918,7 @@ FAMILIES: tuple[Family, ...] = (
         "gpuwarden_http_connections_closed_total",
         "Connections the HTTP server closed to stay within its bounds, by reason: evicted (the connection waiting "
         "longest for its request or TLS ClientHello, at the connection cap), head_timeout, head_too_large, "
-        "pipeline_too_deep, handshake_evicted (an unfinished TLS handshake: a source's own oldest past its share, "
+        "handshake_evicted (an unfinished TLS handshake: a source's own oldest past its share, "
         "else the oldest of the source holding the most, at the handshake cap), handshake_failed, handshake_refused "
         "(a ClientHello from a source starting handshakes faster than its rate), send_timeout (an answer its "
         "client did not take in time), unsent_over_budget (the "

@@ -279,12 +279,9 @@ class Daemon:
         """``https`` when the web config enables TLS, else ``http``."""
         return "https" if self.web is not None and self.web.tls_enabled else "http"
 
-    def serve(self, sock: socket.socket, uvicorn_kwargs: dict[str, object] | None = None) -> None:
+    def serve(self, sock: socket.socket) -> None:
         """Serve HTTP on ``sock`` until SIGINT/SIGTERM; then stop the poller (nvmlShutdown). READY=1 is sent once
         the server listens with its signal handlers in place."""
-        kwargs: dict[str, Any] = dict(uvicorn_kwargs or {})
-        if self.web is not None:
-            kwargs.update(self.web.uvicorn_kwargs())
         cap, backlog, warning = connection_cap(self.cfg.max_connections)
         if warning:
             log.warning(warning)
@@ -303,11 +300,11 @@ class Daemon:
                 self.gate,
                 sock,
                 self.http_limits,
-                log_level=self.cfg.log_level,
                 on_hup=self.reload,
                 on_ready=lambda: self.poller.notifier.ready(self.poller.ready_status()),
                 hup_pending=self.hup_pending,
-                uvicorn_kwargs=kwargs,
+                tls=None if self.web is None else self.web.listener_context(),
+                headers=() if self.web is None else self.web.response_headers(),
             )
         finally:
             self.poller.stop()

@@ -1,9 +1,10 @@
-"""One log for the daemon and uvicorn, in the formats the Prometheus exporters use: logfmt (the default) or JSON.
+"""One log for the daemon and its HTTP server, in the formats the Prometheus exporters use: logfmt (the default) or
+JSON.
 
-``setup(level, fmt)`` gives the root logger one handler on standard error with the chosen formatter and makes
-uvicorn's loggers write through it (uvicorn runs with ``log_config=None``). A record's structured fields - the
-``extra={...}`` of a logging call, for example ``gpu``, ``call``, ``error`` - become keys of the line, as
-``--log.format`` of node_exporter writes them: ``ts=... level=info logger=gpuwarden.daemon msg="..." gpu=0``.
+``setup(level, fmt)`` gives the root logger one handler on standard error with the chosen formatter. A record's
+structured fields - the ``extra={...}`` of a logging call, for example ``gpu``, ``call``, ``error`` - become keys
+of the line, as ``--log.format`` of node_exporter writes them:
+``ts=... level=info logger=gpuwarden.daemon msg="..." gpu=0``.
 """
 
 from __future__ import annotations
@@ -18,23 +19,18 @@ from typing import Any
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 
 LEVELS = ("debug", "info", "warning", "error")
-#: Access lines (``uvicorn.access``, written at ``debug`` only) let through per ACCESS_LINES_PERIOD seconds: a
+#: Access lines (``gpuwarden.access``, written at ``debug`` only) let through per ACCESS_LINES_PERIOD seconds: a
 #: request flood must not become a log flood (the first line of the next period says how many were dropped).
 ACCESS_LINES_BURST = 100
 ACCESS_LINES_PERIOD = 10.0
 FORMATS = ("logfmt", "json")
 
 
-#: Loggers whose names do not say who speaks: uvicorn writes its server's lines, "Started server process" and
-#: "Shutting down" included, to "uvicorn.error".
-_SPEAKERS = {"uvicorn.error": "uvicorn"}
-
-
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     out: dict[str, Any] = {
         "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
         "level": record.levelname.lower(),
-        "logger": _SPEAKERS.get(record.name, record.name),
+        "logger": record.name,
         "msg": record.getMessage(),
     }
     for key, value in record.__dict__.items():
@@ -69,7 +65,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup(level: str = "info", fmt: str = "logfmt") -> None:
-    """Send every log record (gpuwarden's, uvicorn's, asyncio's) to standard error as ``fmt`` lines at ``level``.
+    """Send every log record (gpuwarden's, its libraries', asyncio's) to standard error as ``fmt`` lines at ``level``.
 
     Raises ValueError for a level or format that is not one of LEVELS / FORMATS. Idempotent: a second call replaces
     the handler (configuration reload).
@@ -83,19 +79,12 @@ def setup(level: str = "info", fmt: str = "logfmt") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error"):
-        logger = logging.getLogger(name)
-        logger.handlers.clear()
-        logger.propagate = True
     # httpx and httpcore log every request's full URL at INFO and DEBUG: a Prometheus URL's user:password and a chat
     # webhook's URL, which is its secret. Their warnings only, at any level; gpuwarden logs its requests' outcomes.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    # Access lines only at debug (uvicorn decides per connection from whether its access logger has a handler to
-    # reach), and at most ACCESS_LINES_BURST of them per ACCESS_LINES_PERIOD whatever the level.
-    access = logging.getLogger("uvicorn.access")
-    access.handlers.clear()
-    access.propagate = level == "debug"
+    # Access lines (logged at debug) at most ACCESS_LINES_BURST per ACCESS_LINES_PERIOD.
+    access = logging.getLogger("gpuwarden.access")
     if not any(isinstance(f, RateLimitFilter) for f in access.filters):
         access.addFilter(RateLimitFilter(ACCESS_LINES_BURST, ACCESS_LINES_PERIOD))
 

@@ -386,7 +386,7 @@ def test_sigterm_in_process_stops_cleanly_with_nvml_shutdown(fake: FakeNvml) -> 
 
     t = threading.Thread(target=client)
     t.start()
-    daemon.serve(sock)  # returns on SIGTERM (uvicorn's handler, installed in the main thread)
+    daemon.serve(sock)  # returns on SIGTERM (the server's handler, installed in the main thread)
     t.join()
     assert time.monotonic() - seen["sent"] < 5  # type: ignore[operator]
     assert gpus_with(seen["metrics"], "gpu_up") == {"0", "1"}  # type: ignore[arg-type]

@@ -228,8 +228,9 @@ def test_the_connection_cap_fits_the_descriptor_limit(tmp_path: Path, soft: int,
 
 
 def test_clients_that_pipeline_and_never_read_are_closed(daemon: tuple[str, subprocess.Popen[bytes], Path]) -> None:
-    """1,000 connections each pipeline 20 scrapes and read nothing: uvicorn alone queued every request (a few KiB
-    each, 65 -> 234 MB); past 8 requests ahead of their answers they are closed, scrapes keep answering."""
+    """1,000 connections each pipeline 20 scrapes and read nothing (a server that parses ahead queues every request,
+    a few KiB each: 65 -> 234 MB): each is answered one request at a time, the rest wait unread in its socket, and
+    once the answers wait past the unsent-bytes budget the connections are closed; scrapes keep answering."""
     url, proc, _ = daemon
     before = rss_mib(proc.pid)
     ahead = b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n" * 20
@@ -255,8 +256,9 @@ def test_clients_that_pipeline_and_never_read_are_closed(daemon: tuple[str, subp
 def test_a_header_flood_behind_a_request_in_flight_is_cut_and_memory_stays_bounded(tmp_path: Path) -> None:
     """A request whose wrong password is being checked (bcrypt at cost 14: about a second, during which the request is
     in flight) and, behind it on the same connection, the next request's head without end: 8 MB of one-line headers,
-    which uvicorn's parser kept header by header (the daemon was OOM-killed at 128 MiB). The bytes count against the
-    head bound as a head's do: the connection is closed, memory stays bounded, scrapes with the password answer."""
+    which a parser that reads on kept header by header (the daemon was OOM-killed at 128 MiB). Nothing past the
+    socket's one read is taken while the request is in flight; once it is answered, the head bound cuts the flood
+    (431) and the connection is closed, memory stays bounded, scrapes with the password answer."""
     import bcrypt
 
     web = tmp_path / "web.yml"

@@ -1,7 +1,7 @@
-"""Web config (exporter-toolkit format): real TLS, mutual TLS and bcrypt basic auth on a real uvicorn server.
+"""Web config (exporter-toolkit format): real TLS, mutual TLS and bcrypt basic auth on gpuwarden's server.
 
 A test CA, server and client certificates are generated per session with ``cryptography``; the server is a
-real uvicorn on 127.0.0.1 and the client is httpx over real TLS. ``promtool check web-config`` checks the
+gpuwarden's server on 127.0.0.1 and the client is httpx over real TLS. ``promtool check web-config`` checks the
 shipped example and agrees with ``load_web_config`` on good and bad files.
 """
 
@@ -25,13 +25,13 @@ from pathlib import Path
 import bcrypt
 import httpx
 import pytest
-import uvicorn
 from cryptography import x509
 from fastapi import FastAPI
 from helpers import count_closed, rss_mib, serving
 from pki import PKI, Pair, make_pki
 
 from gpuwarden.web import auth as webauth
+from gpuwarden.web import listener
 from gpuwarden.web.auth import BasicAuthMiddleware
 from gpuwarden.web.config import (
     DEFAULT_OPEN_PATHS,
@@ -40,6 +40,7 @@ from gpuwarden.web.config import (
     load_web_config,
 )
 from gpuwarden.web.gate import AuthGate
+from gpuwarden.web.limits import HttpLimits
 
 EXAMPLE = Path(__file__).parent.parent / "deploy" / "web-config.example.yml"
 PASSWORD = "s3cret-scrape-pw"
@@ -84,26 +85,19 @@ def tiny_app() -> FastAPI:
 
 @contextmanager
 def serve(web: WebConfig, app: object | None = None) -> Iterator[str]:
-    """Run uvicorn on 127.0.0.1 (free port) with ``web`` applied, as `gpuwarden serve` will; yield the base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
+    """Run gpuwarden's server on 127.0.0.1 (free port) with ``web`` applied, as `gpuwarden serve` does; yield the
+    base URL."""
+    sock = listener.bind("127.0.0.1:0", "127.0.0.1", 0)
     port = sock.getsockname()[1]
     asgi = app if app is not None else _gate(web, tiny_app())
-    config = uvicorn.Config(asgi, log_config=None, log_level="warning", **web.uvicorn_kwargs())  # type: ignore[arg-type]
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    server = listener.Server(asgi, HttpLimits(), tls=web.listener_context(), headers=web.response_headers())
+    thread = threading.Thread(target=server.run, args=(sock,), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive(), "uvicorn exited during start-up"
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
+    assert server.started.wait(10), "the server did not start"
     try:
         yield f"{'https' if web.tls_enabled else 'http'}://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
+        server.stop()
         thread.join(10)
         sock.close()
 
@@ -242,9 +236,9 @@ def mtls_config(pki: PKI, tmp_path: Path, mode: str = "RequireAndVerifyClientCer
 def _raw_get(url: str, ctx: ssl.SSLContext) -> bytes | str:
     """GET over a raw TLS socket: the first bytes of the answer, or the SSL error's reason as a str.
 
-    uvicorn (asyncio's TLS) drops the connection without a TLS alert when it refuses a client certificate:
-    under TLS 1.2 the client's handshake fails with an EOF; under TLS 1.3 the client's handshake has already
-    completed when the server checks the certificate, so the client sees an empty read instead of a response.
+    The server sends OpenSSL's alert when it refuses a client certificate, and closes: under TLS 1.2 the client's
+    handshake fails with that alert; under TLS 1.3 the client's handshake has already completed when the server
+    checks the certificate, so the client's first read gets the alert instead of a response.
     """
     host, port = url.removeprefix("https://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as raw:
@@ -259,23 +253,23 @@ def _raw_get(url: str, ctx: ssl.SSLContext) -> bytes | str:
 @pytest.mark.e2e
 def test_mutual_tls_require_and_verify(pki: PKI, tmp_path: Path) -> None:
     web = mtls_config(pki, tmp_path)
-    assert web.uvicorn_kwargs()["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+    assert web.listener_context().verify_mode == ssl.CERT_REQUIRED  # type: ignore[union-attr]
     with serve(web) as url:
         with httpx.Client(base_url=url, verify=client_ctx(pki, pki.client), timeout=10) as c:
             assert c.get("/metrics").status_code == 200
         answer = _raw_get(url, client_ctx(pki, pki.client))
         assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 200")
-        # No client certificate: the server aborts the TLS session and never answers.
+        # No client certificate: the server says so (TLS alert), closes and never answers.
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/metrics", verify=client_ctx(pki), timeout=10)
-        assert _raw_get(url, client_ctx(pki)) in (b"", "UNEXPECTED_EOF_WHILE_READING")
+        assert _raw_get(url, client_ctx(pki)) == "TLSV13_ALERT_CERTIFICATE_REQUIRED"
         # A certificate from another CA is refused too.
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/metrics", verify=client_ctx(pki, pki.rogue_client), timeout=10)
         # Same over TLS 1.2, where the failure happens inside the handshake itself.
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/metrics", verify=client_ctx(pki, max_version=ssl.TLSVersion.TLSv1_2), timeout=10)
-        assert _raw_get(url, client_ctx(pki, max_version=ssl.TLSVersion.TLSv1_2)) == "UNEXPECTED_EOF_WHILE_READING"
+        assert _raw_get(url, client_ctx(pki, max_version=ssl.TLSVersion.TLSv1_2)) == "SSLV3_ALERT_HANDSHAKE_FAILURE"
         # Probes cannot get past mutual TLS either: open_paths only lifts basic auth.
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/healthz", verify=client_ctx(pki), timeout=10)
@@ -284,7 +278,7 @@ def test_mutual_tls_require_and_verify(pki: PKI, tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_verify_client_cert_if_given(pki: PKI, tmp_path: Path) -> None:
     web = mtls_config(pki, tmp_path, "VerifyClientCertIfGiven")
-    assert web.uvicorn_kwargs()["ssl_cert_reqs"] == ssl.CERT_OPTIONAL
+    assert web.listener_context().verify_mode == ssl.CERT_OPTIONAL  # type: ignore[union-attr]
     with serve(web) as url:
         assert httpx.get(url + "/metrics", verify=client_ctx(pki), timeout=10).status_code == 200
         assert httpx.get(url + "/metrics", verify=client_ctx(pki, pki.client), timeout=10).status_code == 200
@@ -479,7 +473,8 @@ def test_headers_from_http_server_config(pki: PKI, hashed: str, tmp_path: Path) 
 
 def test_empty_file_is_plain_http(tmp_path: Path) -> None:
     web = load_web_config(write_config(tmp_path, ""))
-    assert not web.tls_enabled and web.users == {} and web.uvicorn_kwargs() == {}
+    assert not web.tls_enabled and web.users == {} and web.listener_context() is None
+    assert web.response_headers() == []
 
 
 def test_relative_paths_resolve_against_the_config_dir(pki: PKI, hashed: str, tmp_path: Path) -> None:
@@ -491,11 +486,15 @@ def test_relative_paths_resolve_against_the_config_dir(pki: PKI, hashed: str, tm
         "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
         "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n",
     )
-    kwargs = load_web_config(path).uvicorn_kwargs()
-    assert kwargs["ssl_certfile"] == str(tmp_path / "server.crt")
-    assert kwargs["ssl_keyfile"] == str(tmp_path / "server.key")
-    assert kwargs["ssl_ca_certs"] == str(tmp_path / "ca.crt")
-    assert kwargs["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+    web = load_web_config(path)
+    tls = web.tls_server_config
+    assert (tls.cert_file, tls.key_file, tls.client_ca_file) == (
+        tmp_path / "server.crt",
+        tmp_path / "server.key",
+        tmp_path / "ca.crt",
+    )
+    context = web.listener_context()
+    assert context is not None and context.verify_mode == ssl.CERT_REQUIRED
 
 
 def _error(path: Path) -> str:
@@ -709,5 +708,5 @@ def test_a_fifo_as_certificate_and_a_non_ascii_header_value_are_refused_in_one_l
     path = write_config(
         tmp_path, "http_server_config:\n  headers:\n    Content-Security-Policy: \"default-src 'sélf'\"\n"
     )
-    with pytest.raises(WebConfigError, match="must be ASCII text"):  # uvicorn failed on it at the first request
+    with pytest.raises(WebConfigError, match="must be ASCII text"):  # HTTP field values are bytes
         load_web_config(path)

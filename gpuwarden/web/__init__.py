@@ -1,3 +1,4 @@
 """The HTTP face of the daemon: the app and its routes (``app``), the exporter-toolkit web config (``config``), basic
-auth (``auth``), the bounds on connections and request heads (``limits``), and the listener, the one module that
-knows uvicorn's internals (``listener``); ``gate`` puts the app behind auth or not."""
+auth (``auth``), the bounds on connections and request heads (``limits``), and gpuwarden's own HTTP server: the
+accept loop (``accept``), each connection's TLS, HTTP/1.1 and ASGI calls (``connection``) and the server that runs
+them (``listener``); ``gate`` puts the app behind auth or not."""

@@ -5,8 +5,8 @@ asyncio's own accept loop (``loop.create_server``) takes up to a listen backlog 
 protocol sees one, and its transports close a refused or evicted connection only a loop iteration or two later:
 a burst of connections at the open-file limit made accept fail with ``EMFILE``, whereupon asyncio stopped accepting
 for a second, scrapes included. With TLS it starts every handshake at once, so connections that never say a word
-take the handshake slots of real clients. ``Listener`` replaces it for uvicorn (gpuwarden.web.listener) with a loop
-that counts every accepted socket until it is closed (``HttpLimits.open``):
+take the handshake slots of real clients. ``Listener`` is gpuwarden's own loop, which counts every accepted socket
+until it is closed (``HttpLimits.open``):
 
 - below the connection cap it accepts; at the cap it first closes the connection that has waited longest for its
   request (``HttpLimits.pending``: an idle or slow client), and where none can be closed at once it stops accepting
@@ -14,8 +14,8 @@ that counts every accepted socket until it is closed (``HttpLimits.open``):
 - a TLS connection waits, holding no TLS state and no transport, until its first TLS record (the ClientHello) has
   arrived in full (peeked, not read: the handshake reads it); it is a pending connection meanwhile, closed at the
   request-head deadline or evicted first at the cap. Only then does it take one of ``max_handshakes`` handshake
-  slots (past them the oldest handshake is closed) and asyncio's TLS handshake (``connect_accepted_socket``) within
-  what is left of the deadline.
+  slots (past them the oldest handshake is closed) and its TLS handshake (gpuwarden.web.connection) within what is
+  left of the deadline.
 - handshakes are bounded per source address, by what they cost and what they hold: a source whose unfinished
   handshakes hold half its share of slots or more starts at most HANDSHAKE_RATE handshakes a second (a bucket of
   HANDSHAKE_BURST; past it its ClientHello is closed before any TLS work, counted ``handshake_refused``; sources
@@ -25,8 +25,8 @@ that counts every accepted socket until it is closed (``HttpLimits.open``):
   signature) so take the slots and the time of their own source only: a scraper from another address still
   handshakes.
 
-Every connection is then served by uvicorn's protocol (with gpuwarden's bounds), which reports its close back
-(``Listener.released``). Only public asyncio calls are used: ``add_reader`` on sockets no transport owns yet, and
+Every connection is then served by a gpuwarden.web.connection.Connection, which reports its close back
+(``Slot.release``). Only public asyncio calls are used: ``add_reader`` on sockets no transport owns yet, and
 ``connect_accepted_socket``.
 """
 
@@ -69,27 +69,27 @@ _SOURCES_KEPT = 4096
 
 
 class Listener:
-    """Accepts connections on the listening ``sock`` for the protocol ``factory`` makes (uvicorn's, with
-    gpuwarden's bounds: gpuwarden.web.listener), within ``limits``; with an ``ssl_context``, each after its
-    ClientHello, through a handshake slot. Stands in for the ``asyncio.Server`` uvicorn keeps (``close``,
-    ``wait_closed``, ``sockets``, ``is_serving``)."""
+    """Accepts connections on the listening ``sock`` within ``limits``, each served by the protocol ``factory``
+    makes of its slot, its source address and, for TLS (``tls``), the deadline of its handshake (0.0 without TLS);
+    with ``tls``, each after its ClientHello, through a handshake slot. ``connections`` holds the protocols of the
+    connections being served (each adds and removes itself)."""
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         sock: socket.socket,
-        factory: Callable[[], asyncio.Protocol],
+        factory: Callable[[Slot, str, float], asyncio.Protocol],
         limits: HttpLimits,
-        ssl_context: Any = None,
+        tls: bool = False,
     ) -> None:
         self.loop, self.limits = loop, limits
-        self._sock, self._factory, self._ssl = sock, factory, ssl_context
+        self._sock, self._factory, self._tls = sock, factory, tls
         self._fd = sock.fileno()
         self._accepting = False
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._buckets: dict[str, tuple[float, float]] = {}  # source -> (tokens, when last filled)
-        self.sockets = [sock]
+        self.connections: set[Any] = set()
 
     def start(self) -> None:
         """Listen with the limits' backlog, the kernel's buffers of every connection at SOCKET_BUFFER_BYTES (accepted
@@ -102,13 +102,9 @@ class Listener:
         self._sock.listen(self.limits.backlog)
         self._resume()
 
-    def is_serving(self) -> bool:
-        """Whether the listener has not been closed."""
-        return not self._closed
-
     def close(self) -> None:
-        """Stop accepting; close the connections still before or in their handshake. Served connections stay
-        (uvicorn shuts them down)."""
+        """Stop accepting; close the connections still before their ClientHello or in their handshake. Served
+        connections stay (the server shuts them down)."""
         self._closed = True
         self._pause()
         for pending in list(self.limits.pending):
@@ -118,9 +114,6 @@ class Listener:
             handshake.abort()
         for task in list(self._tasks):
             task.cancel()
-
-    async def wait_closed(self) -> None:
-        """Nothing to wait for once closed (uvicorn awaits this)."""
 
     def _pause(self) -> None:
         if self._accepting:
@@ -190,17 +183,11 @@ class Listener:
             limits.open += 1
             limits.peak = max(limits.peak, limits.open)
             slot = Slot(self)
-            if self._ssl is None:
-                self._serve(conn, functools.partial(self.protocol, slot), slot)
+            source = addr[0] if isinstance(addr, tuple) else ""
+            if self._tls:
+                _Hello(self, conn, slot, source)
             else:
-                _Hello(self, conn, slot, addr[0] if isinstance(addr, tuple) else "")
-
-    def protocol(self, slot: Slot) -> asyncio.Protocol:
-        """A new HTTP protocol (uvicorn's, bounded) for the connection holding ``slot``: it releases the slot when
-        the connection is lost."""
-        protocol = self._factory()
-        protocol.slot = slot  # type: ignore[attr-defined]
-        return protocol
+                self._serve(conn, functools.partial(self._factory, slot, source, 0.0), slot)
 
     def _serve(self, conn: socket.socket, factory: Callable[[], asyncio.Protocol], slot: Slot) -> None:
         task = self.loop.create_task(self._connect(conn, factory, slot))
@@ -232,8 +219,25 @@ class Listener:
         if tokens < 1 and sum(h.source == source for h in self.limits.handshaking) >= HANDSHAKES_PER_SOURCE // 2:
             self.limits.counts["handshake_refused"] += 1
             return False
-        self._serve(conn, functools.partial(_Handshake, self, self._ssl, slot, deadline, source), slot)
+        self._serve(conn, functools.partial(self._factory, slot, source, deadline), slot)
         return True
+
+    def admit(self, conn: Any) -> None:
+        """``conn`` (with ``source`` and ``abort()``) begins its handshake: it takes a handshake slot, closing its
+        source's oldest unfinished handshake when the source holds HANDSHAKES_PER_SOURCE, and at ``max_handshakes``
+        the oldest of the source that holds the most (each counted ``handshake_evicted``)."""
+        limits = self.limits
+        mine = [h for h in limits.handshaking if h.source == conn.source]
+        while len(mine) >= HANDSHAKES_PER_SOURCE:  # its own oldest makes room
+            limits.counts["handshake_evicted"] += 1
+            mine.pop(0).abort()
+        while len(limits.handshaking) >= limits.max_handshakes:  # the oldest of the source holding the most
+            held = Counter(h.source for h in limits.handshaking)
+            most = max(held.values())
+            oldest = next(h for h in limits.handshaking if held[h.source] == most)
+            limits.counts["handshake_evicted"] += 1
+            oldest.abort()
+        limits.handshaking[conn] = time.monotonic()
 
 
 class Slot:
@@ -320,115 +324,3 @@ class _Hello:
         self._stop_watching()
         self.conn.close()
         self.slot.release()
-
-
-class _Handshake(asyncio.Protocol):
-    """A TLS connection whose ClientHello has come: the protocol of its TCP transport (not reading) while it holds
-    a handshake slot (``limits.handshaking``; past ``max_handshakes`` the oldest is closed) and runs asyncio's
-    handshake (``loop.start_tls``) until ``deadline``; then it hands the TLS transport to a new HTTP protocol.
-
-    The TCP transport's write buffer gets the same small marks as every connection's
-    (gpuwarden.web.limits.SEND_HIGH_WATER_BYTES), so that the TLS layer's own buffer, which the HTTP protocol sees
-    and the unsent-bytes budget counts, is where an answer a client does not read waits."""
-
-    def __init__(self, listener: Listener, context: Any, slot: Slot, deadline: float, source: str) -> None:
-        self.listener, self.context, self.slot, self.deadline = listener, context, slot, deadline
-        self.source = source
-        self.transport: asyncio.Transport | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._started = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Hold the connection unread (the ClientHello stays in the socket for the TLS layer); start the handshake,
-        closing the oldest unfinished one past the bound."""
-        from gpuwarden.web.limits import SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES
-
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.pause_reading()
-        transport.set_write_buffer_limits(SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES)
-        limits = self.listener.limits
-        mine = [h for h in limits.handshaking if h.source == self.source]
-        while len(mine) >= HANDSHAKES_PER_SOURCE:  # its own oldest makes room
-            limits.counts["handshake_evicted"] += 1
-            mine.pop(0).abort()
-        while len(limits.handshaking) >= limits.max_handshakes:  # the oldest of the source holding the most
-            held = Counter(h.source for h in limits.handshaking)
-            most = max(held.values())
-            oldest = next(h for h in limits.handshaking if held[h.source] == most)
-            limits.counts["handshake_evicted"] += 1
-            oldest.abort()
-        limits.handshaking[self] = time.monotonic()
-        self._task = self.listener.loop.create_task(self._handshake(transport))
-
-    async def _handshake(self, transport: asyncio.Transport) -> None:
-        self._started = True
-        limits = self.listener.limits
-        held = _Held()  # asyncio passes on what follows the handshake before start_tls returns: held until then
-        try:
-            tls = await self.listener.loop.start_tls(
-                transport,
-                held,
-                self.context,
-                server_side=True,
-                ssl_handshake_timeout=max(0.1, self.deadline - time.monotonic()),
-            )
-        except (Exception, asyncio.CancelledError) as exc:  # failed, timed out or evicted: that connection only
-            if not isinstance(exc, asyncio.CancelledError):
-                limits.counts["handshake_failed"] += 1
-            transport.abort()
-            self.slot.release()
-            return
-        finally:
-            limits.handshaking.pop(self, None)
-        if tls is None or tls.is_closing():
-            transport.abort()
-            self.slot.release()
-            return
-        protocol = self.listener.protocol(self.slot)
-        protocol.raw_transport = transport  # type: ignore[attr-defined]
-        protocol.connection_made(tls)
-        tls.set_protocol(protocol)
-        for chunk in held.data:
-            protocol.data_received(chunk)
-        if held.eof:
-            protocol.eof_received()
-        if held.lost:
-            protocol.connection_lost(held.error)
-
-    def abort(self) -> None:
-        """Close the connection before its handshake is done."""
-        self.listener.limits.handshaking.pop(self, None)
-        if self._task is not None:
-            self._task.cancel()  # once started, the handshake closes the connection as it ends
-        if not self._started and self.transport is not None:
-            self.transport.abort()  # connection_lost gives the place back
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """The connection ended before the handshake took it over: give its place back."""
-        self.listener.limits.handshaking.pop(self, None)
-        if self._task is not None:
-            self._task.cancel()
-        self.slot.release()
-
-
-class _Held(asyncio.Protocol):
-    """What a TLS connection delivers between its handshake and the HTTP protocol taking it over."""
-
-    def __init__(self) -> None:
-        self.data: list[bytes] = []
-        self.eof = self.lost = False
-        self.error: Exception | None = None
-
-    def data_received(self, data: bytes) -> None:
-        """Keep ``data`` for the HTTP protocol."""
-        self.data.append(data)
-
-    def eof_received(self) -> bool:
-        """Note the end of the client's data; keep the connection open for the answer."""
-        self.eof = True
-        return True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """Note that the connection ended."""
-        self.lost, self.error = True, exc

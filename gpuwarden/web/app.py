@@ -102,8 +102,9 @@ _GZIP = {"content-encoding": "gzip", "vary": "Accept-Encoding"}
 
 class PartedResponse(Response):
     """A Response whose body goes out in parts of ANSWER_PART_BYTES (gpuwarden.web.limits), views of the one
-    body, each sent once the connection has taken enough of the one before (uvicorn waits while the transport's
-    buffer is past its high mark): a client that does not read holds one part of an answer, not a copy of it."""
+    body, each sent once the connection has taken enough of the one before (the server's ``send`` waits while the
+    transport's buffer is past its high mark): a client that does not read holds one part of an answer, not a copy of
+    it."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the head, then the body in parts (one message where it fits in one part)."""
@@ -124,9 +125,8 @@ class PartedResponse(Response):
 class DateHeaderMiddleware:
     """ASGI middleware that adds the ``Date`` header (RFC 9110, 6.6.1) to every HTTP response of ``app``.
 
-    uvicorn adds it from a value its housekeeping loop refreshes every second, which wakes an idle daemon once a
-    second (its cost: docs/performance.md); the daemon runs uvicorn with its date
-    header off and this middleware writes the header instead, formatted at most once a second.
+    The server (gpuwarden.web.listener) puts it in front of the app: the header is formatted at most once a second,
+    when a response needs it, so no timer wakes an idle daemon to refresh it.
     """
 
     def __init__(self, app: ASGIApp) -> None:

@@ -24,9 +24,9 @@ start-up rather than a setting that is silently not enforced):
 * ``RequestClientCert`` asks for a certificate that is never checked; the exporter does not use the client's
   identity, so it is served as ``NoClientCert`` (``ssl.CERT_NONE``): the same access decision.
 * ``client_allowed_sans``, ``cipher_suites``, ``curve_preferences``, ``rate_limit`` and inline ``cert``/``key``/
-  ``client_ca`` are refused: they restrict access or need features uvicorn does not offer, and ignoring them
+  ``client_ca`` are refused: they restrict access or need features Python's ssl module does not offer, and ignoring them
   would be weaker than what the file asks for.
-* ``http_server_config.http2`` is accepted and has no effect (uvicorn serves HTTP/1.1).
+* ``http_server_config.http2`` is accepted and has no effect (gpuwarden serves HTTP/1.1).
 * The Go toolkit re-reads the file on every request. Here it is read at start-up; certificate rotation at the
   same paths is picked up by :meth:`WebConfig.reload_certificates` (call it on SIGHUP), and users by
   :meth:`gpuwarden.web.auth.BasicAuthMiddleware.set_users`.
@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import ssl
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -141,7 +140,7 @@ class TLSServerConfig(_Strict):
 
 
 class HTTPServerConfig(_Strict):
-    """``http_server_config``: ``http2`` (accepted, no effect under uvicorn) and extra response headers."""
+    """``http_server_config``: ``http2`` (accepted, no effect: gpuwarden serves HTTP/1.1) and extra response headers."""
 
     http2: bool = True
     headers: dict[str, str] = Field(default_factory=dict)
@@ -154,7 +153,7 @@ class HTTPServerConfig(_Strict):
                 raise ValueError(f"header {name!r} is not one of {', '.join(_ALLOWED_HEADERS)}")
             if any(ord(c) < 32 or ord(c) == 127 for c in text):
                 raise ValueError(f"header {name!r}: the value holds a control character (CR, LF, ...)")
-            if not text.isascii():  # HTTP field values are bytes; uvicorn sends latin-1 and fails past it at a request
+            if not text.isascii():  # HTTP field values are bytes, sent as ASCII
                 raise ValueError(f"header {name!r}: the value must be ASCII text")
             allowed = _HEADER_VALUES.get(name)
             if allowed is not None and text.lower() not in allowed:
@@ -174,7 +173,7 @@ class WebConfig(_Strict):
     basic_auth_users: dict[str, str] = Field(default_factory=dict)
     rate_limit: dict[str, Any] | None = None
 
-    # The SSL contexts uvicorn built through ssl_context_factory, for reload_certificates().
+    # The SSL contexts the server handshakes with (listener_context), for reload_certificates().
     _contexts: list[ssl.SSLContext] = PrivateAttr(default_factory=list)
     # The context handshakes switch to after a reload (None: the listener's own); replaced whole, never edited.
     _current: ssl.SSLContext | None = PrivateAttr(default=None)
@@ -189,32 +188,21 @@ class WebConfig(_Strict):
         """``basic_auth_users`` as gpuwarden.web.auth.BasicAuthMiddleware takes them (user -> bcrypt hash bytes)."""
         return {user: hashed.encode("ascii") for user, hashed in self.basic_auth_users.items()}
 
-    def uvicorn_kwargs(self) -> dict[str, Any]:
-        """Return keyword arguments for ``uvicorn.Config(...)``: TLS settings and extra response headers.
+    def response_headers(self) -> list[tuple[bytes, bytes]]:
+        """The extra response headers (``http_server_config.headers``) as the server writes them: (name, value)
+        byte pairs, ASCII (checked when the file was read)."""
+        return [
+            (name.lower().encode("ascii"), value.encode("ascii"))
+            for name, value in self.http_server_config.headers.items()
+        ]
 
-        Empty without TLS and headers. With TLS: ``ssl_certfile``, ``ssl_keyfile``, ``ssl_ca_certs``,
-        ``ssl_cert_reqs`` (an ``ssl.CERT_*`` value) and ``ssl_context_factory`` (uvicorn >= 0.47, the range
-        pyproject pins), which applies ``min_version``/``max_version``, server cipher preference and records the
-        context for :meth:`reload_certificates`.
-        """
-        kwargs: dict[str, Any] = {}
-        if self.http_server_config.headers:
-            kwargs["headers"] = list(self.http_server_config.headers.items())
-        tls = self.tls_server_config
-        if not tls.enabled:
-            return kwargs
-        kwargs.update(
-            ssl_certfile=str(tls.cert_file),
-            ssl_keyfile=str(tls.key_file),
-            ssl_ca_certs=str(tls.client_ca_file) if tls.client_ca_file else None,
-            ssl_cert_reqs=tls.cert_reqs,
-        )
-        kwargs["ssl_context_factory"] = self._ssl_context_factory
-        return kwargs
-
-    def _ssl_context_factory(self, config: Any, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-        context = default()
-        self.tune(context)
+    def listener_context(self) -> ssl.SSLContext | None:
+        """The SSLContext the server handshakes with (None without TLS): :meth:`server_context`, whose handshakes
+        move to the context the last :meth:`reload_certificates` built. Raises WebConfigError when a file no longer
+        loads."""
+        if not self.tls_enabled:
+            return None
+        context = self.server_context()
         context.sni_callback = self._switch_context
         self._contexts.append(context)
         return context
@@ -237,7 +225,7 @@ class WebConfig(_Strict):
             context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
 
     def server_context(self) -> ssl.SSLContext:
-        """Return a new server SSLContext built from this config (what uvicorn builds, for tests and tools).
+        """Return a new server SSLContext built from this config (what the server handshakes with: listener_context).
 
         Raises WebConfigError when TLS is off or a file does not load.
         """
@@ -245,6 +233,7 @@ class WebConfig(_Strict):
         if not tls.enabled:
             raise WebConfigError("web config has no tls_server_config")
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.set_alpn_protocols(["http/1.1"])  # the one protocol served
         _load_chain(context, tls)
         context.verify_mode = tls.cert_reqs
         if tls.client_ca_file:

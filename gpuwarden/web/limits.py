@@ -1,29 +1,23 @@
-"""Bounds on the HTTP port that uvicorn lacks: open connections, the time and the bytes a request head may take,
-the requests a client may pipeline, the bytes of answers clients have not taken.
-
-uvicorn (0.54) keeps a connection that never completes a request head open for ever, reads request lines and
-headers of any size into memory (its httptools parser has no limit; h11's ``h11_max_incomplete_event_size`` applies
-to h11 only), refuses connections only by running out of file descriptors, and keeps every answer a client does not
-read (asyncio pauses a writer only past 64 KiB on a socket, 512 KiB on TLS). ``HttpLimits`` holds the bounds, which
-gpuwarden.web.accept (the accept loop) and gpuwarden.web.listener add to uvicorn's own httptools protocol, so the
-HTTP parsing stays uvicorn's:
+"""The bounds of the HTTP port: open connections, the time and the bytes a request head may take, the bytes of
+answers clients have not taken, TLS handshakes. ``HttpLimits`` holds them; gpuwarden.web.accept (the accept loop)
+and gpuwarden.web.connection (each connection) enforce them:
 
 - **connections**: at most ``max_connections`` open, counted from accept to close; at the cap the connection that
   has waited longest for its request head (an idle or slow client, or a TLS client yet to send its ClientHello) is
   closed, so a scraper that connects during a flood of idle connections still gets in; when every open connection
   is inside a request, accepting waits until one closes (new clients wait in the listen queue);
-- **head deadline**: a request head must be complete within ``head_timeout`` seconds of the connection or of its
-  first byte (slowloris, idle sockets), and the next request on a kept-alive connection must start within
-  ``keep_alive`` seconds of the previous response: else the connection is closed;
-- **head size**: a request line and headers over ``max_head_bytes`` get ``431`` and the connection is closed; the
-  bytes that arrive while a request is in flight (the next pipelined request's head, which uvicorn parses at once)
-  count from its head on, so past the bound such a connection is closed too;
-- **pipelining**: a client that sends more than ``max_pipelined`` requests ahead of its answers is closed (uvicorn
-  queues every request of a read, a few KiB each, for a client that may never read an answer);
+- **head deadline**: a request (head and body) must be complete within ``head_timeout`` seconds of the connection
+  or of its first byte (slowloris, idle sockets), and the next request on a kept-alive connection must start within
+  ``keep_alive`` seconds of the previous answer: else the connection is closed;
+- **head size**: a request line and headers over ``max_head_bytes`` get ``431`` and the connection is closed (h11's
+  ``max_incomplete_event_size``); a body over it gets ``413``. While a request is in flight nothing more is read
+  from its connection past the first bytes that follow it, so pipelining ahead of the answers holds at most one
+  socket read (SOCKET_BUFFER_BYTES) in the daemon, whatever is sent;
 - **unsent answers**: each connection's write buffer pauses its writer past SEND_HIGH_WATER_BYTES (answers go out
-  in parts of ANSWER_PART_BYTES), and while a connection's answer waits for its client, its next pipelined request waits
-  too (nothing more is read or answered); a connection whose answer has waited ``send_timeout`` s is closed, and
-  when the bytes waiting on all such connections pass ``max_unsent_bytes``, the one waiting longest is closed.
+  in parts of ANSWER_PART_BYTES); a connection whose answer has waited ``send_timeout`` s is closed, and when the
+  bytes waiting on all such connections pass ``max_unsent_bytes``, the one waiting longest is closed;
+- **handshakes**: at most ``max_handshakes`` TLS handshakes at once, each begun only after a whole ClientHello
+  (gpuwarden.web.accept holds the per-source bounds).
 
 Each eviction, timeout or close is counted (``HttpLimits.counts``, exported by reason); logging them is left to a
 rate-limited logger (gpuwarden.logs.RateLimitFilter).
@@ -39,10 +33,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-#: A connection's write buffer pauses its writer (uvicorn waits before writing more) past this many bytes, and is
-#: writable again under SEND_LOW_WATER_BYTES. Low, so that nearly every byte an idle reader holds is on a paused
-#: (stalled) connection, where the unsent-bytes budget counts it: the bytes on connections not paused are at most
-#: this much each.
+#: A connection's write buffer pauses its writer (the app's ``send`` waits before writing more) past this many
+#: bytes, and is writable again under SEND_LOW_WATER_BYTES. Low, so that nearly every byte an idle reader holds is
+#: on a paused (stalled) connection, where the unsent-bytes budget counts it: the bytes on connections not paused
+#: are at most this much each.
 SEND_HIGH_WATER_BYTES = 4 * 1024
 SEND_LOW_WATER_BYTES = 1024
 #: The kernel's send and receive buffers of every connection (set on the listening socket, which accepted ones
@@ -69,7 +63,6 @@ class HttpLimits:
     max_head_bytes: int = 65536
     backlog: int = 2048
     max_handshakes: int = 64
-    max_pipelined: int = 8
     max_unsent_bytes: int = 8 * 2**20
     send_timeout: float = 30.0
     counts: Counter[str] = field(default_factory=Counter)
