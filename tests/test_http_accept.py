@@ -121,6 +121,22 @@ def test_at_the_cap_the_oldest_idle_connection_makes_room_and_accept_never_fails
         _wait(lambda: limits.open == 0)
 
 
+def test_at_the_cap_no_connection_is_closed_while_nobody_waits_to_be_accepted() -> None:
+    """Reaching the cap closes nothing: only a connection waiting in the listen queue makes room (the accept loop
+    closed the oldest idle connection as soon as the cap was reached, a connection sent its request there)."""
+    limits = HttpLimits(max_connections=2, head_timeout=30.0)
+    with server(limits) as (port, _):
+        first = socket.create_connection(("127.0.0.1", port), timeout=5)
+        _wait(lambda: len(limits.pending) == 1)
+        second = socket.create_connection(("127.0.0.1", port), timeout=5)
+        _wait(lambda: len(limits.pending) == 2)
+        assert limits.counts["evicted"] == 0
+        for s in (first, second):
+            s.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            assert s.recv(100).startswith(b"HTTP/1.1 200")
+            s.close()
+
+
 def test_at_the_cap_with_every_connection_still_starting_accept_resumes_once_they_can_be_evicted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

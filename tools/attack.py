@@ -21,7 +21,13 @@ Attacks:
 - ``head``: ``--connections`` connections (each with a 4 KiB receive window, so that its answer stays in flight) each
   send a ``GET /metrics`` and then the next request's head without end (``a: b`` lines, as fast as the server takes
   them); each one the server closes is opened again at once;
-- ``fdlimit``: the daemon runs with an open-file limit of ``--nofile``; ``--connections`` idle connections are held.
+- ``fdlimit``: the daemon runs with an open-file limit of ``--nofile``; ``--connections`` idle connections are held;
+- ``guess``: basic auth on (a bcrypt hash of cost ``--bcrypt-cost``); ``--connections`` password guessers, each on its
+  own kept-alive connection, send wrong passwords as fast as they are answered; the scraper keeps its connection
+  alive with the right password, as Prometheus does, so its figures are a scrape's wait behind the guessers;
+- ``soak``: basic auth on; no attack, the scraper alone on a kept-alive connection for ``--duration`` (twenty
+  minutes at one scrape a second is the soak of docs/reliability.md): the daemon's resident memory at the start and
+  the end says whether it grows.
 
 Traffic goes to 127.0.0.1 only and every run ends by itself. Usage::
 
@@ -29,6 +35,8 @@ Traffic goes to 127.0.0.1 only and every run ends by itself. Usage::
     sudo python3 tools/attack.py squat --tls --connections 300 --python python3.12
     sudo python3 tools/attack.py hello --tls --connections 300
     sudo python3 tools/attack.py head --tls --connections 8
+    sudo python3 tools/attack.py guess --tls --connections 50 --scrape-every 1
+    sudo python3 tools/attack.py soak --tls --duration 1200 --scrape-every 1
 """
 
 from __future__ import annotations
@@ -177,13 +185,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def vm_hwm_mib(pid: int) -> float | None:
-    """The peak resident memory of process ``pid`` (VmHWM, MiB), or None once it is gone."""
+def vm_hwm_mib(pid: int, field: str = "VmHWM") -> float | None:
+    """The peak resident memory of process ``pid`` (VmHWM, MiB; ``field="VmRSS"``: the current), or None once it
+    is gone."""
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return None
+
+
+#: The users of ``guess`` and ``soak``: the scraper's name and password (the guessers try others).
+USER, PASSWORD = "prometheus", "right-password"
 
 
 def client_context() -> ssl.SSLContext:
@@ -195,27 +208,31 @@ def client_context() -> ssl.SSLContext:
 
 
 class Scraper(threading.Thread):
-    """Scrapes ``url`` on a new connection every ``every`` s until stopped: latencies (s) and failures."""
+    """Scrapes ``url`` every ``every`` s until stopped, on a new connection each time, or on one kept alive with
+    basic auth (``keep_alive``: as Prometheus scrapes): latencies (s) and failures."""
 
-    def __init__(self, url: str, every: float) -> None:
+    def __init__(self, url: str, every: float, keep_alive: bool = False) -> None:
         super().__init__(daemon=True)
-        self.url, self.every = url, every
+        self.url, self.every, self.keep_alive = url, every, keep_alive
         self.latencies: list[float] = []
         self.failures: list[str] = []
         self.halt = threading.Event()
 
     def run(self) -> None:
         """Scrape until ``halt`` is set."""
-        while not self.halt.is_set():
-            t0 = time.monotonic()
-            try:
-                r = httpx.get(self.url, verify=client_context(), timeout=10, headers={"connection": "close"})
-                if r.status_code != 200 or b"gpu_up" not in r.content:
-                    self.failures.append(f"status {r.status_code}")
-            except httpx.HTTPError as exc:
-                self.failures.append(type(exc).__name__)
-            self.latencies.append(time.monotonic() - t0)
-            self.halt.wait(max(0.0, self.every - (time.monotonic() - t0)))
+        auth = (USER, PASSWORD) if self.keep_alive else None
+        headers = {} if self.keep_alive else {"connection": "close"}
+        with httpx.Client(verify=client_context(), timeout=10, auth=auth, headers=headers) as client:
+            while not self.halt.is_set():
+                t0 = time.monotonic()
+                try:
+                    r = client.get(self.url)
+                    if r.status_code != 200 or b"gpu_up" not in r.content:
+                        self.failures.append(f"status {r.status_code}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(type(exc).__name__)
+                self.latencies.append(time.monotonic() - t0)
+                self.halt.wait(max(0.0, self.every - (time.monotonic() - t0)))
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -387,6 +404,38 @@ def head(port: int, tls: bool, connections: int, until: float) -> dict[str, int]
     return {"opened": sum(opened)}
 
 
+def guess(url: str, connections: int, until: float) -> dict[str, int]:
+    """``connections`` guessers, each a thread on its own kept-alive connection, sending wrong passwords as fast as
+    they are answered until ``until``. Returns the guesses answered, by status."""
+    answered: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def run(k: int) -> None:
+        with httpx.Client(verify=client_context(), timeout=30) as client:
+            n = 0
+            while time.monotonic() < until:
+                n += 1
+                try:
+                    status = str(client.get(url, auth=(USER, f"guess-{k}-{n}")).status_code)
+                except httpx.HTTPError as exc:
+                    status = type(exc).__name__
+                with lock:
+                    answered[status] = answered.get(status, 0) + 1
+
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(connections)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return answered
+
+
+def hold(until: float) -> dict[str, int]:
+    """No attack: wait until ``until`` (the scraper runs alone). Returns {}."""
+    time.sleep(max(0.0, until - time.monotonic()))
+    return {}
+
+
 def idle(port: int, connections: int, until: float) -> dict[str, int]:
     """Open ``connections`` idle connections at once (16 threads connecting side by side, a burst) and hold them
     until ``until``. Returns how many opened."""
@@ -424,17 +473,27 @@ def closed_counts(url: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def daemon(python: str, tls: bool, cgroup: Cgroup, nofile: int | None, log: Path) -> Iterator[tuple[int, int]]:
+def daemon(
+    python: str, tls: bool, cgroup: Cgroup, nofile: int | None, log: Path, bcrypt_cost: int | None = None
+) -> Iterator[tuple[int, int]]:
     """Run ``python -m gpuwarden serve --demo`` in ``cgroup`` (TLS with a fresh certificate when ``tls``, open-file
-    limit ``nofile``); yield (pid, port) once it serves, stop it after."""
+    limit ``nofile``, basic auth for USER with a hash of cost ``bcrypt_cost`` when given); yield (pid, port) once it
+    serves, stop it after."""
     port = free_port()
     args = [python, "-m", "gpuwarden", "serve", "--demo", "--web.listen-address", f"127.0.0.1:{port}"]
     with tempfile.TemporaryDirectory() as tmp:
+        web = ""
         if tls:
             cert, key = self_signed(Path(tmp))
-            web = Path(tmp) / "web.yml"
-            web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
-            args += ["--web.config.file", str(web)]
+            web += f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+        if bcrypt_cost is not None:
+            import bcrypt
+
+            hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(bcrypt_cost)).decode()
+            web += f"basic_auth_users:\n  {USER}: '{hashed}'\n"
+        if web:
+            (Path(tmp) / "web.yml").write_text(web)
+            args += ["--web.config.file", str(Path(tmp) / "web.yml")]
 
         def enter() -> None:
             cgroup.join()
@@ -462,7 +521,7 @@ def daemon(python: str, tls: bool, cgroup: Cgroup, nofile: int | None, log: Path
 def main(argv: list[str] | None = None) -> int:
     """Run one attack and print its figures as one JSON object; 0, or 1 when the daemon died."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("attack", choices=["unread", "squat", "hello", "head", "fdlimit"])
+    parser.add_argument("attack", choices=["unread", "squat", "hello", "head", "fdlimit", "guess", "soak"])
     parser.add_argument("--tls", action="store_true", help="serve TLS (a fresh self-signed certificate)")
     parser.add_argument("--connections", type=int, default=800)
     parser.add_argument("--pipelined", type=int, default=8, help="unread: scrapes each connection sends at once")
@@ -471,7 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrape-every", type=float, default=0.1)
     parser.add_argument("--memory-limit", default="128M", help="the cgroup's memory limit (K, M, G suffixes)")
     parser.add_argument("--python", default=sys.executable, help="the Python that runs the daemon")
+    parser.add_argument("--bcrypt-cost", type=int, default=12, help="guess, soak: the cost of the user's hash")
     args = parser.parse_args(argv)
+    auth = args.attack in ("guess", "soak")
     units = {"K": 2**10, "M": 2**20, "G": 2**30}
     limit = args.memory_limit.upper()
     limit_bytes = int(limit[:-1]) * units[limit[-1]] if limit[-1] in units else int(limit)
@@ -480,16 +541,15 @@ def main(argv: list[str] | None = None) -> int:
     scheme = "https" if args.tls else "http"
     result: dict[str, object] = {"attack": args.attack, "tls": args.tls, "connections": args.connections}
     try:
-        with daemon(args.python, args.tls, cgroup, args.nofile if args.attack == "fdlimit" else None, log) as (
-            pid,
-            port,
-        ):
+        nofile = args.nofile if args.attack == "fdlimit" else None
+        with daemon(args.python, args.tls, cgroup, nofile, log, args.bcrypt_cost if auth else None) as (pid, port):
             url = f"{scheme}://127.0.0.1:{port}/metrics"
             version = subprocess.run([args.python, "--version"], capture_output=True, text=True).stdout.strip()
             result["python"] = version
             time.sleep(2.0)
             result["rss_before_mib"] = round(vm_hwm_mib(pid) or 0, 1)
-            scraper = Scraper(url, args.scrape_every)
+            result["rss_start_mib"] = round(vm_hwm_mib(pid, "VmRSS") or 0, 1)
+            scraper = Scraper(url, args.scrape_every, keep_alive=auth)
             scraper.start()
             until = time.monotonic() + args.duration
             run: Callable[[], dict[str, int]]
@@ -501,6 +561,10 @@ def main(argv: list[str] | None = None) -> int:
                 run = lambda: hello(port, args.connections, until)  # noqa: E731
             elif args.attack == "head":
                 run = lambda: head(port, args.tls, args.connections, until)  # noqa: E731
+            elif args.attack == "guess":
+                run = lambda: guess(url, args.connections, until)  # noqa: E731
+            elif args.attack == "soak":
+                run = lambda: hold(until)  # noqa: E731
             else:
                 run = lambda: idle(port, args.connections, until)  # noqa: E731
             result["clients"] = run()
@@ -509,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             alive = (Path(f"/proc/{pid}").exists()) and vm_hwm_mib(pid) is not None
             result["daemon_alive"] = alive
             result["peak_rss_mib"] = round(vm_hwm_mib(pid) or 0, 1)
+            result["rss_end_mib"] = round(vm_hwm_mib(pid, "VmRSS") or 0, 1)
             result["cgroup_peak_mib"] = None if cgroup.peak_mib() is None else round(cgroup.peak_mib() or 0, 1)
             sockets = cgroup.socket_buffers_peak_mib()
             result["socket_buffers_peak_mib"] = None if sockets is None else round(sockets, 1)

@@ -8,9 +8,10 @@ for a second, scrapes included. With TLS it starts every handshake at once, so c
 take the handshake slots of real clients. ``Listener`` is gpuwarden's own loop, which counts every accepted socket
 until it is closed (``HttpLimits.open``):
 
-- below the connection cap it accepts; at the cap it first closes the connection that has waited longest for its
-  request (``HttpLimits.pending``: an idle or slow client), and where none can be closed at once it stops accepting
-  until a connection closes, so new clients wait in the kernel's listen queue instead of failing;
+- below the connection cap it accepts; at the cap, when a connection waits in the listen queue, it first closes the
+  connection that has waited longest for its request (``HttpLimits.pending``: an idle or slow client), and where
+  none can be closed at once it stops accepting until a connection closes, so new clients wait in the kernel's
+  listen queue instead of failing;
 - a TLS connection waits, holding no TLS state and no transport, until its first TLS record (the ClientHello) has
   arrived in full (peeked, not read: the handshake reads it); it is a pending connection meanwhile, closed at the
   request-head deadline or evicted first at the cap. Only then does it take one of ``max_handshakes`` handshake
@@ -36,6 +37,7 @@ import asyncio
 import errno
 import functools
 import logging
+import select
 import socket
 import time
 from collections import Counter
@@ -85,6 +87,8 @@ class Listener:
         self.loop, self.limits = loop, limits
         self._sock, self._factory, self._tls = sock, factory, tls
         self._fd = sock.fileno()
+        self._queue = select.poll()  # whether a connection waits in the listen queue
+        self._queue.register(self._fd, select.POLLIN)
         self._accepting = False
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -162,9 +166,12 @@ class Listener:
     def _accept(self) -> None:
         limits = self.limits
         for _ in range(ACCEPT_BATCH):
-            if limits.open >= limits.max_connections and not self._make_room():
-                self._pause()  # resumed by released()
-                return
+            if limits.open >= limits.max_connections:
+                if not self._queue.poll(0):  # nobody waits to be accepted: nothing to make room for
+                    return
+                if not self._make_room():
+                    self._pause()  # resumed by released()
+                    return
             try:
                 conn, addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
