@@ -230,7 +230,10 @@ def test_the_connection_cap_fits_the_descriptor_limit(tmp_path: Path, soft: int,
 def test_clients_that_pipeline_and_never_read_are_closed(daemon: tuple[str, subprocess.Popen[bytes], Path]) -> None:
     """1,000 connections each pipeline 20 scrapes and read nothing (a server that parses ahead queues every request,
     a few KiB each: 65 -> 234 MB): each is answered one request at a time, the rest wait unread in its socket, and
-    once the answers wait past the unsent-bytes budget the connections are closed; scrapes keep answering."""
+    once the answers wait past the unsent-bytes budget or the send timeout the connections are closed; scrapes keep
+    answering. What stays bounded is one answer in flight a connection: the 8 MiB unsent-bytes budget, and the state
+    of a request being answered (about 13 KB: the app's call stack, the parser) for each of up to 1,000 connections,
+    about 21 MiB in all."""
     url, proc, _ = daemon
     before = rss_mib(proc.pid)
     ahead = b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n" * 20
@@ -248,7 +251,7 @@ def test_clients_that_pipeline_and_never_read_are_closed(daemon: tuple[str, subp
     finally:
         for s in stalled:
             s.close()
-    assert during < 128 and during - before < 25, (before, during)  # queued: 55 MiB for the 18 KB demo answer
+    assert during < 128 and during - before < 32, (before, during)  # queued ahead: 170 MiB
     assert closed == len(stalled)
     assert proc.poll() is None
 
