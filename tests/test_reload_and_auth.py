@@ -253,6 +253,46 @@ def test_a_right_password_is_checked_next_whatever_the_guessers_on_failed_connec
     assert guesses > 20  # the guessers kept going meanwhile
 
 
+def test_a_crowd_of_guessers_from_one_address_waits_behind_its_own_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fifty fresh keep-alive guessers from one address and a scraper from another, all arriving at once (nothing
+    cached: a restart): the scraper's first request is checked after at most the check in progress and one guess,
+    not refused (before: the fifty filled the first lane, the scraper got 401 at once and its next scrape waited
+    behind every guesser's check, past Prometheus's 10 s timeout at bcrypt cost 12)."""
+    import base64
+
+    from gpuwarden.web import auth
+
+    started: list[bytes] = []  # passwords in the order bcrypt began checking them
+    real = auth._checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        started.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(auth, "_checkpw", counting)
+    mw = BasicAuthMiddleware(None, {"u1": bcrypt.hashpw(b"pw1", bcrypt.gensalt(4))})  # type: ignore[arg-type]
+
+    async def attack() -> tuple[bool, int]:
+        stop = asyncio.Event()
+
+        async def guesser(port: int) -> None:
+            header = b"Basic " + base64.b64encode(f"u1:wrong-{port}".encode())
+            while not stop.is_set():
+                await mw.authorized(header, ("10.0.0.9", port))
+                await asyncio.sleep(0)
+
+        crowd = [asyncio.create_task(guesser(40000 + i)) for i in range(50)]
+        await asyncio.sleep(0)  # every guesser has asked: one checking, the rest in line or refused
+        first = await mw.authorized(b"Basic " + base64.b64encode(b"u1:pw1"), ("10.0.0.2", 9999))
+        stop.set()
+        await asyncio.gather(*crowd)
+        return first, started.index(b"pw1") if b"pw1" in started else len(started)
+
+    first, ahead = asyncio.run(attack())
+    assert first
+    assert ahead <= 2, ahead  # the guess in progress, and one of the crowd's address in its turn
+
+
 @pytest.mark.e2e
 def test_keep_alive_guessers_do_not_lock_out_a_right_login_on_a_live_daemon(tmp_path: Path) -> None:
     """Fifty keep-alive password guessers against a daemon just started (nothing cached, no connection failed yet),

@@ -22,9 +22,10 @@ Attacks:
   send a ``GET /metrics`` and then the next request's head without end (``a: b`` lines, as fast as the server takes
   them); each one the server closes is opened again at once;
 - ``fdlimit``: the daemon runs with an open-file limit of ``--nofile``; ``--connections`` idle connections are held;
-- ``guess``: basic auth on (a bcrypt hash of cost ``--bcrypt-cost``); ``--connections`` password guessers, each on its
-  own kept-alive connection, send wrong passwords as fast as they are answered; the scraper keeps its connection
-  alive with the right password, as Prometheus does, so its figures are a scrape's wait behind the guessers;
+- ``guess``: basic auth on (a bcrypt hash of cost ``--bcrypt-cost``); ``--connections`` password guessers from
+  127.0.0.2, each on its own kept-alive connection, send wrong passwords as fast as they are answered; the scraper
+  keeps its connection alive with the right password, as Prometheus does, so its figures are a scrape's wait behind
+  the guessers;
 - ``soak``: basic auth on; no attack, the scraper alone on a kept-alive connection for ``--duration`` (twenty
   minutes at one scrape a second is the soak of docs/reliability.md): the daemon's resident memory at the start and
   the end says whether it grows.
@@ -405,13 +406,15 @@ def head(port: int, tls: bool, connections: int, until: float) -> dict[str, int]
 
 
 def guess(url: str, connections: int, until: float) -> dict[str, int]:
-    """``connections`` guessers, each a thread on its own kept-alive connection, sending wrong passwords as fast as
-    they are answered until ``until``. Returns the guesses answered, by status."""
+    """``connections`` guessers from 127.0.0.2 (not the scraper's address), each a thread on its own kept-alive
+    connection, sending wrong passwords as fast as they are answered until ``until``. Returns the guesses answered,
+    by status (or the client's error)."""
     answered: dict[str, int] = {}
     lock = threading.Lock()
 
     def run(k: int) -> None:
-        with httpx.Client(verify=client_context(), timeout=30) as client:
+        transport = httpx.HTTPTransport(verify=client_context(), local_address="127.0.0.2")  # a tenant's address
+        with httpx.Client(transport=transport, timeout=30) as client:
             n = 0
             while time.monotonic() < until:
                 n += 1
@@ -462,10 +465,10 @@ def idle(port: int, connections: int, until: float) -> dict[str, int]:
     return {"opened": len(held), "failed_to_open": failed}
 
 
-def closed_counts(url: str) -> dict[str, float]:
+def closed_counts(url: str, auth: tuple[str, str] | None = None) -> dict[str, float]:
     """The daemon's gpuwarden_http_connections_closed_total by reason ({} when it does not answer)."""
     try:
-        text = httpx.get(url, verify=client_context(), timeout=10).text
+        text = httpx.get(url, verify=client_context(), timeout=10, auth=auth).text
     except httpx.HTTPError:
         return {}
     pattern = r'^gpuwarden_http_connections_closed_total\{reason="(\w+)"\} (\S+)$'
@@ -585,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
             result["scrape_p99_s"] = None if not lat else round(percentile(lat, 0.99) or 0, 4)
             result["scrape_max_s"] = None if not lat else round(max(lat), 4)
             time.sleep(1.5)  # the exposition is rendered at each poll
-            result["closed"] = closed_counts(url) if alive else {}
+            result["closed"] = closed_counts(url, (USER, PASSWORD) if auth else None) if alive else {}
+            result["scrape_failures"] = sorted(set(scraper.failures))
             text = log.read_text(errors="replace")
             result["log_lines_too_many_open_files"] = text.count("Too many open files")
     finally:

@@ -64,17 +64,17 @@ class BasicAuthMiddleware:
     * An unknown user is checked against a dummy hash of the highest cost in use, and every check that fails
       or passes without the cache is padded to the time that cost takes, so response time does not reveal which
       user names exist, whatever their costs.
-    * Checks wait for bcrypt in two lanes. A connection that has failed a check before (a guesser on keep-alive),
-      or was refused because the first lane was full, waits in the second, served only when the first is empty,
-      in turn: one check in line per connection (``max_waiting_failed`` in all), so each waits for at most one
-      check of every other such connection. Any other request (a scraper's new connection, after a restart or a
-      password change) waits in the first, at most ``max_waiting`` of them (past that: 401 at once, and the
-      connection moves to the second lane). However many guessers there are, a right password on a fresh
-      connection waits for at most the check in progress and ``max_waiting`` others, and one on a connection the
-      crowd pushed into the second lane (a scraper's keep-alive after a restart) for one check per guessing
-      connection. Failed connections are remembered by client
-      address and port, the last ``remembered_failures`` of them. A guesser that opens a new connection for every
-      guess competes in the first lane; bound it upstream (a proxy's per-source limit).
+    * Checks wait for bcrypt in two lanes, and in each lane the source addresses take turns: one check for every
+      address with checks waiting, then round again, so a crowd from one address waits behind its own checks (fair
+      queuing by source, as the handshakes are bounded: gpuwarden.web.accept). A connection that has failed a check
+      before (a guesser on keep-alive), or was refused because its address's place in the first lane was full, waits
+      in the second lane, served only when the first is empty, one check in line per connection
+      (``max_waiting_failed`` in all). Any other request (a scraper's new connection, after a restart or a password
+      change) waits in the first, at most ``max_waiting`` of them an address (past that: 401 at once, and the
+      connection moves to the second lane). However many guessers an address has, a right password from another
+      address waits for the check in progress and at most one check of each other address with checks in its lane.
+      Failed connections are remembered by client address and port, the last ``remembered_failures`` of them.
+      Guessers spread over many addresses each take their turn; bound them upstream (a proxy's per-source limit).
     * Nothing secret is logged: failures are logged at debug level with path and client address only.
     """
 
@@ -133,7 +133,7 @@ class BasicAuthMiddleware:
         """Return True when ``header`` (the raw Authorization value) holds a valid user and password.
 
         ``client`` (ASGI's ``scope["client"]``: address and port, one per connection) picks the lane the check
-        waits in: the second when that connection failed a check before.
+        waits in (the second when that connection failed a check before) and its turn among addresses.
         """
         credentials = _credentials(header) if self.users else None
         if credentials is None:
@@ -152,7 +152,7 @@ class BasicAuthMiddleware:
         if lane is None:
             return False
         try:
-            async with self._lanes.turn(lane):
+            async with self._lanes.turn(lane, client[0] if client is not None else ""):
                 start = time.perf_counter()
                 ok = await asyncio.to_thread(_checkpw, password, hashed)
                 pad = self._check_seconds - (time.perf_counter() - start)
@@ -173,13 +173,13 @@ class BasicAuthMiddleware:
 
     def _lane(self, client: tuple[str, int] | None) -> int | None:
         """The lane a check from ``client`` waits in (0, or 1 for a connection that failed a check before; it is
-        then marked waiting), or None when it is refused unchecked: its lane is full, or the connection already has
-        a check in line."""
+        then marked waiting), or None when it is refused unchecked: its address's place in the first lane is full,
+        or the connection already has a check in line."""
         lane = 1 if client is not None and client in self._failed else 0
-        if lane == 0 and self._lanes.waiting(0) >= self.max_waiting:
-            # a crowd of fresh connections already waits: refused at once, and counted as a check, so that this
-            # connection waits in the second lane next time (else a flood of them refused unchecked never leaves
-            # the first lane, and keeps it full for every right password after it)
+        if lane == 0 and self._lanes.waiting(0, "" if client is None else client[0]) >= self.max_waiting:
+            # a crowd of fresh connections from this address already waits: refused at once, and counted as a
+            # check, so that this connection waits in the second lane next time (else a flood of them refused
+            # unchecked never leaves the first lane, and keeps it full for every right password after it)
             if client is not None:
                 self._remember(client, failed=True)
             return None
@@ -229,27 +229,34 @@ class BasicAuthMiddleware:
 
 
 class _Lanes:
-    """One bcrypt check at a time, handed to the first lane's waiters before the second's (asyncio, one loop)."""
+    """One bcrypt check at a time, handed to the first lane's waiters before the second's, and within a lane to the
+    source addresses in turn (one check each, round again) (asyncio, one loop)."""
 
     def __init__(self) -> None:
         self._busy = False
-        self._queues: tuple[deque[asyncio.Future[None]], ...] = (deque(), deque())
+        self._queues: tuple[OrderedDict[str, deque[asyncio.Future[None]]], ...] = (OrderedDict(), OrderedDict())
 
-    def waiting(self, lane: int) -> int:
-        """How many checks wait in ``lane`` (0 or 1)."""
-        return len(self._queues[lane])
+    def waiting(self, lane: int, source: str | None = None) -> int:
+        """How many checks wait in ``lane`` (0 or 1), from ``source`` only when given."""
+        queues = self._queues[lane]
+        if source is not None:
+            return len(queues.get(source, ()))
+        return sum(len(queue) for queue in queues.values())
 
     @contextlib.asynccontextmanager
-    async def turn(self, lane: int) -> AsyncIterator[None]:
-        """Wait for the check's turn in ``lane``; hold it for the ``async with`` body."""
+    async def turn(self, lane: int, source: str) -> AsyncIterator[None]:
+        """Wait for the check's turn in ``lane`` among ``source``'s; hold it for the ``async with`` body."""
         if self._busy or any(self._queues):
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._queues[lane].append(future)
+            self._queues[lane].setdefault(source, deque()).append(future)
             try:
                 await future
             except asyncio.CancelledError:
-                if future in self._queues[lane]:
-                    self._queues[lane].remove(future)
+                queue = self._queues[lane].get(source)
+                if queue is not None and future in queue:
+                    queue.remove(future)
+                    if not queue:
+                        del self._queues[lane][source]
                 elif not future.cancelled():
                     self._next()  # the turn was handed over as the waiter went: pass it on
                 raise
@@ -261,9 +268,14 @@ class _Lanes:
             self._next()
 
     def _next(self) -> None:
-        for queue in self._queues:
-            while queue:
+        for sources in self._queues:
+            while sources:
+                source, queue = next(iter(sources.items()))
                 future = queue.popleft()
+                if queue:
+                    sources.move_to_end(source)  # its next check after one of every other source's
+                else:
+                    del sources[source]
                 if not future.done():
                     future.set_result(None)
                     return
