@@ -4,6 +4,7 @@ process: gpuwarden's server in a thread, real sockets on the loopback."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import ssl
@@ -408,3 +409,68 @@ def test_a_source_starting_handshakes_faster_than_its_rate_is_refused_before_any
         assert limits.counts["handshake_refused"] == 10
         for s in rushing:
             s.close()
+
+
+#: Requests at HTTP/1.1's edges (RFC 9112) and what each gets: a status (the connection closed after each refusal),
+#: or the answer of a request read the lenient way RFC 9112 allows (obs-fold unfolded, bare LF as a line's end).
+EDGES: dict[str, tuple[bytes, list[bytes]]] = {
+    # both lengths: refused and closed (RFC 9112, 6.3), so the request behind it is not smuggled through
+    "content-length and transfer-encoding": (
+        b"POST /small HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"
+        b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n",
+        [b"400"],
+    ),
+    "two content-lengths": (
+        b"POST /small HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhi",
+        [b"400"],
+    ),
+    "negative content-length": (b"POST /small HTTP/1.1\r\nhost: x\r\ncontent-length: -1\r\n\r\n", [b"400"]),
+    "transfer-encoding other than chunked": (
+        b"POST /small HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n",
+        [b"501"],
+    ),
+    "a body of 1 GB": (
+        b"POST /small HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000000\r\n\r\n" + b"x" * 200_000,
+        [b"413"],
+    ),
+    "a chunk of 17 TB": (
+        b"POST /small HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nfffffffffff\r\n" + b"x" * 100_000,
+        [b"413"],
+    ),
+    "20,000 headers": (b"GET /small HTTP/1.1\r\nhost: x\r\n" + b"a: b\r\n" * 20_000 + b"\r\n", [b"431"]),
+    "a target of 100 kB": (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n", [b"431"]),
+    "NUL in a header": (b"GET /small HTTP/1.1\r\nhost: x\r\nx-a: b\x00c\r\n\r\n", [b"400"]),
+    "space before the colon": (b"GET /small HTTP/1.1\r\nhost : x\r\n\r\n", [b"400"]),
+    "space in the target": (b"GET /sm all HTTP/1.1\r\nhost: x\r\n\r\n", [b"400"]),
+    "no host": (b"GET /small HTTP/1.1\r\n\r\n", [b"400"]),
+    "a method with a parenthesis": (b"G(T /small HTTP/1.1\r\nhost: x\r\n\r\n", [b"400"]),
+    "HTTP/0.9": (b"GET /small\r\n\r\n", [b"400"]),
+    "HTTP/3.0": (b"GET /small HTTP/3.0\r\nhost: x\r\n\r\n", [b"505"]),
+    "the HTTP/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", [b"505"]),
+    "obs-fold": (b"GET /small HTTP/1.1\r\nhost: x\r\nx-a: b\r\n  folded\r\nconnection: close\r\n\r\n", [b"200"]),
+    "bare LF": (b"GET /small HTTP/1.1\nhost: x\nconnection: close\n\n", [b"200"]),
+    "expect 100-continue": (
+        b"POST /small HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 3\r\nconnection: close\r\n\r\nabc",
+        [b"100", b"405"],
+    ),
+    "HEAD": (b"HEAD /big HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n", [b"200"]),
+}
+
+
+def test_requests_at_http_edges_get_a_clean_status_and_the_server_serves_on() -> None:
+    """Each request of EDGES gets its status (and after a refusal nothing more: the connection is closed), a HEAD
+    answer has no body, and the server still answers afterwards."""
+    with server(HttpLimits()) as (port, _):
+        for name, (request, statuses) in EDGES.items():
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                with contextlib.suppress(OSError):  # the server may close before the whole request is sent
+                    s.sendall(request)
+                answer = b""
+                with contextlib.suppress(ConnectionResetError):
+                    while chunk := s.recv(65536):
+                        answer += chunk
+            seen = [line.split(b" ")[1] for line in answer.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+            assert seen == statuses, (name, answer[:300])
+            if name == "HEAD":
+                assert answer.endswith(b"\r\n\r\n") and b"content-length: 655360" in answer.lower(), answer
+        assert _get(port).startswith(b"HTTP/1.1 200")

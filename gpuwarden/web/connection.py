@@ -46,11 +46,19 @@ access_log = logging.getLogger("gpuwarden.access")
 #: Plain text taken out of TLS per call (a TLS record holds at most 16 KiB).
 _TLS_READ_BYTES = 16 * 1024
 _REFUSAL_BODIES = {
-    400: b"bad request\n",
     413: b"request body too large\n",
     431: b"request line and headers too large\n",
-    500: b"internal server error\n",
 }
+
+
+def _refusal(request: h11.Request) -> int:
+    """The status a request is refused with before it is read further (0: none): 505 for an HTTP version other than
+    1.0 and 1.1 (h11 parses any), 400 for a request with both Content-Length and Transfer-Encoding (RFC 9112, 6.3: a
+    server may refuse it, and must close after answering it; a way to smuggle a request past a proxy)."""
+    if request.http_version not in (b"1.0", b"1.1"):
+        return 505
+    names = {name for name, _ in request.headers}
+    return 400 if b"content-length" in names and b"transfer-encoding" in names else 0
 
 
 def _reason(status: int) -> bytes:
@@ -294,6 +302,10 @@ class Connection(asyncio.Protocol):
                 self._pause_reading()
                 return
             if isinstance(event, h11.Request):
+                refusal = _refusal(event)
+                if refusal:
+                    self._refuse(refusal)
+                    return
                 self._request, self._body, self._body_bytes = event, [], 0
                 if self._http.they_are_waiting_for_100_continue:
                     self._write(self._http.send(h11.InformationalResponse(status_code=100, headers=[])))
@@ -310,10 +322,10 @@ class Connection(asyncio.Protocol):
                 return
 
     def _refuse(self, status: int) -> None:
-        """Answer ``status`` (400, 413, 431) and close."""
+        """Answer ``status`` (4xx, 500, 505) and close."""
         if status == 431:
             self.limits.counts["head_too_large"] += 1
-        body = _REFUSAL_BODIES.get(status, _REFUSAL_BODIES[400])
+        body = _REFUSAL_BODIES.get(status) or _reason(status).lower() + b"\n"
         headers = [
             ("content-type", "text/plain; charset=utf-8"),
             ("content-length", str(len(body))),
