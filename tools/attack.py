@@ -28,7 +28,7 @@ Attacks:
   the guessers;
 - ``soak``: basic auth on; no attack, the scraper alone on a kept-alive connection for ``--duration`` (twenty
   minutes at one scrape a second is the soak of docs/reliability.md): the daemon's resident memory at the start and
-  the end says whether it grows.
+  the end, and each minute, say whether it grows.
 
 Traffic goes to 127.0.0.1 only and every run ends by itself. Usage::
 
@@ -554,6 +554,14 @@ def main(argv: list[str] | None = None) -> int:
             result["rss_start_mib"] = round(vm_hwm_mib(pid, "VmRSS") or 0, 1)
             scraper = Scraper(url, args.scrape_every, keep_alive=auth)
             scraper.start()
+            each_minute: list[float] = []
+
+            def sample() -> None:
+                while not scraper.halt.wait(60.0):
+                    each_minute.append(round(vm_hwm_mib(pid, "VmRSS") or 0, 1))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             until = time.monotonic() + args.duration
             run: Callable[[], dict[str, int]]
             if args.attack == "unread":
@@ -577,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             result["daemon_alive"] = alive
             result["peak_rss_mib"] = round(vm_hwm_mib(pid) or 0, 1)
             result["rss_end_mib"] = round(vm_hwm_mib(pid, "VmRSS") or 0, 1)
+            result["rss_each_minute_mib"] = each_minute
             result["cgroup_peak_mib"] = None if cgroup.peak_mib() is None else round(cgroup.peak_mib() or 0, 1)
             sockets = cgroup.socket_buffers_peak_mib()
             result["socket_buffers_peak_mib"] = None if sockets is None else round(sockets, 1)
