@@ -12,7 +12,6 @@ import hmac
 import logging
 import secrets
 import threading
-import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 
@@ -61,9 +60,10 @@ class BasicAuthMiddleware:
     * A successful check is cached under an HMAC-SHA256 of (user, hash, password) with a per-process random
       key, so a scraper pays bcrypt once, not every 15 s, and no password is kept in memory in the clear.
       The cache holds at most ``cache_size`` entries (least recently used evicted); failures are not cached.
-    * An unknown user is checked against a dummy hash of the highest cost in use, and every check that fails
-      or passes without the cache is padded to the time that cost takes, so response time does not reveal which
-      user names exist, whatever their costs.
+    * An unknown user is checked against a dummy hash of the highest cost in use, and a user whose hash costs less
+      against the dummy hash too, so every check not served from the cache does the work of the highest cost and
+      response time does not reveal which user names exist, whatever their costs (the same work, not a sleep to a
+      time measured once: a loaded machine slows every check alike).
     * Checks wait for bcrypt in two lanes, and in each lane the source addresses take turns: one check for every
       address with checks waiting, then round again, so a crowd from one address waits behind its own checks (fair
       queuing by source, as the handshakes are bounded: gpuwarden.web.accept). A connection that has failed a check
@@ -114,10 +114,10 @@ class BasicAuthMiddleware:
             if not match:
                 raise ValueError(f"the password of {user!r} is not a bcrypt hash")
             costs.append(int(match.group(1)))
-        # An unknown user is checked against this hash, at the highest cost in use: same time as a known one.
-        start = time.perf_counter()
-        self._dummy = bcrypt.hashpw(secrets.token_bytes(16).hex().encode(), bcrypt.gensalt(max(costs, default=4)))
-        self._check_seconds = time.perf_counter() - start  # a hash at the highest cost: what a check at it takes
+        # An unknown user is checked against this hash, at the highest cost in use, and a user whose hash costs less
+        # against it too: every check does the work of the highest cost, so no timing tells the users apart.
+        self._top_cost = max(costs, default=4)
+        self._dummy = bcrypt.hashpw(secrets.token_bytes(16).hex().encode(), bcrypt.gensalt(self._top_cost))
         self.users = dict(users)
         with self._cache_lock:
             self._cache.clear()
@@ -153,14 +153,12 @@ class BasicAuthMiddleware:
             return False
         try:
             async with self._lanes.turn(lane, client[0] if client is not None else ""):
-                start = time.perf_counter()
                 ok = await asyncio.to_thread(_checkpw, password, hashed)
-                pad = self._check_seconds - (time.perf_counter() - start)
+                if hashed is not self._dummy and int(hashed[4:6]) < self._top_cost:
+                    await asyncio.to_thread(_checkpw, password, self._dummy)  # the highest cost's work too
         finally:
             if client is not None:
                 self._waiting.discard(client)
-        if pad > 0:  # a low-cost hash answers as slowly as the highest cost: no timing tells the users apart
-            await asyncio.sleep(pad)
         ok = ok and known
         if ok:
             with self._cache_lock:
