@@ -196,6 +196,21 @@ def test_guessers_cannot_queue_without_bound() -> None:
     assert sum(t > 0.02 for t in times) == 3  # only the one in progress and the two in line were checked
 
 
+def bcrypt_order(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The passwords in the order bcrypt begins checking them, from now on (gpuwarden.web.auth's check, wrapped)."""
+    from gpuwarden.web import auth
+
+    started: list[bytes] = []
+    real = auth._checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        started.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(auth, "_checkpw", counting)
+    return started
+
+
 def test_a_right_password_is_checked_next_whatever_the_guessers_on_failed_connections(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -204,16 +219,7 @@ def test_a_right_password_is_checked_next_whatever_the_guessers_on_failed_connec
     own check, but one already handed the turn (counted in bcrypt's order, not in seconds: a loaded machine)."""
     import base64
 
-    from gpuwarden.web import auth
-
-    started: list[bytes] = []  # passwords in the order bcrypt began checking them
-    real = auth._checkpw
-
-    def counting(password: bytes, hashed: bytes) -> bool:
-        started.append(password)
-        return real(password, hashed)
-
-    monkeypatch.setattr(auth, "_checkpw", counting)
+    started = bcrypt_order(monkeypatch)
     users = {f"u{i}": bcrypt.hashpw(f"pw{i}".encode(), bcrypt.gensalt(8)) for i in range(12)}
     mw = BasicAuthMiddleware(None, users)  # type: ignore[arg-type]
 
@@ -260,16 +266,7 @@ def test_a_crowd_of_guessers_from_one_address_waits_behind_its_own_checks(monkey
     behind every guesser's check, past Prometheus's 10 s timeout at bcrypt cost 12)."""
     import base64
 
-    from gpuwarden.web import auth
-
-    started: list[bytes] = []  # passwords in the order bcrypt began checking them
-    real = auth._checkpw
-
-    def counting(password: bytes, hashed: bytes) -> bool:
-        started.append(password)
-        return real(password, hashed)
-
-    monkeypatch.setattr(auth, "_checkpw", counting)
+    started = bcrypt_order(monkeypatch)
     mw = BasicAuthMiddleware(None, {"u1": bcrypt.hashpw(b"pw1", bcrypt.gensalt(4))})  # type: ignore[arg-type]
 
     async def attack() -> tuple[bool, int]:
