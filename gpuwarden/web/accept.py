@@ -72,7 +72,7 @@ _SOURCES_KEPT = 4096
 
 class Listener:
     """Accepts connections on the listening ``sock`` within ``limits``, each served by the protocol ``factory``
-    makes of its slot, its source address and, for TLS (``tls``), the deadline of its handshake (0.0 without TLS);
+    makes of its slot, its source address and, for TLS (``tls``), the deadline of its handshake (0.0 without);
     with ``tls``, each after its ClientHello, through a handshake slot. ``connections`` holds the protocols of the
     connections being served (each adds and removes itself)."""
 

@@ -132,7 +132,7 @@ class Server:
         self._stop.set()
 
     def _connection(self, slot: Slot, source: str, deadline: float) -> Connection:
-        return Connection(self.app, slot, source, self.headers, self.tls if deadline else None, deadline)
+        return Connection(self.app, slot, source, self.headers, self.tls, deadline)
 
     def _hup(self) -> None:
         if self._on_hup is not None:
