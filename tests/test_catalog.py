@@ -114,7 +114,7 @@ def test_clock_event_groups_are_what_the_alerts_and_dashboards_match() -> None:
     from gpuwarden.catalog import CLOCK_EVENT_GROUPS, CLOCK_EVENT_REASONS, THROTTLE_REASONS, clock_event_reasons
 
     assert {n for names in CLOCK_EVENT_GROUPS.values() for n in names} <= set(CLOCK_EVENT_REASONS.values())
-    template = (Path(__file__).parent.parent / "gpuwarden" / "mixin" / "rules.template.yml").read_text()
+    template = (Path(__file__).parent.parent / "alerts" / "gpuwarden.rules.yml").read_text()  # generated
     for alert, group in (("GpuThermalSlowdown", "thermal"), ("GpuHardwareSlowdown", "hardware")):
         block = template[template.index(f"alert: {alert}\n") :]
         regex = re.search(r'reason=~"([^"]+)"', block)

@@ -61,7 +61,7 @@ def test_a_gpu_that_went_off_the_bus_this_hour_is_critical_with_its_history(prom
     [gpu] = doc["gpus"]
     assert gpu["uuid"] == UUID and gpu["level"] == "CRITICAL"
     [finding] = gpu["findings"]
-    assert finding["reason"].startswith("history, last 1h: it could not be read") and "serviced" in finding["action"]
+    assert finding["reason"].startswith("history, last 1h: A GPU cannot be read") and "serviced" in finding["action"]
     # 30 minutes back: the minute off the bus is outside the range
     assert check("--prometheus", prom, "--range", "30m").returncode == 0
 

@@ -19,6 +19,8 @@ from backfill import openmetrics, replayed
 from conftest import trace
 from helpers import REPO, backfilled_prometheus
 
+from gpuwarden.health.rules import RULES
+
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 pytestmark = [
@@ -30,7 +32,8 @@ NODES = {"node-health:10400": "derived-h100-health", "node-lost:10400": "derived
 WANTED = ("gpu_up", "gpu_xid_errors_total", "gpu_ecc_errors_total", "gpu_row_remap_pending", "gpu_row_remap_failure",
           "gpu_nvlink_link_up", "gpu_nvlink_link_errors_total", "gpu_fabric_state", "gpu_fabric_health_problem",
           "gpu_pcie_replay_errors_total", "gpu_pcie_link_width", "gpu_pcie_link_max_width",
-          "gpu_clock_event_reason_seconds_total", "gpu_devices", "gpu_diagnosis", "gpu_process_job_info")  # fmt: skip
+          "gpu_clock_event_reason_seconds_total", "gpu_devices", "gpu_diagnosis", "gpu_process_job_info",
+          *(s.metric for rule in RULES for s in rule.when.series_read()))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,8 @@ def test_each_gpu_gets_its_tier_and_reasons(stack: dict) -> None:
     health = gpus[("node-health", "0")]
     assert health["tier"] == "service" and health["score"] < 0.25
     said = " ".join(r["reason"] for r in health["reasons"])
-    assert "uncorrectable ECC error" in said and "row remap pending" in said and "XID 63" in said
+    assert "uncorrectable ECC error" in said and "row remap waits" in said and "XID 63" in said
+    assert "within 5 °C of its own slowdown" in said  # 87 °C, its slowdown 89 °C: the page's condition held
     lost = " ".join(r["reason"] for r in gpus[("node-lost", "3")]["reasons"])
     assert gpus[("node-lost", "3")]["tier"] == "service" and "XID 79" in lost  # and its gpu_up 0, where a scrape saw it
     assert {gpus[("node-lost", str(i))]["tier"] for i in range(8) if i != 3} == {"good"}

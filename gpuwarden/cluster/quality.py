@@ -3,16 +3,18 @@ tier, a score and the reasons, from gpuwarden's series in Prometheus (one query 
 
 Two tiers of reasons, each grounded in what its signal means:
 
-- **service** (take the GPU out of scheduling; it needs a reset, a reboot or a technician): it could not be read
-  (``gpu_up`` 0: off the bus, XID 79); an XID of the critical set (``xid_critical``, the alerts' GpuCriticalXid:
-  double-bit ECC, row remap failure, NVLink, uncorrectable contained or uncontained errors, GSP faults); uncorrectable
-  ECC errors (volatile); a row remap that failed; an NVLink link that went down after being up; its NVLink fabric not
-  ready at the range's end.
-- **watch** (it runs jobs, slower or closer to failing than its peers): the sustained straggler of at least
-  ``min_jobs`` distinct jobs (the fail-slow suspects, gpuwarden.cluster.suspects); NVLink link recoveries; a row remap
-  pending; PCIe replays (at least REPLAYS over the range); a PCIe link narrower than its maximum at some point; hardware
-  slowdown or power brake clock events at least CLOCK_EVENT_SECONDS beyond the node's other GPUs' mean; the fabric's
-  health checks reporting a problem; an XID outside the critical set.
+- the health rules (gpuwarden.health.rules, the conditions the health alerts fire on and ``gpuwarden check`` reads)
+  that are faults of the GPU itself: a rule whose condition held, in total over the range, at least its alert's
+  ``for`` (at least one step; counted at the accounting's steps) is a reason of its tier, **service** for a critical
+  rule (lost, a recovery action asked, uncorrectable ECC errors, a failed row remap, heat at the card's own limits,
+  the NVLink fabric not ready), **watch** for a warning one (a row remap pending, a narrowed PCIe link, a fabric
+  health problem);
+- the history no one read shows: **service** for an XID of the critical set (``xid_critical``, the alerts'
+  GpuCriticalXid: double-bit ECC, row remap failure, NVLink, uncorrectable contained or uncontained errors, GSP
+  faults) and an NVLink link that went down after being up; **watch** for the sustained straggler of at least
+  ``min_jobs`` distinct jobs (the fail-slow suspects, gpuwarden.cluster.suspects), NVLink link recoveries, PCIe replays
+  (at least REPLAYS over the range), hardware slowdown or power brake clock events at least CLOCK_EVENT_SECONDS beyond
+  the node's other GPUs' mean, and an XID outside the critical set.
 
 ``score`` orders GPUs, it is not a probability: 1 / (1 + 3 x service reasons + watch reasons) - 1.0 for a GPU with
 no reason, 0.5 with one watch reason, 0.25 with one service reason.
@@ -27,6 +29,10 @@ from statistics import mean
 from typing import TYPE_CHECKING
 
 from gpuwarden.cluster.suspects import CLOCK_EVENT_SECONDS, suspects
+from gpuwarden.health.conditions import number, shipped
+from gpuwarden.health.rules import RULES, HealthRule
+from gpuwarden.insight.thresholds import ALERT_PARAMS
+from gpuwarden.mixin.rules import ParamTemplate, duration, seconds
 
 if TYPE_CHECKING:
     from gpuwarden.cluster.usage import Accounting, Cluster, GpuKey
@@ -79,27 +85,14 @@ def quality(acc: Accounting, straggler_for: str = "5m", min_jobs: int = 3) -> li
         return [(gpu(s.labels), s.labels, s.value) for s in acc.samples(promql, "instance", "gpu", *need)]
 
     each(f"max by ({c}instance, gpu, uuid) (max_over_time({acc.metric('gpu_up')}[{r}]))")  # every GPU of the range
-    for q, _, down in each(f"max by ({c}instance, gpu, uuid) (max_over_time(({acc.metric('gpu_up')} == bool 0)"
-                           f"[{r}:{acc.step}]))"):  # fmt: skip
-        if down >= 1:
-            q.reasons.append(("service", "it could not be read at times (lost: off the bus, or XID 79)"))
+    for rule in RULES:
+        if rule.quality:
+            _held(acc, each, rule)
     xids = acc.metric("gpu_xid_errors_total")
     for q, labels, n in each(f"sum by ({c}instance, gpu, uuid, xid) ({grown(xids, r)})", "xid"):
         if n >= 1:
             tier = "service" if XID_CRITICAL.match(labels["xid"]) else "watch"
             q.reasons.append((tier, f"XID {labels['xid']} ({n:.0f}x)"))
-    ecc = acc.metric("gpu_ecc_errors_total", 'type="uncorrected", counter="volatile"')
-    for q, _, n in each(f"max by ({c}instance, gpu, uuid) (max_over_time({ecc}[{r}]))"):
-        if n >= 1:  # since the driver loaded: a reset clears the count (and remaps the rows)
-            q.reasons.append(("service", f"{n:.0f} uncorrectable ECC error(s) since the driver loaded"))
-    remaps = (
-        ("gpu_row_remap_failure", "service", "a row remap failed"),
-        ("gpu_row_remap_pending", "watch", "a row remap pending (a reset applies it)"),
-    )
-    for name, tier, text in remaps:
-        for q, _, v in each(f"max by ({c}instance, gpu, uuid) (max_over_time({acc.metric(name)}[{r}]))"):
-            if v >= 1:
-                q.reasons.append((tier, text))
     _nvlink(acc, each)
     _pcie_and_clocks(acc, each, gpus)
     for s in suspects(acc, straggler_for, min_jobs):
@@ -125,8 +118,24 @@ def _index(gpu: str) -> int:
 Each = Callable[..., list[tuple["GpuQuality", dict[str, str], float]]]
 
 
+def _held(acc: Accounting, each: Each, rule: HealthRule) -> None:
+    """A health rule's reason for each GPU where its condition held, in total over the range, at least the alert's
+    ``for`` (at least one step): counted at the accounting's steps (a subquery of the condition, its parameters at
+    their shipped values). The reason is the alert's summary, the labels of the series that held where the condition
+    does not fix them (a fabric state, a health check), and how long it held."""
+    cond = rule.when.promql(acc.metric, lambda p: number(shipped(p)))
+    least = max(seconds(rule.for_) if rule.for_ else 0.0, acc.step_s)
+    fixed = {label for s in rule.when.series_read() for label, op, _ in s.matchers if op == "="}
+    shown = [*acc.cluster_labels, "instance", "job", "gpu", "uuid", *fixed]
+    summary = ParamTemplate(rule.summary.rstrip(".")).safe_substitute({k: str(v) for k, v in ALERT_PARAMS.items()})
+    for q, labels, held in each(f"count_over_time(({cond})[{acc.range}:{acc.step}]) * {acc.step_s:g}"):
+        if held >= least:
+            what = "".join(f"{k} {v}, " for k, v in sorted(labels.items()) if k not in shown)
+            q.reasons.append((rule.tier, f"{summary}: {what}{duration(held)} of the range"))
+
+
 def _nvlink(acc: Accounting, each: Each) -> None:
-    """NVLink: links that went down after being up, link recoveries, the fabric's state and health."""
+    """NVLink: links that went down after being up, and link recoveries."""
     r, c = acc.range, acc.cluster_by
     up = acc.metric("gpu_nvlink_link_up")
     for q, _, links in each(f"count by ({c}instance, gpu, uuid) ((min_over_time({up}[{r}]) == 0)"
@@ -136,28 +145,16 @@ def _nvlink(acc: Accounting, each: Each) -> None:
     for q, _, n in each(f"sum by ({c}instance, gpu, uuid) ({grown(recoveries, r)})"):
         if n >= 1:
             q.reasons.append(("watch", f"{n:.0f} NVLink link recoveries"))
-    state = acc.metric("gpu_fabric_state", 'state!="completed"')
-    for q, _, v in each(f"max by ({c}instance, gpu, uuid) (last_over_time({state}[{r}]))"):
-        if v >= 1:
-            q.reasons.append(("service", "its NVLink fabric is not ready"))
-    health = acc.metric("gpu_fabric_health_problem")
-    for q, labels, v in each(f"max by ({c}instance, gpu, uuid, check) (max_over_time({health}[{r}]))", "check"):
-        if v >= 1:
-            q.reasons.append(("watch", f"the NVLink fabric reported {labels['check'].replace('_', ' ')}"))
 
 
 def _pcie_and_clocks(acc: Accounting, each: Each, gpus: dict[GpuKey, GpuQuality]) -> None:
-    """PCIe replays and width; hardware clock events against the node's other GPUs."""
+    """PCIe replays; hardware clock events against the node's other GPUs."""
     r, c = acc.range, acc.cluster_by
     for q, _, n in each(
         f"sum by ({c}instance, gpu, uuid) (increase({acc.metric('gpu_pcie_replay_errors_total')}[{r}]))"
     ):
         if n >= REPLAYS:
             q.reasons.append(("watch", f"{n:.0f} PCIe replays"))
-    width, most = acc.metric("gpu_pcie_link_width"), acc.metric("gpu_pcie_link_max_width")
-    for q, _, v in each(f"max by ({c}instance, gpu, uuid) (min_over_time({width}[{r}])"
-                        f" < on ({c}instance, gpu, uuid) group_left () max_over_time({most}[{r}]))"):  # fmt: skip
-        q.reasons.append(("watch", f"its PCIe link narrowed to x{v:.0f}"))
     events = acc.metric("gpu_clock_event_reason_seconds_total", 'reason=~"' + "|".join(HW_EVENTS) + '"')
     seconds: dict[GpuKey, dict[str, float]] = {}
     for q, labels, s in each(f"sum by ({c}instance, gpu, uuid, reason) ({grown(events, r)})", "reason"):

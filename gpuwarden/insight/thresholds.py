@@ -8,14 +8,16 @@ gpuwarden.insight.launches and the per-poll states' in gpuwarden.insight.states.
 from __future__ import annotations
 
 from importlib import resources
+from typing import Any
 
 import yaml
 
 from gpuwarden.catalog import clock_event_reasons
 
 #: The alert rules' shipped parameters (gpuwarden/mixin/params.yml): a line the diagnosis and the alerts share is
-#: declared there, once, and read here (a site's own ``gpuwarden mixin --params`` moves its alerts, not this).
-_ALERTS = yaml.safe_load((resources.files("gpuwarden") / "mixin" / "params.yml").read_text())
+#: declared there, once, and read here (a site's own ``gpuwarden mixin --params`` moves its alerts, not this); so do
+#: the health rules' conditions in ``gpuwarden check`` (gpuwarden.health.conditions.shipped).
+ALERT_PARAMS: dict[str, Any] = yaml.safe_load((resources.files("gpuwarden") / "mixin" / "params.yml").read_text())
 
 #: util.gpu at or above this is "utilized" (a kernel ran at least half the time).
 BUSY_UTIL = 0.5
@@ -33,7 +35,7 @@ TENSOR_IDLE_MAX = 0.05
 FP32_BUSY_MIN = 0.3
 #: Hot: the GPU within this many degrees Celsius of its own slowdown threshold (or HBM of its memory_max); the
 #: overheating alerts' ``hot_margin_celsius``.
-HOT_MARGIN_CELSIUS = float(_ALERTS["hot_margin_celsius"])
+HOT_MARGIN_CELSIUS = float(ALERT_PARAMS["hot_margin_celsius"])
 #: SM activity per util.gpu below this marks a kernel that occupies the GPU without working (spin).
 SPIN_SM_PER_UTIL = 0.5
 #: A peer GPU of the same job at or below this fraction of this GPU's util.gpu is a straggler.
@@ -69,7 +71,7 @@ HOST_PHASE_MIN = 0.10
 THROTTLE_MIN_FRACTION = 0.5
 THROTTLE_CLOCK_RATIO = 0.9
 #: Used / total GPU memory above this: memory nearly full; GpuMemoryAlmostFull's ``memory_full_ratio``.
-MEMORY_FULL_RATIO = float(_ALERTS["memory_full_ratio"])
+MEMORY_FULL_RATIO = float(ALERT_PARAMS["memory_full_ratio"])
 #: Host compute bound: the GPU idles while its job works on the CPU (as for input_starved), and the job moves at least
 #: this many bytes device-to-host per byte host-to-device (GPM PCIe TX / RX). Input prepared on the host flows to the
 #: GPU (RX far above TX); work that consumes the GPU's output on the host - an optimizer stepped on the CPU, as

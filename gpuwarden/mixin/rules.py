@@ -7,6 +7,7 @@ writes it for a site, alerts/generate.py the repository's copy and its test file
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gpuwarden.health.rules import RULES, TICKET_FOR_SECONDS, HealthRule
 from gpuwarden.insight.states import IDLE_CAUSES
 
 #: The template and its default parameters, package data beside this module (read through importlib.resources, so
@@ -403,8 +405,10 @@ def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool
     return parts
 
 
-class _Rules(Template):
-    delimiter = "@"  # $ belongs to Prometheus's templates ($labels, $value)
+class ParamTemplate(Template):
+    """The template's ``@{name}`` parameters (``$`` belongs to Prometheus's templates: $labels, $value)."""
+
+    delimiter = "@"
 
 
 def params(path: Path | None = None, overrides: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -527,13 +531,43 @@ NO_GRAFANA = ("grafana_url is not set: the alerts carry no dashboard_url (set it
               "e.g. https://grafana.example.com, to link the dashboards)")  # fmt: skip
 
 
+def health_alert(rule: HealthRule) -> str:
+    """The alert of a health rule (gpuwarden.health.rules) as the template's YAML text, before its parameters are
+    substituted: its condition as ``expr`` (each selector with the ``selector`` parameter, each parameter of the
+    condition as ``@{name}``), or'ed with its ``history``, with the GPU's job."""
+    expr = rule.when.promql(lambda metric, matchers: f"{metric}{{@{{selector}}{matchers}}}", lambda p: f"@{{{p}}}")
+    if rule.history:
+        expr += f"\nor {rule.history}"
+    out = [f"      - alert: {rule.name}", "        expr: >", "          @{with_gpu_job}"]
+    out += [f"          {line}" for line in expr.splitlines()]
+    out += [f"        {key}: {value}" for key, value in (("for", rule.for_), ("keep_firing_for", rule.keep_firing_for))
+            if value]  # fmt: skip
+    out += ["        labels:", f"          severity: {rule.severity}", "        annotations:"]
+    out += [f"          summary: {rule.summary}", "          description: >-"]
+    out += textwrap.wrap(rule.description, 118, initial_indent=" " * 12, subsequent_indent=" " * 12,
+                         break_long_words=False, break_on_hyphens=False)  # fmt: skip
+    out += [f"          runbook_url: @{{runbook_url}}#{rule.name.lower()}",
+            "          dashboard_url: @{grafana_url}@{dashboard_path_node}"]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def health_alerts(tickets: bool) -> str:
+    """The alerts of the health rules (``health_alert``) that are tickets (``for`` at least TICKET_FOR_SECONDS), or
+    those that are pages, in the rules' order; no trailing newline (the template's marker line has one)."""
+    chosen = [r for r in RULES if r.alert and (seconds(r.for_ or "0s") >= TICKET_FOR_SECONDS) == tickets]
+    return "".join(health_alert(r) for r in chosen).removesuffix("\n")
+
+
 def render(path: Path | None = None, overrides: Mapping[str, str] | None = None) -> str:
     """The rules file (YAML text) for the parameters of ``path`` and ``overrides`` (``params()``; neither: the
-    defaults), without dashboard_url annotations where no grafana_url is set; checked to be YAML. ValueError for bad
-    parameters (``params()``)."""
+    defaults), the health alerts of gpuwarden.health.rules in their places (``@{health_pages}``,
+    ``@{health_tickets}``), without dashboard_url annotations where no grafana_url is set; checked to be YAML.
+    ValueError for bad parameters (``params()``)."""
     values = params(path, overrides)
+    template = TEMPLATE.read_text().replace("@{health_pages}", health_alerts(tickets=False))
+    template = template.replace("@{health_tickets}", health_alerts(tickets=True))
     try:
-        text = _Rules(_with_job(TEMPLATE.read_text())).substitute(values)
+        text = ParamTemplate(_with_job(template)).substitute(values)
     except KeyError as exc:
         raise ValueError(f"the template uses an undefined parameter {exc}") from None
     if not values["grafana_url"]:
