@@ -20,7 +20,10 @@ from helpers import REPO, prometheus, replay_nodes, stop_all, wait_http
 
 TRACES = REPO / "tests" / "data" / "traces"
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (CI installs Debian's package)")
+pytestmark = [
+    pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (CI installs Debian's package)"),
+    pytest.mark.xdist_group("cluster_cli"),  # one worker builds the module's stack, not each (--dist loadgroup)
+]
 
 NODES = {"a": "derived-h200x2-slurm-4242-a", "b": "derived-h200x2-slurm-4242-b", "c": "h100-held_idle",
          "d": "h100-jobs-in-turn"}  # fmt: skip

@@ -21,6 +21,7 @@ from helpers import REPO, prometheus, replay_nodes, stop_all, wait_http
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.xdist_group("lemon"),  # one worker builds the module's stack, not each (--dist loadgroup)
     pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (CI installs Debian's package)"),
 ]
 NODES = {"lemon": "derived-h200x2-lemon", "moving": "derived-h200x2-moving"}

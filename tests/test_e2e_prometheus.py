@@ -35,6 +35,7 @@ ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertman
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.xdist_group("e2e_prometheus"),  # one worker builds the module's stack, not each (--dist loadgroup)
     pytest.mark.skipif(
         PROMETHEUS is None or ALERTMANAGER is None,
         reason="prometheus / prometheus-alertmanager not installed (CI installs Debian's packages)",

@@ -25,6 +25,7 @@ PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.xdist_group("quality_e2e"),  # one worker builds the module's stack, not each (--dist loadgroup)
     pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None, reason="prometheus/promtool not installed"),
 ]
 NODES = {"node-health:10400": "derived-h100-health", "node-lost:10400": "derived-8gpu-lost",
