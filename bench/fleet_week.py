@@ -2,7 +2,7 @@
 """What ``gpuwarden top`` costs over a day and a week of a fleet, read from the usage records (the rule group
 gpuwarden.usage) and from every GPU's raw series, on a real Prometheus.
 
-    python3 bench/fleet_week.py [--gpus 1024] [--days 1] [--job-hours 4] [--raw]
+    python3 bench/fleet_week.py [--gpus 1024] [--days 1] [--job-hours 4] [--raw] [--quality [--before TREE]]
 
 It writes ``--days`` of a synthetic fleet of ``--gpus`` GPUs on 8-GPU nodes ending now, as OpenMetrics, and backfills it
 with ``promtool tsdb create-blocks-from openmetrics``: each node runs one job after another, ``--job-hours`` each (a
@@ -12,7 +12,11 @@ job and node: held, busy, lost by cause, effective, at peak, the diagnosis's scr
 its states', causes' and reasons'; per node the heartbeat) and each process's job (gpu_process_job_info, at the
 scrapes), with the values a job busy 2/3 of the time and input-starved the rest would give. Then it times ``gpuwarden
 top --source recorded`` over a day and, with ``--days`` 7 or more, a week (and ``--raw``: the raw accounting over a day,
-which reads every GPU's series at every scrape). Prints figures; asserts nothing. Needs prometheus and promtool on PATH.
+which reads every GPU's series at every scrape). With ``--quality`` every GPU also has the series the health rules and
+``top --quality`` read (healthy values: gpu_up 1, no errors, 50 °C against a slowdown at 87 °C, x16 of x16, the fabric
+completed, 18 NVLink links up), and ``top --quality`` over a day is timed, also from the tree ``--before`` names (an
+older checkout: its own quality queries on the same Prometheus). Prints figures; asserts nothing. Needs prometheus and
+promtool on PATH.
 """
 
 from __future__ import annotations
@@ -37,8 +41,28 @@ SCRAPE = 15
 MINUTE = 60
 
 
-def _write(path: Path, gpus: int, days: float, job_hours: float, end: int) -> int:
-    """The fleet's series as OpenMetrics at ``path``; returns the sample count."""
+#: The health series of one GPU at each scrape (``--quality``): (name and labels beyond the GPU's, value).
+HEALTH = (
+    ("gpu_up", "", 1),
+    ("gpu_recovery_action", "", 0),
+    ("gpu_row_remap_failure", "", 0),
+    ("gpu_row_remap_pending", "", 0),
+    ("gpu_ecc_errors_total", ',type="uncorrected",counter="volatile"', 0),
+    ("gpu_temperature_celsius", "", 50),
+    ("gpu_memory_temperature_celsius", "", 45),
+    ("gpu_temperature_threshold_celsius", ',threshold="slowdown"', 87),
+    ("gpu_temperature_threshold_celsius", ',threshold="memory_max"', 95),
+    ("gpu_pcie_link_width", "", 16),
+    ("gpu_pcie_link_max_width", "", 16),
+    ("gpu_fabric_state", ',state="completed"', 1),
+    *(("gpu_fabric_health_problem", f',check="{c}"', 0) for c in ("degraded_bandwidth", "route_unhealthy")),
+    *(("gpu_nvlink_link_up", f',link="{link}"', 1) for link in range(18)),
+)
+
+
+def _write(path: Path, gpus: int, days: float, job_hours: float, end: int, health: bool = False) -> int:
+    """The fleet's series as OpenMetrics at ``path`` (with ``health``, the health series too); returns the sample
+    count."""
     start = end - int(days * 86400)
     scrapes = range(start - start % SCRAPE, end + 1, SCRAPE)
     minutes = range(start - start % MINUTE + MINUTE, end + 1, MINUTE)
@@ -60,6 +84,9 @@ def _write(path: Path, gpus: int, days: float, job_hours: float, end: int) -> in
                 f.writelines(f"{idle} {5 * k} {t}\n" for k, t in enumerate(scrapes))
                 f.writelines(f'gpu_diagnosis{{{gl},reason="input_starved"}} 1 {t}\n' for t in scrapes)
                 n += 4 * len(scrapes)
+                for name, extra, value in HEALTH if health else ():
+                    f.writelines(f"{name}{{{gl}{extra}}} {value} {t}\n" for t in scrapes)
+                    n += len(scrapes)
                 for record, value, extra in ((RECORDED_GPU["states"], 40, ',state="busy"'),
                                              (RECORDED_GPU["states"], 20, ',state="starved"'),
                                              (RECORDED_GPU["causes"], 20, ',cause="input"'),
@@ -96,6 +123,8 @@ def main() -> int:
     ap.add_argument("--days", type=float, default=1.0)
     ap.add_argument("--job-hours", type=float, default=4.0)
     ap.add_argument("--raw", action="store_true", help="also time the raw accounting over a day")
+    ap.add_argument("--quality", action="store_true", help="also the health series, and time top --quality over a day")
+    ap.add_argument("--before", type=Path, help="with --quality: an older tree whose top --quality to time as well")
     args = ap.parse_args()
     prom, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if not prom or not promtool:
@@ -105,7 +134,7 @@ def main() -> int:
         work = Path(d)
         end = int(time.time()) - 60
         t = time.monotonic()
-        samples = _write(work / "in.om", args.gpus, args.days, args.job_hours, end)
+        samples = _write(work / "in.om", args.gpus, args.days, args.job_hours, end, args.quality)
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(work / "in.om"), str(work / "tsdb")],
                        check=True, capture_output=True)  # fmt: skip
         (work / "in.om").unlink()
@@ -129,6 +158,10 @@ def main() -> int:
             if args.raw:
                 took = timed([*gw, "--range", "1d", "--source", "raw"], dict(os.environ), REPO)
                 print(f"  top --range 1d --source raw        {took}")
+            if args.quality:
+                for tree in [REPO, *([args.before] if args.before else [])]:
+                    took = timed([*gw, "--range", "1d", "--quality"], dict(os.environ), tree)
+                    print(f"  top --range 1d --quality ({tree})  {took}")
         finally:
             server.terminate()
             server.wait(60)
