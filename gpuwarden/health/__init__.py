@@ -12,7 +12,6 @@ of gpuwarden/mixin/params.yml.
 
 from __future__ import annotations
 
-import string
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -98,7 +97,7 @@ def findings(rules: tuple[HealthRule, ...], every: list[Sample]) -> dict[GpuKey,
     for rule in rules:
         for gpu, found in rule.when.matches(every, shipped).items():
             named = [s for s in every if rule.names.selects(s) and gpu_key(s.labels) == gpu] if rule.names else []
-            reason = string.Formatter().vformat(rule.finding, (), _fields(found, named))
+            reason = rule.finding.format_map(_fields(found, named))
             out.setdefault(gpu, []).append(Finding(level=rule.level, reason=reason, action=rule.action))
     return out
 

@@ -39,8 +39,6 @@ _MATCHERS: dict[str, Callable[[str, str], bool]] = {
     "=~": lambda value, pattern: re.fullmatch(pattern, value) is not None,
     "!~": lambda value, pattern: re.fullmatch(pattern, value) is None,
 }
-#: The labels that name one GPU in gpuwarden's series (``and`` joins on them, with the target's own).
-GPU_LABELS = ("gpu", "uuid")
 
 
 def shipped(name: str) -> float:
