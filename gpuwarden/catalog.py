@@ -379,7 +379,8 @@ FAMILIES: tuple[Family, ...] = (
     # utilization
     _g(
         "gpu_utilization_ratio",
-        "Fraction of the last sample period in which one or more kernels ran on the GPU (NVML util.gpu).",
+        "Fraction of the time since the previous poll in which one or more kernels ran on the GPU: the mean of NVML's "
+        "util.gpu samples over the interval (nvmlDeviceGetSamples), not the last sample alone.",
         "utilization",
         reading="utilization_gpu_ratio",
     ),

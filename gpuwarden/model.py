@@ -11,7 +11,7 @@ models, validated wherever they are built (the NVML layer's readings as a trace 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Model(BaseModel):
@@ -133,11 +133,12 @@ class ProcessReading(_Model, ProcessIdentity):
     )
     listen_ports: list[int] | None = Field(
         default=None,
-        description="the TCP ports the process listens on that were chosen, not handed out: below the kernel's "
-        "ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, where bind(0) takes ports: NCCL's and Gloo's "
-        "bootstrap, ZMQ notebook kernels) and not a library's fixed port (MASTER_PORT: torch.distributed's store; "
-        "NCCL's RAS, 28028 or NCCL_RAS_ADDR's) - a server's address; "
-        "read through psutil (/proc/PID/fd and /proc/PID/net/tcp), again every LISTEN_REFRESH_SECONDS; None: not read",
+        description="the TCP ports a server of the process's job listens on: the listening sockets of the process, "
+        "its descendants and its front end (up to SERVER_ANCESTORS ancestors in its session, of its user) on the "
+        "wildcard address or a port a configuration chose, less what a training job's libraries listen on (NCCL's and "
+        "Gloo's bootstrap on port 0 of one interface, a notebook kernel's channels, MASTER_PORT's store, NCCL's RAS; "
+        "gpuwarden.procinfo.server_ports); read through psutil (/proc/PID/fd and the namespace's /proc/net/tcp), "
+        "again every LISTEN_REFRESH_SECONDS; None: not read",
     )
     stopped: bool | None = Field(
         default=None,
@@ -213,7 +214,12 @@ class GpuReading(_Model):
     timestamp: float = Field(description="Unix seconds when this GPU was read")
     up: bool = True
     error: str | None = None
-    utilization_gpu_ratio: float | None = Field(default=None, description="nvmlDeviceGetUtilizationRates.gpu / 100")
+    utilization_gpu_ratio: float | None = Field(
+        default=None,
+        description="the share of the time since the previous poll in which a kernel ran: the mean of "
+        "utilization_samples where the poll read any (util.gpu, NVML's samples of about a sixth of a second each), "
+        "else nvmlDeviceGetUtilizationRates.gpu / 100 (the last sample alone)",
+    )
     utilization_memory_ratio: float | None = Field(
         default=None, description="nvmlDeviceGetUtilizationRates.memory / 100 (memory controller busy)"
     )
@@ -291,6 +297,18 @@ class GpuReading(_Model):
         "NVML's error name, until a read succeeds: missing this poll, or stale (a slow reading keeps its last value)",
     )
     xid_events: list[XidEvent] = Field(default_factory=list, description="XID events since the last poll")
+
+    @model_validator(mode="after")
+    def _utilization_over_the_interval(self) -> GpuReading:
+        """util.gpu over the poll's interval: the mean of its samples where it has any. NVML's instantaneous
+        reading (nvmlDeviceGetUtilizationRates) is the last sample alone, so work whose period divides the poll
+        period reads 0 or 100% on every poll; the mean of the samples since the previous poll is the share of the
+        interval a kernel ran. Made here, where a live poll and a replayed one (traces that recorded the
+        instantaneous value beside the samples) both pass, so both read the same."""
+        if self.utilization_samples:
+            values = [min(max(v, 0.0), 1.0) for _, v in self.utilization_samples]
+            self.utilization_gpu_ratio = sum(values) / len(values)
+        return self
 
 
 class PodAssignment(_Model):

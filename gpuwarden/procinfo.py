@@ -30,9 +30,13 @@ DEVICE_FILE = "/dev/nvidia{minor}"
 #: The CUDA driver's unified memory device: a process with a CUDA context has it open, one that only asks NVML (this
 #: daemon, nvidia-smi, a DCGM agent) does not.
 UVM_FILE = "/dev/nvidia-uvm"
-#: Seconds between two reads of a process's listening sockets (a server opens its port once, after loading its model;
-#: the read lists the process's descriptors and its network namespace's TCP table, so it is not done every poll).
+#: Seconds between two reads of a job's listening sockets (a server opens its port once, after loading its model;
+#: the read lists each member's descriptors and its network namespace's TCP table, so it is not done every poll).
 LISTEN_REFRESH_SECONDS = 30.0
+#: Ancestors of a GPU process searched for a server's listening socket (an engine process under its front end: vLLM's
+#: EngineCore under its API server, a TorchServe or Triton backend worker under the server; tensor-parallel workers
+#: under an EngineCore under the API server), each in the GPU process's session and of its user.
+SERVER_ANCESTORS = 3
 #: Where bind(0) takes its ports when /proc says nothing (Linux's default ip_local_port_range).
 EPHEMERAL_DEFAULT = (32768, 60999)
 
@@ -61,11 +65,67 @@ def library_ports(env: dict[str, str]) -> frozenset[int]:
     return frozenset(ports)
 
 
-def chosen_listen_ports(ports: list[int], ephemeral: tuple[int, int], libraries: frozenset[int]) -> list[int]:
-    """Of the TCP ports a process listens on, those a configuration chose (a server's address), sorted and unique:
-    not in the ephemeral range (bind(0): NCCL's and Gloo's bootstrap sockets, a notebook kernel's ZMQ channels, a
-    store on port 0) and not one of its ``libraries``' fixed ports (``library_ports``)."""
-    return sorted({p for p in ports if not ephemeral[0] <= p <= ephemeral[1] and p not in libraries})
+def server_ports(
+    sockets: list[tuple[str, int]], ephemeral: tuple[int, int], libraries: frozenset[int], rank: bool
+) -> list[int]:
+    """Of the listening TCP sockets (address, port) of a job's processes, the ports of a server: sorted and unique.
+
+    A server waits for clients outside its job, so it listens on the wildcard address (0.0.0.0, ::) or on a port a
+    configuration chose. Left out, by what they are rather than by their number:
+
+    - ``libraries``' fixed ports (``library_ports``: torch.distributed's store on MASTER_PORT, NCCL's RAS);
+    - a port of the ``ephemeral`` range (where bind(0) takes ports) bound to one address: NCCL's and Gloo's bootstrap
+      listen on port 0 of the interface they chose (NCCL_SOCKET_IFNAME), a notebook kernel's ZMQ channels and
+      helper processes on 127.0.0.1 port 0;
+    - every ephemeral port of a distributed ``rank`` (RANK, LOCAL_RANK or WORLD_SIZE in its environment: a
+      training job's rank, whose bootstrap sockets may bind the wildcard address).
+
+    So gRPC's 50051 on [::] and a server on 0.0.0.0:45000 are servers, inside Linux's ephemeral range or not; a
+    loopback server on a chosen port (behind a local proxy) is one too.
+    """
+    out = set()
+    for address, port in sockets:
+        if port in libraries:
+            continue
+        if ephemeral[0] <= port <= ephemeral[1] and (rank or address not in WILDCARD_ADDRESSES):
+            continue
+        out.add(port)
+    return sorted(out)
+
+
+#: The addresses a socket listens on for every interface (IPv4's and IPv6's "any").
+WILDCARD_ADDRESSES = frozenset({"0.0.0.0", "::", ""})
+
+
+def _listening(proc: psutil.Process) -> list[tuple[str, int]]:
+    """(address, port) of each TCP socket ``proc`` listens on (psutil: /proc/PID/fd and its namespace's
+    /proc/net/tcp and tcp6). Raises psutil.Error or OSError where they are not readable."""
+    return [(c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+
+
+def _jupyter_kernel(cmd: str | None) -> bool:
+    """Whether a command line runs a Jupyter kernel (ipykernel: ``-m ipykernel_launcher -f ...json``)."""
+    return cmd is not None and "ipykernel" in cmd
+
+
+def server_ancestors(proc: psutil.Process) -> list[psutil.Process]:
+    """Up to SERVER_ANCESTORS ancestors of ``proc``, nearest first, that may be its server's front end: each in the
+    same session as ``proc`` (os.getsid) and of the same real user, never PID 1. The walk stops at the first that is
+    not: a login's sshd, slurmstepd, a container's shim or a notebook server (which starts its kernels in a session
+    of their own) are never searched. Raises nothing: an ancestor that ended or cannot be read ends the walk."""
+    out: list[psutil.Process] = []
+    try:
+        session, uid = os.getsid(proc.pid), proc.uids().real
+        parent = proc.ppid()
+        while parent > 1 and len(out) < SERVER_ANCESTORS:
+            ancestor = psutil.Process(parent)
+            if os.getsid(parent) != session or ancestor.uids().real != uid:
+                break
+            out.append(ancestor)
+            parent = ancestor.ppid()
+    except (psutil.Error, OSError):
+        pass
+    return out
 
 
 def read_cgroup(pid: int, proc_root: Path = Path("/proc")) -> str | None:
@@ -157,7 +217,7 @@ class ProcessInspector:
             return ProcessReading(pid=pid, gpu_memory_bytes=gpu_memory_bytes)
         name, cmd, user, created, cgroup, env = self._static[pid]
         return ProcessReading(
-            listen_ports=self._listen_ports(proc, env),
+            listen_ports=self._listen_ports(proc, env, cmd),
             pid=pid,
             gpu_memory_bytes=gpu_memory_bytes,
             name=name,
@@ -181,19 +241,30 @@ class ProcessInspector:
             tree_voluntary_switches_total=tree.voluntary_switches,
         )
 
-    def _listen_ports(self, proc: psutil.Process, env: dict[str, str]) -> list[int] | None:
-        """The chosen TCP ports ``proc`` listens on (``chosen_listen_ports``), read again when LISTEN_REFRESH_SECONDS
-        old; None where its descriptors are not readable (another user's process while gpuwarden is neither root nor
-        has CAP_SYS_PTRACE)."""
+    def _listen_ports(self, proc: psutil.Process, env: dict[str, str], cmd: str | None) -> list[int] | None:
+        """The ports a server of ``proc``'s job listens on (``server_ports``) among the listening sockets of ``proc``,
+        its descendants and its ancestors (``server_ancestors``), read again when LISTEN_REFRESH_SECONDS old. A
+        Jupyter kernel has none: its channels and its notebook server's port wait for the notebook, not for clients
+        of the GPU. None where ``proc``'s descriptors are not readable (another user's process while gpuwarden is
+        neither root nor has CAP_SYS_PTRACE); a member that cannot be read adds nothing."""
         now = time.monotonic()
         seen = self._listens.get(proc.pid)
         if seen is not None and now - seen[0] < LISTEN_REFRESH_SECONDS:
             return seen[1]
+        found: list[int] | None = []
         try:
-            ports = [c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
-            found: list[int] | None = chosen_listen_ports(ports, self._ephemeral, library_ports(env))
+            sockets = _listening(proc)
         except (psutil.Error, OSError, AttributeError):
             found = None
+        if found is not None and not _jupyter_kernel(cmd):
+            rank = "DISTRIBUTED" in env
+            tree = self._trees.get(proc.pid)
+            for member in [*(tree.members if tree is not None else ()), *([] if rank else server_ancestors(proc))]:
+                try:
+                    sockets += _listening(member)
+                except (psutil.Error, OSError, AttributeError):
+                    continue
+            found = server_ports(sockets, self._ephemeral, library_ports(env), rank)
         self._listens[proc.pid] = (now, found)
         return found
 
@@ -290,7 +361,8 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
     """What attribution reads of a process's environment (/proc/PID/environ, through psutil): ``SLURM_JOB_ID`` when it
     is a job id (digits), ``HOSTNAME`` (a container's hostname, its pod's name by default) when it is a DNS name,
     ``RANK`` and ``LOCAL_RANK`` (``_RANKS``) when they are small numbers, ``MASTER_PORT`` and NCCL_RAS_ADDR's port
-    (``NCCL_RAS_PORT``) when they are port numbers.
+    (``NCCL_RAS_PORT``) when they are port numbers, ``DISTRIBUTED`` when the process is one rank of several (a
+    launcher's world size above 1, ``_WORLD_SIZES``, or torchrun's TORCHELASTIC_RUN_ID).
     Empty when the environment is not readable: another user's process while gpuwarden is neither root nor has
     CAP_SYS_PTRACE. Read once per process: the environment of a running process does not change under it."""
     try:
@@ -314,7 +386,17 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
     ras = env.get("NCCL_RAS_ADDR", "").rpartition(":")[2]
     if ras.isdigit() and len(ras) <= 5:
         out["NCCL_RAS_PORT"] = ras
+    if "TORCHELASTIC_RUN_ID" in env or any(_more_than_one(env.get(n, "")) for n in _WORLD_SIZES):
+        out["DISTRIBUTED"] = "1"
     return out
+
+
+#: Where a launcher writes how many ranks a job has: torchrun and torch.distributed, srun, Open MPI, MPICH/Hydra.
+_WORLD_SIZES = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def _more_than_one(value: str) -> bool:
+    return value.isdigit() and len(value) <= 7 and int(value) > 1
 
 
 #: Where a process's rank is in its environment: the launcher's variable, first found wins (torchrun and

@@ -71,8 +71,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
 
 
 def nvml_poller(**kwargs: object) -> Poller:
-    # polls in these tests are milliseconds apart: read GPM and the sample buffer at every poll
-    kwargs = {"gpm_interval": 0.0, "samples_min_gap": 0.0, **kwargs}
+    # polls in these tests are milliseconds apart: read GPM at every poll
+    kwargs = {"gpm_interval": 0.0, **kwargs}
     return Poller(NvmlSource(**kwargs), 1.0)  # type: ignore[arg-type]
 
 
@@ -137,7 +137,7 @@ def test_a_lost_gpus_job_keeps_holding_it_while_its_process_runs(fake: FakeNvml)
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as child:
         try:
             fake.hold(1, [child.pid])
-            p = Poller(NvmlSource(gpm_interval=0.0, samples_min_gap=0.0), 1.0, analyzers=build_analyzers(Config()))
+            p = Poller(NvmlSource(gpm_interval=0.0), 1.0, analyzers=build_analyzers(Config()))
             p.start(thread=False)
             p.poll_once()
             uuid = fake.devices[1].static.uuid

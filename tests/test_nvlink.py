@@ -56,7 +56,7 @@ def test_every_link_and_its_counters_are_read_where_nvml_has_no_totals(
         return values
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", as_on_the_h200)
-    live = Poller(NvmlSource(gpm_interval=0.0, samples_min_gap=0.0), 1.0)  # type: ignore[arg-type]
+    live = Poller(NvmlSource(gpm_interval=0.0), 1.0)  # type: ignore[arg-type]
     live.start(thread=False)
     live.poll_once()
     assert live.snapshot is not None and live.snapshot.poll is not None
@@ -79,7 +79,7 @@ def test_every_link_and_its_counters_are_read_where_nvml_has_no_totals(
 
 
 def test_the_live_daemon_serves_the_link_series_the_replay_does(fake: FakeNvml) -> None:
-    live = Poller(NvmlSource(gpm_interval=0.0, samples_min_gap=0.0), 1.0)  # type: ignore[arg-type]
+    live = Poller(NvmlSource(gpm_interval=0.0), 1.0)  # type: ignore[arg-type]
     live.start(thread=False)
     for _ in range(3):
         live.poll_once()
@@ -90,7 +90,7 @@ def test_the_live_daemon_serves_the_link_series_the_replay_does(fake: FakeNvml) 
 
 def test_a_link_counter_nvml_does_not_have_is_asked_once(fake: FakeNvml) -> None:
     """Blackwell's per-link counters answer NOT_SUPPORTED on Hopper: asked at the first read, never again."""
-    live = Poller(NvmlSource(gpm_interval=0.0, samples_min_gap=0.0, slow_interval=1.0), 1.0)  # type: ignore[arg-type]
+    live = Poller(NvmlSource(gpm_interval=0.0, slow_interval=1.0), 1.0)  # type: ignore[arg-type]
     live.start(thread=False)
     first = fake.calls["nvmlDeviceGetFieldValues"]
     assert first >= 2 * 18  # the first slow read asked each GPU's 18 links, one batch each

@@ -235,6 +235,65 @@ def test_a_server_port_is_read_and_the_ports_a_library_was_handed_are_not() -> N
         p.wait()
 
 
+_FRONT_END = """
+import json, os, socket, subprocess, sys, time
+host, port, session, env, argv = json.loads(sys.argv[1])
+s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+s.bind((host, port))
+s.listen()
+engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv], env={**os.environ, **env},
+                          start_new_session=session)
+print("up", s.getsockname()[1], engine.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _front_end(host: str, port: int, session: bool = False, env: dict[str, str] | None = None,
+               argv: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], int, int]:  # fmt: skip
+    """A server's front end listening on (host, port) with its engine, a child process that holds the GPU and does
+    not listen (vLLM's EngineCore, a TorchServe worker): (the front end, its port, the engine's pid)."""
+    import json
+
+    args = json.dumps([host, port, session, env or {}, list(argv)])
+    p = subprocess.Popen([sys.executable, "-c", _FRONT_END, args], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    word, bound, engine = p.stdout.readline().split()
+    assert word == "up"
+    return p, int(bound), int(engine)
+
+
+@pytest.mark.parametrize(
+    ("host", "ephemeral", "session", "env", "argv", "serves"),
+    [
+        ("0.0.0.0", False, False, {}, (), True),  # vLLM's API server on 8000, its EngineCore holds the GPU
+        ("::", True, False, {}, (), True),  # a gRPC server on [::]:50051-like port, inside the ephemeral range
+        ("0.0.0.0", True, False, {}, (), True),  # a server on a port bind(0) gave, on every interface
+        ("127.0.0.1", True, False, {}, (), False),  # a helper's loopback channel on a handed-out port
+        # the engine in a session of its own (a notebook server starting its kernel, slurmstepd a task): not its job
+        ("0.0.0.0", False, True, {}, (), False),
+        ("0.0.0.0", False, False, {"WORLD_SIZE": "2"}, (), False),  # a rank under its launcher's store (torchrun)
+        ("0.0.0.0", False, False, {}, ("-m", "ipykernel_launcher"), False),  # a notebook kernel under its server
+    ],
+)
+def test_a_server_is_found_where_its_front_end_listens(  # noqa: PLR0913
+    host: str, ephemeral: bool, session: bool, env: dict[str, str], argv: tuple[str, ...], serves: bool
+) -> None:
+    """The GPU process does not listen; its parent does. Its job serves when the parent is its front end: in its
+    session, the GPU process not a distributed rank nor a notebook kernel, the socket a server's (server_ports)."""
+    low, _ = procinfo.ephemeral_range()
+    p, port, engine = _front_end(host, 0 if ephemeral else _free_port(low), session, env, argv)
+    try:
+        assert (low <= port) == ephemeral
+        inspector = ProcessInspector()
+        inspector.new_poll()
+        assert inspector.describe(engine, None).listen_ports == ([port] if serves else [])
+    finally:
+        for proc in psutil.Process(p.pid).children():
+            proc.kill()
+        p.kill()
+        p.wait()
+
+
 def test_the_listen_ports_are_read_again_only_after_the_refresh(monkeypatch) -> None:  # noqa: ANN001
     calls = []
     real = psutil.Process.net_connections
@@ -251,25 +310,33 @@ def test_the_listen_ports_are_read_again_only_after_the_refresh(monkeypatch) -> 
         inspector.new_poll()
         assert inspector.describe(os.getpid(), None).listen_ports is not None
         clock[0] += 1.0
-    assert calls == [os.getpid()]
+    # this process, then its ancestors in its session (pytest's own, under xdist its controller), each once
+    assert calls[0] == os.getpid() and len(calls) == len(set(calls)) <= 1 + procinfo.SERVER_ANCESTORS
+    first = list(calls)
     clock[0] += procinfo.LISTEN_REFRESH_SECONDS
     inspector.new_poll()
     inspector.describe(os.getpid(), None)
-    assert calls == [os.getpid()] * 2
+    assert calls == first * 2
 
 
 @pytest.mark.parametrize(
-    ("ports", "expected"),
+    ("sockets", "rank", "expected"),
     [
-        ([8000, 40000, 29500, 8000, 8001, 28028], [8000, 8001]),
-        ([50051], []),  # gRPC's usual port is in Linux's default ephemeral range: not told from a handed-out one
-        ([33000, 60999], []),
-        ([], []),
-        ([80, 61000], [80, 61000]),
+        # a server's chosen ports, any address; the libraries' fixed ports never
+        ([("0.0.0.0", 8000), ("::", 8001), ("127.0.0.1", 8002), ("0.0.0.0", 29500), ("0.0.0.0", 28028)], False,
+         [8000, 8001, 8002]),
+        # gRPC's 50051 and a port of the ephemeral range on the wildcard address: a server, whatever the number
+        ([("::", 50051), ("0.0.0.0", 45123), ("0.0.0.0", 50051)], False, [45123, 50051]),
+        # bind(0) on one address: NCCL's and Gloo's bootstrap on the interface, a notebook's channels on loopback
+        ([("10.1.2.3", 40000), ("127.0.0.1", 41000), ("::1", 42000)], False, []),
+        # a distributed rank's ephemeral ports are its bootstrap's, on any address; its chosen ports still count
+        ([("0.0.0.0", 45123), ("10.1.2.3", 40000), ("0.0.0.0", 8000)], True, [8000]),
+        ([], False, []),
+        ([("0.0.0.0", 80), ("10.1.2.3", 61000)], False, [80, 61000]),
     ],
-)
-def test_chosen_listen_ports(ports: list[int], expected: list[int]) -> None:
-    assert procinfo.chosen_listen_ports(ports, (32768, 60999), frozenset({29500, 28028})) == expected
+)  # fmt: skip
+def test_server_ports(sockets: list[tuple[str, int]], rank: bool, expected: list[int]) -> None:
+    assert procinfo.server_ports(sockets, (32768, 60999), frozenset({29500, 28028}), rank) == expected
 
 
 def test_the_libraries_fixed_ports_come_from_the_environment() -> None:

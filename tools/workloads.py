@@ -27,6 +27,8 @@ import os
 import sys
 import time
 
+import serving_workloads as serving
+
 SCENARIOS = {
     "launch_bound": "many tiny kernels launched one at a time from Python: the GPU waits on the launching CPU thread",
     "loader_workers": "DataLoader with many worker processes and pinned memory whose CPU work still cannot keep up",
@@ -58,7 +60,14 @@ SCENARIOS = {
     " stages it, the GPU waits), then --busy seconds of bf16 products: copies beside compute",
     "pinned_copy_compute": "as copy_compute, the batch in pinned memory (a faster blocking copy, the GPU still waits)",
     "inference_server": "an HTTP model server on --port (0.0.0.0) holding --size MiB of KV cache, each request --busy"
-    " seconds of bf16 products; a client process sends requests --pause seconds apart on average (Poisson)",
+    " seconds of bf16 products; a client process sends requests --pause seconds apart on average (Poisson), or every"
+    " --pause seconds (--arrivals fixed); --engine child: the GPU work in a child process behind the front end (vLLM's"
+    " V1 engine, TorchServe, Triton's Python backend); --proto grpc: a gRPC server (grpcio) instead of HTTP",
+    "stopped_cycles": "bf16 training steps in a child process that its parent stops (SIGSTOP) for --pause seconds"
+    " after every --busy seconds and then continues (SIGCONT): a job suspended part of the time",
+    "d2h_copy": "each step --busy seconds of bf16 products, then a --size MiB result copied to pageable host memory"
+    " (blocking): device-to-host copies while the GPU waits",
+    "pinned_d2h_copy": "as d2h_copy, into pinned host memory",
     "host_phase": "bf16 products for --busy seconds, then --pause seconds of NumPy work on the host (sorts: one"
     " core) while the GPU idles: a mostly busy job with a host phase (evaluation metrics, logging)",
     "kernel_idle": "a notebook kernel's shape: --size MiB held, five loopback sockets listening on ports bind(0) gave"
@@ -451,72 +460,6 @@ def copy_compute(dev: object, end: float, busy: float, size: int, mode: str) -> 
     return steps
 
 
-def inference_server(dev: object, end: float, busy: float, pause: float, size: int, port: int, host: str) -> int:
-    """An HTTP server on ``host``:``port`` (a port of its own, as servers are configured) that holds ``size`` MiB of
-    GPU memory (a KV cache preallocated) and answers each POST with ``busy`` seconds of bf16 products; a client
-    process (``_client``) sends requests ``pause`` seconds apart on average, exponentially distributed. Requests are
-    served one at a time. Clock: ``gpu`` while a request runs, ``sleep`` while the server waits."""
-    import http.server
-    import multiprocessing
-    import threading
-
-    import torch
-
-    cache = torch.empty(size * 1024 * 1024, dtype=torch.uint8, device=dev)  # noqa: F841 - held, as a KV cache is
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16) / 90.0
-    lock = threading.Lock()
-    served = [0]
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            with lock:
-                CLOCK.to("gpu")
-                until = time.time() + busy
-                x = a
-                while time.time() < until:
-                    x = (x @ a).clamp_(-1, 1)
-                    _sync(torch)
-                served[0] += 1
-                CLOCK.to("sleep")
-            body = b'{"ok": true}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer((host, port), Handler)
-    client = multiprocessing.get_context("spawn").Process(target=_client, args=(port, pause, end), daemon=True)
-    CLOCK.to("sleep")
-    client.start()
-    srv.timeout = 0.5
-    while time.time() < end:
-        srv.handle_request()
-    client.terminate()
-    return served[0]
-
-
-def _client(port: int, pause: float, end: float) -> None:
-    """Requests to ``inference_server`` on localhost ``port``, ``pause`` seconds apart on average (exponential), until
-    ``end``: a client of the service (a process of its own, connecting over TCP)."""
-    import http.client
-    import random
-
-    rng = random.Random(11)
-    while time.time() < end:
-        time.sleep(rng.expovariate(1 / pause))
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("POST", "/v1/infer", body=b'{"prompt": "x"}', headers={"Content-Type": "application/json"})
-            conn.getresponse().read()
-            conn.close()
-        except OSError:
-            time.sleep(0.1)
-
-
 def host_phase(dev: object, end: float, busy: float, pause: float) -> int:
     """bf16 products of 8192-square matrices for ``busy`` seconds (synchronised every ten), then ``pause`` seconds of
     sorts of random arrays in NumPy on one core while the GPU idles. Clock: ``gpu``, ``host``."""
@@ -723,6 +666,11 @@ def serve_bytes(port: int, rate_mbps: float, latency: float) -> None:
 
 def run(a: argparse.Namespace) -> int:
     """Run scenario ``a.scenario`` until ``a.seconds`` have passed; return its step count."""
+    if a.scenario == "inference_server":  # the front end touches no GPU where its engine is a child
+        return serving.serve(a.gpu, time.time() + a.seconds, a.busy, a.pause, a.size or 8192, a.port, a.host,
+                             a.arrivals, a.engine, a.proto, CLOCK)  # fmt: skip
+    if a.scenario == "stopped_cycles":
+        return serving.stopped_cycles(a.gpu, time.time() + a.seconds, a.busy, a.pause, CLOCK)
     if a.scenario == "distributed_paused" and "MASTER_PORT" not in os.environ:
         # torch.distributed's env:// rendezvous, in the process's own environment (as torchrun sets it)
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "RANK": "0", "WORLD_SIZE": "1"}
@@ -773,8 +721,8 @@ def run(a: argparse.Namespace) -> int:
         return service(dev, end, a.busy, a.pause, a.size or 4096)
     if s == "eval_metrics":
         return eval_metrics(dev, end, a.busy, a.pause, a.size or 16384)
-    if s == "inference_server":
-        return inference_server(dev, end, a.busy, a.pause, a.size or 8192, a.port, a.host)
+    if s in ("d2h_copy", "pinned_d2h_copy"):
+        return serving.d2h_copy(dev, end, a.busy, a.size or 1024, s == "pinned_d2h_copy", CLOCK)
     if s == "host_phase":
         return host_phase(dev, end, a.busy, a.pause)
     if s == "kernel_idle":
@@ -804,6 +752,9 @@ def main() -> None:
     r.add_argument("--busy", type=float, default=1.0)
     r.add_argument("--pause", type=float, default=1.0)
     r.add_argument("--host", default="0.0.0.0", help="the address the server binds (inference_server)")
+    r.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson", help="inference_server's requests")
+    r.add_argument("--engine", choices=("inproc", "child"), default="inproc", help="inference_server's GPU process")
+    r.add_argument("--proto", choices=("http", "grpc"), default="http", help="inference_server's protocol")
     r.add_argument(
         "--port",
         type=int,

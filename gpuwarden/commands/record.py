@@ -189,11 +189,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not args.force:
         return die(f"{out} exists: give another --out, or --force to overwrite it", EXIT_USAGE)
-    # a trace is for analysis and replay: GPM and the util.gpu sample buffer at every poll, whatever they cost
+    # a trace is for analysis and replay: GPM at every poll, whatever it costs
     source = NvmlSource(
         slow_interval=args.slow_interval,
         gpm_interval=0.0,
-        samples_min_gap=0.0,
         host_min_gap=0.0,
         processes=not args.no_processes,
     )

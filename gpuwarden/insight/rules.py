@@ -116,13 +116,21 @@ class Facts:
 
     @_once
     def both_idle(self) -> bool:
-        """Kernels ran below WORK_SAMPLE_RATIO of the time and the job's CPU is below JOB_CPU_BUSY_CORES, no reads and
-        no frequent waits."""
+        """Kernels ran below WORK_SAMPLE_RATIO of the time (util.gpu, and GPM SM activity where read: work util.gpu's
+        samples missed still shows there) and the job's CPU is below JOB_CPU_BUSY_CORES, no reads and no frequent
+        waits."""
         w = self.w
-        if w.util is None or w.job_cpu_cores is None:
+        if w.util is None or w.job_cpu_cores is None or self.sm_only:
             return False
         quiet = w.job_cpu_cores < JOB_CPU_BUSY_CORES and not self.reading and not self.waits
         return w.util < WORK_SAMPLE_RATIO and quiet
+
+    @_once
+    def sm_only(self) -> bool:
+        """GPM SM activity shows work (>= WORK_SAMPLE_RATIO) where util.gpu read none: kernels ran that util.gpu's
+        samples did not see (GPM's SM utilization integrates hardware counters over its whole interval)."""
+        w = self.w
+        return w.util is not None and w.util < WORK_SAMPLE_RATIO and (w.sm or 0.0) >= WORK_SAMPLE_RATIO
 
     @_once
     def idle(self) -> float:
@@ -263,6 +271,12 @@ def _held_idle_summary(f: Facts) -> str:
         return (
             f"{mem}the job's process is stopped (SIGSTOP: Ctrl-Z, a debugger, a scheduler's suspend) and holds the "
             f"GPU until it is continued (SIGCONT, fg) or ended (held idle {pct(w.share('held_idle'))} of the window)."
+        )
+    if f.sm_only:
+        return (
+            f"{mem}util.gpu read {pct(w.util)} but GPM SM activity {pct(w.sm)}: kernels ran that util.gpu's samples "
+            f"missed, so the GPU is in use, though rarely; the job's processes use {f.cpu} of CPU (held idle "
+            f"{pct(w.share('held_idle'))} of the window by util.gpu)."
         )
     return (
         f"{mem}kernels ran {pct(w.util)} of the time and the job's processes use {f.cpu} of CPU: "

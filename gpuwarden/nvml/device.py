@@ -9,8 +9,9 @@ costs, and why each cadence was chosen, is measured in docs/performance.md.
   (nvmlDeviceGetMemoryInfo v2, v1 where v2 is unsupported) and processes;
 - once per ``gpm_interval`` (never more often than polls): GPM metrics (nvmlGpmMetricsGet), each the average
   since the previous computation, carried between them;
-- only when polls are at least ``samples_min_gap`` apart: the util.gpu sample buffer (nvmlDeviceGetSamples); at
-  faster polls nvmlDeviceGetUtilizationRates, read every poll, resolves the sample period by itself;
+- every poll too: the util.gpu sample buffer (nvmlDeviceGetSamples), the samples since the previous poll, whose mean
+  is the poll's util.gpu (GpuReading.utilization_gpu_ratio): nvmlDeviceGetUtilizationRates answers the last sample
+  alone (about a sixth of a second), so work whose period divides the poll period aliases to 0 or 100%;
 - every ``slow_interval`` seconds, carried between reads: the declared ``slow`` readings (energy, ECC totals, PCIe
   link width, PCIe replays and the hardware slowdown durations) and remapped rows;
 - once (gpuwarden.nvml.static): max clocks, thresholds; never: nvmlDeviceGetPcieThroughput (it blocks for its
@@ -44,9 +45,6 @@ from gpuwarden.nvml.readings import (
 )
 from gpuwarden.procinfo import ProcessInspector
 
-#: The util.gpu sample buffer is read only when polls are at least this many seconds apart (see module doc).
-SAMPLES_MIN_GAP = 2.0
-
 #: Seconds of slack on the GPM and host cadences, so a poll that comes a few ms early still reads on time (a multiple
 #: of the interval would not do: 0.9 x 10 s read GPM every 9 polls of 1 s).
 CADENCE_SLACK = 0.05
@@ -61,8 +59,7 @@ class GpuPoller:
     """Reads one GPU each poll into a GpuReading (see the module doc for the cadence).
 
     ``slow_interval``: seconds between reads of the slow readings; ``gpm_interval``: least seconds between
-    two GPM metric computations (carried in between); ``samples_min_gap``: least seconds since the previous
-    poll for the util.gpu sample buffer to be read.
+    two GPM metric computations (carried in between).
 
     Raises nothing: a GPU that answers NVML_ERROR_GPU_IS_LOST is returned with ``up=False``; other
     failures leave the reading None and are counted by the shared Caller.
@@ -77,7 +74,6 @@ class GpuPoller:
         xid: XidWatcher | None,
         slow_interval: float,
         gpm_interval: float = GPM_INTERVAL,
-        samples_min_gap: float = SAMPLES_MIN_GAP,
     ) -> None:
         self.static = static
         self._handle = handle
@@ -96,9 +92,7 @@ class GpuPoller:
         self._last_process_sample_us = self._last_sample_us
         self._process_util: dict[int, float] = {}
         self._next_process_util = 0.0
-        self._last_read: float | None = None
         self._gpm_interval = gpm_interval
-        self._samples_min_gap = samples_min_gap
         self._gpm_last: dict[int | None, tuple[float, dict[str, float]]] = {}  # key -> (read at, values)
         self._gpm: GpmSampler | None = None
         if static.gpm_supported:
@@ -165,11 +159,7 @@ class GpuPoller:
         c, h = self._caller.call, self._handle
         r: dict[str, Any] = {"index": self.static.index, "uuid": self.static.uuid, "timestamp": now, "up": True}
         self._read_calls(POLL_CALLS, r)  # nvmlDeviceGetUtilizationRates first: a poll starts with it
-        previous, self._last_read = self._last_read, now
-        if previous is None or now - previous >= self._samples_min_gap:
-            r["utilization_samples"] = self._samples()
-        else:
-            self._last_sample_us = int(now * 1e6)
+        r["utilization_samples"] = self._samples()
         mem = None
         if self._memory_v2:
             mem = c("nvmlDeviceGetMemoryInfo_v2", pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)

@@ -25,7 +25,7 @@ import pynvml
 
 from gpuwarden.model import GpuReading, GpuStatic, NodeStatic, PollResult
 from gpuwarden.nvml.calls import Caller, decode, error_name
-from gpuwarden.nvml.device import CADENCE_SLACK, GPM_INTERVAL, SAMPLES_MIN_GAP, SLOW_INTERVAL, GpuPoller
+from gpuwarden.nvml.device import CADENCE_SLACK, GPM_INTERVAL, SLOW_INTERVAL, GpuPoller
 from gpuwarden.nvml.events import XidWatcher
 from gpuwarden.nvml.static import read_gpu_static, read_node_static
 from gpuwarden.procinfo import ProcessInspector, read_host
@@ -90,8 +90,8 @@ class NvmlSource:
     trying in ``poll()``). ``poll()`` returns a PollResult of every GPU (a lost GPU has ``up=False``; while
     NVML is down, every GPU has ``up=False`` and ``error`` says why). ``up`` is False while NVML is down;
     ``static`` is the node's static facts, which change once when a waited-for driver appears.
-    ``close()`` stops the watcher and calls nvmlShutdown. ``slow_interval``, ``gpm_interval`` and
-    ``samples_min_gap`` set each GPU's read cadence (gpuwarden.nvml.device.GpuPoller). The host's CPU times
+    ``close()`` stops the watcher and calls nvmlShutdown. ``slow_interval`` and ``gpm_interval`` set each
+    GPU's read cadence (gpuwarden.nvml.device.GpuPoller). The host's CPU times
     (psutil.cpu_times, /proc/stat) are read at most once per ``host_min_gap`` seconds (default HOST_MIN_GAP):
     ``PollResult.host`` is None in between (the insight analyzer carries the host's busy ratio over the gap).
     ``annotate`` adds what NVML does not know to each poll's GPU readings (the kubelet's pods of each GPU).
@@ -104,7 +104,6 @@ class NvmlSource:
         *,
         slow_interval: float = SLOW_INTERVAL,
         gpm_interval: float = GPM_INTERVAL,
-        samples_min_gap: float = SAMPLES_MIN_GAP,
         host_min_gap: float = HOST_MIN_GAP,
         processes: bool = True,
         xid_events: bool = True,
@@ -114,7 +113,6 @@ class NvmlSource:
     ) -> None:
         self._slow_interval = slow_interval
         self._gpm_interval = gpm_interval
-        self._samples_min_gap = samples_min_gap
         self._host_min_gap = host_min_gap
         self._host_at = -float("inf")
         self._processes = processes
@@ -207,7 +205,6 @@ class NvmlSource:
                 self._xid,
                 self._slow_interval,
                 gpm_interval=self._gpm_interval,
-                samples_min_gap=self._samples_min_gap,
             )
             for s in statics
         ]
