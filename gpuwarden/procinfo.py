@@ -33,6 +33,20 @@ UVM_FILE = "/dev/nvidia-uvm"
 #: Seconds between two reads of a job's listening sockets (a server opens its port once, after loading its model;
 #: the read lists each member's descriptors and its network namespace's TCP table, so it is not done every poll).
 LISTEN_REFRESH_SECONDS = 30.0
+#: ... but a young process is read again after a quarter of its age, at least this often: a server's engine holds
+#: the GPU before its front end listens (the model loads first), and a job seen without a port at its start is not
+#: left 30 s unrecognised; a training job pays the faster reads only in its first two minutes.
+LISTEN_REFRESH_MIN_SECONDS = 5.0
+
+
+def listen_refresh(age: float | None) -> float:
+    """Seconds before a process's listening sockets are read again, given its age in seconds (None: unknown): a
+    quarter of its age, within LISTEN_REFRESH_MIN_SECONDS and LISTEN_REFRESH_SECONDS."""
+    if age is None:
+        return LISTEN_REFRESH_SECONDS
+    return min(LISTEN_REFRESH_SECONDS, max(LISTEN_REFRESH_MIN_SECONDS, age / 4))
+
+
 #: Ancestors of a GPU process searched for a server's listening socket (an engine process under its front end: vLLM's
 #: EngineCore under its API server, a TorchServe or Triton backend worker under the server; tensor-parallel workers
 #: under an EngineCore under the API server), each in the GPU process's session and of its user.
@@ -243,13 +257,14 @@ class ProcessInspector:
 
     def _listen_ports(self, proc: psutil.Process, env: dict[str, str], cmd: str | None) -> list[int] | None:
         """The ports a server of ``proc``'s job listens on (``server_ports``) among the listening sockets of ``proc``,
-        its descendants and its ancestors (``server_ancestors``), read again when LISTEN_REFRESH_SECONDS old. A
+        its descendants and its ancestors (``server_ancestors``), read again when ``listen_refresh`` old. A
         Jupyter kernel has none: its channels and its notebook server's port wait for the notebook, not for clients
         of the GPU. None where ``proc``'s descriptors are not readable (another user's process while gpuwarden is
         neither root nor has CAP_SYS_PTRACE); a member that cannot be read adds nothing."""
         now = time.monotonic()
         seen = self._listens.get(proc.pid)
-        if seen is not None and now - seen[0] < LISTEN_REFRESH_SECONDS:
+        created = self._static[proc.pid][3]
+        if seen is not None and now - seen[0] < listen_refresh(None if created is None else time.time() - created):
             return seen[1]
         found: list[int] | None = []
         try:

@@ -68,7 +68,7 @@ def test_a_gpu_nobody_opened_is_allocated_idle_when_a_scheduler_gave_it_to_a_job
     assert st.holder_of(True, 0, 2**30, True, allocated=True) == "invisible"
     segs = st.segments(0.0, 2.0, [(1.0, 0.0), (2.0, 0.5)], None)
     states, _ = st.account(segs, "allocated", None, None)
-    assert states["allocated_idle"] == pytest.approx(1.5) and states["busy"] == pytest.approx(0.5)
+    assert states["allocated_idle"] == pytest.approx(1.5) and states["busy"] == pytest.approx(0.5)  # 1 s of 0 and 0.5
     assert states["free"] == 0.0
     assert st.idle_causes(states, None, False)["allocated_idle"] == pytest.approx(1.5)
 

@@ -87,10 +87,13 @@ def test_process_list_off_with_memory_used_is_unknown_and_with_none_used_is_free
     assert s["free"] == pytest.approx(sum(s.values()))
 
 
-def test_segments_cover_the_interval_exactly_and_carry_the_last_sample() -> None:
+def test_segments_cover_the_interval_exactly_one_equal_share_a_sample() -> None:
     segs = segments(10.0, 11.0, [(10.2, 0.5), (10.6, 0.0), (9.9, 1.0), (11.5, 1.0)], 0.3)
     assert sum(s.seconds for s in segs) == pytest.approx(1.0)
-    assert [s.util for s in segs] == [0.5, 0.0, 0.0]
+    assert [(s.end, s.seconds, s.util) for s in segs] == [(10.2, 0.5, 0.5), (10.6, 0.5, 0.0)]
+    # the busy sample first in the interval weighs what the others do, wherever the poll's phase fell
+    late = segments(10.0, 11.0, [(10.01, 0.3), (10.21, 0.0), (10.41, 0.0), (10.61, 0.0), (10.81, 0.07)], None)
+    assert sum(s.util * s.seconds for s in late if s.util is not None) == pytest.approx(0.074)
     assert segments(10.0, 11.0, [], 0.3) == [Segment(11.0, 1.0, 0.3)]
     assert segments(10.0, 10.0, [(10.0, 1.0)], 0.3) == []
 

@@ -342,3 +342,12 @@ def test_server_ports(sockets: list[tuple[str, int]], rank: bool, expected: list
 def test_the_libraries_fixed_ports_come_from_the_environment() -> None:
     assert procinfo.library_ports({}) == {28028}  # NCCL's RAS, on by default since NCCL 2.24
     assert procinfo.library_ports({"MASTER_PORT": "29511", "NCCL_RAS_PORT": "28100"}) == {29511, 28100}
+
+
+def test_a_young_process_is_read_again_sooner() -> None:
+    """A server's engine holds the GPU before its front end listens: its job is read again after a quarter of its
+    age (at least every 5 s), an old process's every 30 s, one of unknown age's every 30 s."""
+    assert procinfo.listen_refresh(8.0) == procinfo.LISTEN_REFRESH_MIN_SECONDS
+    assert procinfo.listen_refresh(60.0) == 15.0
+    assert procinfo.listen_refresh(3600.0) == procinfo.LISTEN_REFRESH_SECONDS
+    assert procinfo.listen_refresh(None) == procinfo.LISTEN_REFRESH_SECONDS

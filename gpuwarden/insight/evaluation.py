@@ -21,7 +21,8 @@ from gpuwarden.trace import read_trace
 
 @dataclass
 class Row:
-    """One GPU of one trace: expected and final verdict, share of polls right, findings missing."""
+    """One GPU of one trace: expected and final verdict, share of polls right, findings missing, and whether the final
+    verdict is near the line (its diagnosis names alternatives: a threshold within its margin, insight.margins)."""
 
     trace: str
     gpu: int
@@ -29,6 +30,7 @@ class Row:
     given: str | None
     polls_right: float | None
     missing: list[str]
+    near_line: bool = False
 
     @property
     def ok(self) -> bool:
@@ -44,7 +46,7 @@ def evaluate(path: Path) -> list[Row]:
     analyzer = InsightAnalyzer()
     right: dict[int, int] = {}
     counted: dict[int, int] = {}
-    final: dict[int, tuple[str | None, list[str]]] = {}
+    final: dict[int, tuple[str | None, list[str], bool]] = {}
     holders: dict[int, frozenset[int]] = {}
     for poll in polls:
         for r in poll.gpus:  # another job on the GPU: the verdict now describes it, count from here
@@ -60,11 +62,11 @@ def evaluate(path: Path) -> list[Row]:
                 continue  # no steady-state verdict yet
             counted[g.gpu] = counted.get(g.gpu, 0) + 1
             right[g.gpu] = right.get(g.gpu, 0) + (g.diagnosis.verdict == expected.get(str(g.gpu)))
-            final[g.gpu] = (g.diagnosis.verdict, list(g.diagnosis.findings))
+            final[g.gpu] = (g.diagnosis.verdict, list(g.diagnosis.findings), bool(g.diagnosis.alternatives))
     rows = []
     name = path.name.removesuffix(".jsonl.gz")
     for s in header.node.gpus:
-        verdict, findings = final.get(s.index, (None, []))
+        verdict, findings, near = final.get(s.index, (None, [], False))
         n = counted.get(s.index, 0)
         rows.append(
             Row(
@@ -74,6 +76,7 @@ def evaluate(path: Path) -> list[Row]:
                 given=verdict,
                 polls_right=right.get(s.index, 0) / n if n else None,
                 missing=[f for f in findings_wanted if f not in findings],
+                near_line=near,
             )
         )
     return rows

@@ -233,6 +233,21 @@ def _h2d_copy_bound_summary(f: Facts) -> str:
 #: A held-idle GPU's processes stopped at least this many on average over the window (/proc state T or t): its
 #: summary says the job is stopped rather than that nobody uses the GPU.
 STOPPED_MIN = 0.5
+#: ... at least this many: any other summary names the share of the window the job was stopped (a job suspended in
+#: cycles pauses, and its GPU idles, because it is stopped: Ctrl-Z, a debugger, a scheduler's suspend).
+STOPPED_NOTE_MIN = 0.1
+
+
+def _stopped_note(w: GpuWindow) -> str:
+    """' The job's process was stopped ... N% of the window.' where its processes were stopped STOPPED_NOTE_MIN or
+    more on average over the window (ProcessReading.stopped); '' otherwise."""
+    stopped = w.stopped_processes or 0.0
+    if stopped < STOPPED_NOTE_MIN:
+        return ""
+    return (
+        f" The job's process was stopped (SIGSTOP: Ctrl-Z, a debugger, a scheduler's suspend) {pct(min(stopped, 1.0))} "
+        "of the window: that is where its GPU idled; continue it (SIGCONT, fg) or end it."
+    )
 
 
 #: A server: the job's process listened on a TCP port of its own (ProcessReading.listen_ports) this many on average
@@ -261,7 +276,8 @@ def _serving_summary(f: Facts) -> str:
 
 
 def _held_idle_when(f: Facts) -> bool:
-    return f.w.share("held_idle") >= HELD_IDLE_MIN or f.both_idle
+    # a job stopped most of the window holds its GPU for nothing, whatever it did while it ran
+    return f.w.share("held_idle") >= HELD_IDLE_MIN or f.both_idle or (f.w.stopped_processes or 0.0) >= STOPPED_MIN
 
 
 def _held_idle_summary(f: Facts) -> str:
@@ -269,8 +285,9 @@ def _held_idle_summary(f: Facts) -> str:
     mem = "" if w.memory_used_bytes is None else f"{w.memory_used_bytes / 1e9:.1f} GB held; "
     if (w.stopped_processes or 0.0) >= STOPPED_MIN:
         return (
-            f"{mem}the job's process is stopped (SIGSTOP: Ctrl-Z, a debugger, a scheduler's suspend) and holds the "
-            f"GPU until it is continued (SIGCONT, fg) or ended (held idle {pct(w.share('held_idle'))} of the window)."
+            f"{mem}the job's process was stopped (SIGSTOP: Ctrl-Z, a debugger, a scheduler's suspend) "
+            f"{pct(min(w.stopped_processes or 0.0, 1.0))} of the window and holds the GPU while it is, until it is "
+            f"continued (SIGCONT, fg) or ended (held idle {pct(w.share('held_idle'))}, busy {pct(w.share('busy'))})."
         )
     if f.sm_only:
         return (
@@ -360,13 +377,17 @@ def _job_paused_summary(f: Facts) -> str:
     )
     if f.waits:
         read = ((w.io_read_bytes_per_second or 0.0) + (w.io_other_read_bytes_per_second or 0.0)) / 1e6
-        return text + (
-            f", or it waits on something outside the node: its processes wait "
-            f"{w.voluntary_switches_per_second or 0.0:.0f} times a second (many short waits, as a loader fetching "
-            f"from remote storage or a client of a service makes; one pause is one wait) and read {read:.1f} MB/s. "
-            "gpuwarden cannot tell these apart: check the job's input source and its latency."
+        return (
+            text
+            + (
+                f", or it waits on something outside the node: its processes wait "
+                f"{w.voluntary_switches_per_second or 0.0:.0f} times a second (many short waits, as a loader fetching "
+                f"from remote storage or a client of a service makes; one pause is one wait) and read {read:.1f} MB/s. "
+                "gpuwarden cannot tell these apart: check the job's input source and its latency."
+            )
+            + _stopped_note(w)
         )
-    return text + "."
+    return text + "." + _stopped_note(w)
 
 
 def _host_compute_bound_when(f: Facts) -> bool:
@@ -492,7 +513,7 @@ def _underutilized_summary(f: Facts) -> str:
     return (
         f"Busy {pct(w.share('busy'))}, starved {pct(w.share('starved'))}, paused {pct(w.share('paused'))}, "
         f"held idle {pct(w.share('held_idle'))}, unknown {pct(w.share('unknown'))}: no single cause dominates."
-    )
+    ) + _stopped_note(w)
 
 
 Predicate = Callable[[Facts], bool]
@@ -562,8 +583,9 @@ RULES: dict[str, Rule] = {
         _held_idle_when,
         _held_idle_summary,
         f"held_idle >= **{HELD_IDLE_MIN:.0%}** of the window, or util.gpu < {WORK_SAMPLE_RATIO:g} and job CPU < "
-        f"{JOB_CPU_BUSY_CORES:g} cores with no reads and few waits",
-        "the state thresholds above",
+        f"{JOB_CPU_BUSY_CORES:g} cores with no reads and few waits (and GPM SM activity < {WORK_SAMPLE_RATIO:g} where "
+        f"read), or the job's process stopped (SIGSTOP) >= **{STOPPED_MIN:.0%}** of the window",
+        "the state thresholds above; /proc state T or t",
     ),
     "throttled": Rule(
         _throttled_when,

@@ -120,28 +120,25 @@ class Segment:
 
 
 def segments(start: float, end: float, samples: Sequence[tuple[float, float]], util: float | None) -> list[Segment]:
-    """Split the interval (start, end] into segments described by the utilization samples.
+    """Split the interval (start, end] into one segment per utilization sample taken in it, each an equal share.
 
-    A sample (t, u) describes the period before t, so the segment of sample i runs from the previous
-    sample (or ``start``) to t; the time after the last sample until ``end`` takes the last sample's
-    value (the best estimate until the next poll's samples). Samples outside (start, end] are ignored.
-    Without samples, one segment of the whole interval with ``util`` (the poll's util.gpu, or None).
-    Returns [] when end <= start.
+    NVML takes util.gpu samples at a steady period (about 0.2 s: five in a 1 s poll) and a sample (t, u) is the share
+    of its own period before t in which a kernel ran, so the samples of an interval stand for equal parts of it: the
+    interval's util.gpu is their mean (GpuReading.utilization_gpu_ratio). Cutting the interval at the sample times
+    instead gives the first sample only the moments since ``start`` and the last one the rest of the interval after
+    it: work whose period divides the poll's always lands in the same sample and is weighted by where the poll's
+    phase fell (a server's 80 ms a second read 3% busy where its samples mean 7.5%). Each segment ends at its
+    sample's time (what ``account`` takes as the time of GPU work). Samples outside (start, end] are ignored; several
+    at one time count once. Without samples, one segment of the whole interval with ``util`` (the poll's util.gpu, or
+    None). Returns [] when end <= start.
     """
     if end <= start:
         return []
-    inside = sorted((t, u) for t, u in samples if start < t <= end)
+    inside = sorted({t: u for t, u in samples if start < t <= end}.items())
     if not inside:
         return [Segment(end, end - start, util)]
-    out: list[Segment] = []
-    prev = start
-    for t, u in inside:
-        if t > prev:
-            out.append(Segment(t, t - prev, min(max(u, 0.0), 1.0)))
-            prev = t
-    if end > prev:
-        out.append(Segment(end, end - prev, out[-1].util if out else util))
-    return out
+    share = (end - start) / len(inside)
+    return [Segment(t, share, min(max(u, 0.0), 1.0)) for t, u in inside]
 
 
 def holder_of(
