@@ -37,6 +37,11 @@ CLOCK_BLIND = {
     # the device-to-host copy before the first write and the fsync after the last: no bytes written in those polls
     "h100-k-checkpoint-writer-busy-3-size-1024": "copy and fsync around the writes",
     "h100-k-checkpoint-writer-busy-2-size-2048": "copy and fsync around the writes",
+    # NVML's util.gpu counts a fast device-to-host copy as busy (the copy engine's time: 0.86 with SMs 0.46 active)
+    "h200-i-d2h-pageable": "util.gpu counts the copies",
+    # a server's request handling on the CPU between kernels (0.27 cores at 20 requests a second) reads as the job
+    # working while its GPU idles (starved: input_cpu), as input preparation does: gpuwarden cannot tell them apart
+    "h200-i-http-20hz": "request handling reads as input preparation",
 }
 
 

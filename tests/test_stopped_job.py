@@ -29,7 +29,7 @@ def _after(polls: int) -> InsightResult:
 def test_a_stopped_job_is_held_idle_and_named_stopped() -> None:
     diagnosis = _after(29).gpus[0].diagnosis
     assert diagnosis is not None and diagnosis.verdict == "held_idle"
-    assert "process is stopped" in diagnosis.summary and "SIGCONT" in diagnosis.summary
+    assert "process was stopped" in diagnosis.summary and "SIGCONT" in diagnosis.summary
     rows = {r.name: r.value for r in diagnosis.evidence}
     assert rows["job_processes_stopped"] is not None and rows["job_processes_stopped"] >= 0.5
 

@@ -19,7 +19,9 @@ second are taken as spread evenly over it). Phases map to what gpuwarden account
     host       -> input          (work on the GPU's output on the CPU: idle while the job works on the CPU; the
                                   verdict host_compute_bound names it, the cause stays input_cpu)
     checkpoint -> checkpoint
-    sleep      -> paused         (paused + held_idle: the job itself idle)
+    sleep      -> paused         (paused + held_idle: the job itself idle; a server's wait for requests, gpuwarden's
+                                  ``serving`` cause)
+    stopped    -> paused         (the job stopped with SIGSTOP: paused, then held_idle)
 
 Prints, per trace, each class's share of the wall time by the workload's clock and by gpuwarden's, and the largest
 difference in points. Runs anywhere (no GPU): it reads files.
@@ -46,6 +48,7 @@ PHASES = {
     "host": "input",
     "checkpoint": "checkpoint",
     "sleep": "paused",
+    "stopped": "paused",
 }
 CAUSES = {
     "input_cpu": "input",
@@ -54,6 +57,7 @@ CAUSES = {
     "launch": "busy",
     "checkpoint": "checkpoint",
     "startup": "other",
+    "serving": "paused",
     "paused": "paused",
     "held_idle": "paused",
     "allocated_idle": "other",

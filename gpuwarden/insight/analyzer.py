@@ -438,7 +438,10 @@ class InsightAnalyzer:
         )
         segs = st.segments(start, g.timestamp, g.utilization_samples, g.utilization_gpu_ratio)
         util_seconds = sum(x.seconds for x in segs if x.util is not None)
-        secs, state.last_work = st.account(segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting)
+        serving = (inputs.listening or 0.0) > 0
+        secs, state.last_work = st.account(
+            segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting, serving=serving
+        )
         for k, v in secs.items():
             state.totals[k] += v
         # GPM metrics average over the time since the previous computation (every gpm_interval in serve, carried in
@@ -457,7 +460,12 @@ class InsightAnalyzer:
             copies_data(finite(gpm.get("pcie_rx_bytes_per_second")), finite(gpm.get("pcie_tx_bytes_per_second"))),
         )
         causes = st.idle_causes(
-            secs, inputs.job_cpu, inputs.io_waiting, inputs.writing, st.gaps_in_periods(segs) if launching else 0.0
+            secs,
+            inputs.job_cpu,
+            inputs.io_waiting,
+            inputs.writing,
+            st.gaps_in_periods(segs) if launching else 0.0,
+            serving=serving,
         )
         starting = state.startup
         if starting is not None:

@@ -31,6 +31,7 @@ VERDICT_ORDER: tuple[str, ...] = (
     "allocated_idle",
     "starting",
     "h2d_copy_bound",
+    "d2h_copy_bound",
     "serving",
     "held_idle",
     "throttled",
@@ -89,6 +90,17 @@ REASON_TABLE: tuple[Reason, ...] = (
             "Copy from pinned memory: pin_memory=True in the DataLoader, or tensor.pin_memory() once; then "
             ".to(device, non_blocking=True) to overlap copies with compute.",
             "Keep data on the GPU across steps; send compact dtypes (uint8 images, not float32) and convert there.",
+        ),
+    ),
+    Reason(
+        "d2h_copy_bound",
+        "warning",
+        (
+            "Keep results on the GPU: compute metrics and reductions there (torch ops, torchmetrics on CUDA tensors) "
+            "and copy out one summary per step, not whole outputs; avoid .cpu()/.item()/.numpy() inside the loop.",
+            "Copy into a preallocated pinned buffer with .to('cpu', non_blocking=True) on a side stream, and wait on "
+            "its event only when the host needs the values (the next step overlaps the copy).",
+            "Copy less: reduce before copying (argmax, top-k, a histogram), compact dtypes (bf16/uint8, not fp32).",
         ),
     ),
     Reason(
@@ -262,6 +274,8 @@ REASON_TABLE: tuple[Reason, ...] = (
             "(fused AdamW) where memory allows, or overlap the host step with the next forward and backward "
             "(DeepSpeed ZeRO-Offload's delayed parameter update, overlap_comm).",
             "Compute metrics on the GPU and copy scalars, not whole outputs; log every N steps.",
+            "Where the host copies the output (.cpu() into fresh pageable memory): copy into a preallocated pinned "
+            "buffer with non_blocking=True on a side stream, overlapped with the next step.",
         ),
     ),
     Reason(

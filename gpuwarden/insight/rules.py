@@ -33,6 +33,10 @@ from gpuwarden.insight.states import (
 )
 from gpuwarden.insight.thresholds import (
     BUSY_UTIL,
+    D2H_AMBIGUOUS_BYTES_PER_SECOND,
+    D2H_TX_BYTES_PER_SECOND,
+    D2H_TX_PER_OFF_BYTES_PER_SECOND,
+    D2H_TX_PER_RX,
     H2D_IDLE_RX_BYTES_PER_SECOND,
     H2D_RX_BYTES_PER_SECOND,
     H2D_SM_MAX,
@@ -230,6 +234,31 @@ def _h2d_copy_bound_summary(f: Facts) -> str:
     )
 
 
+def _d2h_copy_bound_when(f: Facts) -> bool:
+    w = f.w
+    if w.pcie_tx is None or w.sm is None or w.pcie_tx < D2H_TX_BYTES_PER_SECOND or f.writing:
+        return False  # a checkpoint copies out to write it: checkpoint_bound
+    if w.pcie_tx < D2H_TX_PER_RX * (w.pcie_rx or 0.0):
+        return False  # a round trip (an optimizer stepped on the CPU): host_compute_bound
+    off = 1.0 - w.sm
+    return off >= STARVED_MIN and w.pcie_tx >= D2H_TX_PER_OFF_BYTES_PER_SECOND * off
+
+
+def _d2h_copy_bound_summary(f: Facts) -> str:
+    w = f.w
+    tx, off = (w.pcie_tx or 0.0) / 1e9, 1.0 - (w.sm or 0.0)
+    counted = (
+        f"; util.gpu reads {pct(w.util)} because NVML counts the copy engine's time as busy"
+        if (w.util or 0.0) - (w.sm or 0.0) >= STARVED_MIN
+        else ""
+    )
+    return (
+        f"PCIe transmit {tx:.1f} GB/s out of the GPU against {(w.pcie_rx or 0.0) / 1e9:.2f} GB/s in, while SMs are "
+        f"active only {pct(w.sm)} of the time: the job waits on device-to-host copies of its results, "
+        f"{tx / off:.1f} GB/s through each second the SMs idle{counted} (job CPU {f.cpu})."
+    )
+
+
 #: A held-idle GPU's processes stopped at least this many on average over the window (/proc state T or t): its
 #: summary says the job is stopped rather than that nobody uses the GPU.
 STOPPED_MIN = 0.5
@@ -250,8 +279,8 @@ def _stopped_note(w: GpuWindow) -> str:
     )
 
 
-#: A server: the job's process listened on a TCP port of its own (ProcessReading.listen_ports) this many on average
-#: over the window, while the GPU worked at most SERVING_BUSY_MAX of it.
+#: A server: a server of the job listened (ProcessReading.listen_ports, gpuwarden.procinfo.server_ports) this many on
+#: average over the window, while the GPU worked at most SERVING_BUSY_MAX of it.
 LISTENING_MIN = 0.5
 #: ... the share of the window a kernel ran, at most: above it the server is busy, and what limits its kernels
 #: (compute, memory, launches) is the verdict.
@@ -269,7 +298,7 @@ def _serving_summary(f: Facts) -> str:
     w = f.w
     mem = "" if w.memory_used_bytes is None else f", {w.memory_used_bytes / 1e9:.1f} GB of its memory held"
     return (
-        f"A server waiting for requests: the job's process listens on a TCP port of its own and the GPU ran kernels "
+        f"A server waiting for requests: a process of the job listens for clients and the GPU ran kernels "
         f"{pct(w.share('busy'))} of the time{mem} (job CPU {f.cpu}). Its idle time is waiting for clients, not a "
         "training job's input or pauses: size it to its load."
     )
@@ -403,11 +432,19 @@ def _host_compute_bound_when(f: Facts) -> bool:
 
 def _host_compute_bound_summary(f: Facts) -> str:
     w = f.w
-    return (
+    tx, rx = w.pcie_tx or 0.0, w.pcie_rx or 0.0
+    text = (
         f"GPU idle {pct(f.idle)} of the time while its job works on the CPU (job CPU {f.cpu}), sending the host "
-        f"{(w.pcie_tx or 0.0) / 1e9:.2f} GB/s against {(w.pcie_rx or 0.0) / 1e9:.2f} GB/s received: the host works on "
-        "the GPU's output (an optimizer or metrics on the CPU), not on its input."
+        f"{tx / 1e9:.2f} GB/s against {rx / 1e9:.2f} GB/s received: the host works on "
+        "the GPU's output (an optimizer or metrics on the CPU), not on its input"
     )
+    if tx >= D2H_TX_PER_RX * rx and f.idle > 0 and tx / f.idle >= D2H_AMBIGUOUS_BYTES_PER_SECOND:
+        return text + (
+            f", or it copies that output: {tx / f.idle / 1e9:.1f} GB/s out through each idle second is a "
+            "device-to-host copy staged by a CPU core into pageable memory as well as work on a large output; "
+            "gpuwarden cannot tell them apart (a profile of the host thread can: cudaMemcpy or the job's own code)."
+        )
+    return text + "."
 
 
 def _checkpoint_bound_when(f: Facts) -> bool:
@@ -567,17 +604,34 @@ RULES: dict[str, Rule] = {
         "compute_bound 0.017 GB/s; copies beside compute (copy_compute: pageable 7.0–8.0, pinned 45 GB/s an idle "
         "second) against input prepared by the job or its loaders (0.03–0.47) [H100]",
     ),
+    "d2h_copy_bound": Rule(
+        _d2h_copy_bound_when,
+        _d2h_copy_bound_summary,
+        f"GPM PCIe TX >= **{D2H_TX_BYTES_PER_SECOND / 2**30:g} GiB/s** and >= **{D2H_TX_PER_RX:g}x** RX (out, not a "
+        f"round trip), SMs not active >= **{STARVED_MIN:.0%}** of the window with TX >= "
+        f"**{D2H_TX_PER_OFF_BYTES_PER_SECOND / 2**30:g} GiB/s** per second not active (TX / (1 - SM activity)); not "
+        "while the job writes a checkpoint",
+        "*calibration*: device-to-host copies of 1 GiB after 80 ms steps: pageable 7.5 GB/s out, 13.9 a second not "
+        "active (util.gpu 0.86 with SMs 0.46: NVML counts the copy as busy), pinned 11.6 and 46 [H200]; results "
+        "copied for host metrics 0.11-0.19, checkpoints 0.39-0.46, a CPU-stepped optimizer 2.5 out and 2.3 in [H100]; "
+        "below 4 GiB/s a copy staged by a CPU core into fresh pageable memory and host work on a large output look "
+        "alike (a core busy, bytes out, the GPU idle): `host_compute_bound`, whose summary says it cannot tell them "
+        "apart",
+    ),
     "serving": Rule(
         _serving_when,
         _serving_summary,
-        f"a process of the job listens on a TCP port of its own >= **{LISTENING_MIN:g}** of the window on average "
-        f"(not in the kernel's ephemeral range, where bind(0) takes ports, nor a library's fixed port: MASTER_PORT, "
-        f"NCCL's RAS port 28028) and the GPU ran "
-        f"kernels <= **{SERVING_BUSY_MAX:.0%}** of it",
-        "a server binds the port its clients are told (a configured one); a library's sockets - NCCL's and Gloo's "
-        "bootstrap, a notebook kernel's ZMQ channels - bind port 0 and get an ephemeral one; torch.distributed's store "
-        "listens on MASTER_PORT, NCCL's RAS (2.24+) on localhost:28028 [NCCL docs]; the inference_server recordings "
-        "against the notebook-like and distributed ones [H100]",
+        f"a server of the job listens >= **{LISTENING_MIN:g}** of the window on average - the GPU's process, a child "
+        "or its front end (an ancestor in its session, of its user) on the wildcard address or a port a configuration "
+        f"chose, any number (gRPC's 50051 too) - and the GPU ran kernels <= **{SERVING_BUSY_MAX:.0%}** of it; not a "
+        "library's socket (NCCL's and Gloo's bootstrap on port 0 of one interface, a notebook kernel's channels on "
+        "127.0.0.1, a distributed rank's ephemeral ports, MASTER_PORT's "
+        "store, NCCL's RAS)",
+        "a server waits for clients outside its job: it binds every interface or the port its clients are told; a "
+        "library's sockets bind port 0 of the interface they chose (NCCL_SOCKET_IFNAME) or loopback [NCCL docs]; an "
+        "engine process runs under its front end (vLLM's V1 EngineCore, TorchServe and Triton backends), a notebook "
+        "kernel in a session of its own; the inference_server recordings (HTTP and gRPC, in-process and engine in a "
+        "child, 0.2 to 20 requests a second) against the notebook-like and distributed ones [H100, H200]",
     ),
     "held_idle": Rule(
         _held_idle_when,

@@ -14,7 +14,10 @@ gpuwarden.nvml.device) splits the interval into segments. A segment of ``dt`` se
 - ``starved``   a process holds it and its job is working: the GPU's processes use at least
   JOB_CPU_BUSY_CORES of CPU over the interval, or the GPU ran work (a sample >= WORK_SAMPLE_RATIO)
   within the last RECENT_WORK_SECONDS;
-- ``held_idle`` a process holds it, its processes use less CPU than that, and no recent GPU work;
+- ``held_idle`` a process holds it, its processes use less CPU than that, and no recent GPU work; but the idle time
+  of a server (its job listens for clients: ``ProcessReading.listen_ports``) is ``paused`` however long ago its last
+  request ran: a server waits for its clients, as a job that pauses does, and nobody can tell an hour without
+  requests from a server abandoned without its request counts;
 - ``unknown``   held, but the evidence is missing: process list off or not visible, or no process CPU
   time readable (another PID namespace), and no recent GPU work; or no utilization reading at all;
 - ``lost``      the GPU could not be read at all (NVML: GPU is lost, fallen off the bus): the whole interval since
@@ -45,7 +48,8 @@ IDLE_STATES = ("held_idle", "allocated_idle", "free")
 #: at a time (``launch``: gpuwarden.insight.launches), time the job spent writing (a checkpoint), its start-up
 #: (``startup``: gpuwarden.insight.startup, from its start to its first sustained kernels), then the other
 #: idle states, ``lost`` last (the GPU could not be read: its time is lost to whoever holds it, or to the fleet when
-#: nobody does). Busy seconds plus idle seconds by cause add up to the accounted wall time.
+#: nobody does). ``serving`` is a server's idle time while its CPU idles too: waiting for requests (the paused time of
+#: a job that listens for clients). Busy seconds plus idle seconds by cause add up to the accounted wall time.
 IDLE_CAUSES = (
     "input_cpu",
     "input_io",
@@ -53,6 +57,7 @@ IDLE_CAUSES = (
     "launch",
     "checkpoint",
     "startup",
+    "serving",
     "paused",
     "held_idle",
     "allocated_idle",
@@ -169,6 +174,7 @@ def idle_causes(
     io_waiting: bool,
     writing: bool = False,
     launch_gaps: float = 0.0,
+    serving: bool = False,
 ) -> dict[str, float]:
     """Return the idle seconds of one interval's ``states`` (from ``account``) by cause (IDLE_CAUSES).
 
@@ -176,11 +182,14 @@ def idle_causes(
     than it read). Otherwise starved seconds go to ``input_io`` when the job waited on reads (storage or sockets),
     ``input_cpu`` when its CPU is known (starved then means it worked), else ``input``; of what would be
     ``input_cpu``, up to ``launch_gaps`` seconds (the idle time inside sample periods that ran a kernel, where the
-    interval's work is launch limited: gpuwarden.insight.launches) go to ``launch``. Paused, held_idle,
-    allocated_idle, free and unknown seconds keep their names. Busy seconds are left out.
+    interval's work is launch limited: gpuwarden.insight.launches) go to ``launch``. Paused seconds of a server
+    (``serving``: its job listens for clients) go to ``serving``. Paused, held_idle, allocated_idle, free and unknown
+    seconds keep their names. Busy seconds are left out.
     """
     starved = states.get("starved", 0.0)
     out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "allocated_idle", "free", "unknown", "lost")}
+    if serving and not writing:
+        out["serving"] = out.pop("paused")
     if writing:
         out["checkpoint"] = starved + out.pop("paused")
         return out
@@ -228,13 +237,16 @@ def account(
     job_cpu_cores: float | None,
     last_work: float | None,
     io_waiting: bool = False,
+    serving: bool = False,
 ) -> tuple[dict[str, float], float | None]:
     """Split the segments' time into STATES; return (seconds per state, time of the last GPU work).
 
     ``holder`` is from ``holder_of``; ``job_cpu_cores`` the CPU cores the GPU's processes used over the
     interval (None: unknown); ``last_work`` the Unix time of the last sample >= WORK_SAMPLE_RATIO before
     these segments (None: none seen); ``io_waiting`` that the job's processes waited on storage over the interval
-    (a process in state D, or reads at IO_READ_BYTES_PER_SECOND), which counts as the job working on input.
+    (a process in state D, or reads at IO_READ_BYTES_PER_SECOND), which counts as the job working on input;
+    ``serving`` that its job listens for clients (a server), whose idle time with its CPU idle is ``paused`` however
+    long ago its last GPU work was.
     Every second of the segments lands in exactly one state: idle time of a held GPU is ``starved`` while the
     job works (CPU or I/O), ``paused`` when the job itself idles shortly after GPU work (sleep, evaluation,
     checkpoint, waiting on something outside the node), ``held_idle`` when it has idled longer.
@@ -261,6 +273,8 @@ def account(
             recent = last_work is not None and s.end - last_work <= RECENT_WORK_SECONDS
             if cpu_working:
                 out["starved"] += idle
+            elif serving:
+                out["paused"] += idle
             elif recent:
                 out["paused" if cpu_working is False else "starved"] += idle
             elif cpu_working is False:

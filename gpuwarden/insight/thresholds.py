@@ -55,6 +55,25 @@ H2D_SM_MAX = 0.10
 #: the pageable copies and 4x above the loaders; copies at a pageable rate of 5-10 GB/s then fill a quarter to half of
 #: the idle time or more.
 H2D_IDLE_RX_BYTES_PER_SECOND = float(2 * 2**30)
+#: Device-to-host copies: GPM PCIe TX at least this (a result copied out each step, as H2D_RX_BYTES_PER_SECOND in)...
+D2H_TX_BYTES_PER_SECOND = float(2**30)
+#: ... this many times what comes in at least (one way out; a CPU-stepped optimizer sends and receives alike: 2.4-2.6
+#: GB/s out, 2.3-2.4 in, host_compute_bound)...
+D2H_TX_PER_RX = 4.0
+#: ... at least this much out per second the SMs are not active (TX / (1 - SM activity)): copies fill the time the
+#: GPU does not compute. NVML's util.gpu counts a fast copy as busy (a pageable copy of 1 GiB after each 80 ms step on
+#: an H200: util.gpu 0.86 with SMs 0.46 active) and a slow one, staged by a CPU core, as idle, so SM activity, not
+#: util.gpu, measures the time not computing. Recordings: device-to-host copies 13.9 (pageable) and 46 (pinned) GB/s
+#: a second not computing [H200]; results copied out for metrics on the host 0.11-0.19, checkpoints 0.39-0.46 [H100].
+#: Our calibration: 4 GiB/s, 3.5x below the pageable copies: the copies run at the copy engine's rate. Below it a copy
+#: staged through a pinned buffer by a CPU core (fresh pageable memory: 1.3 GB/s with the GPU idle 90%, 1.4 a second
+#: not computing) and host work on a large output (1.2 GB/s out, idle half the time: 2.4) look alike: a core busy,
+#: bytes flowing out, the GPU idle. They stay host_compute_bound, whose summary says so
+#: (D2H_AMBIGUOUS_BYTES_PER_SECOND).
+D2H_TX_PER_OFF_BYTES_PER_SECOND = float(4 * 2**30)
+#: host_compute_bound with TX at least this per idle second, one way out (D2H_TX_PER_RX): the summary says that the
+#: host may be copying the output rather than working on it, which gpuwarden cannot tell apart.
+D2H_AMBIGUOUS_BYTES_PER_SECOND = float(2**30)
 #: Share of the window in held_idle / starved that makes the verdict.
 HELD_IDLE_MIN = 0.5
 #: Starved (idle while the job works on input) this share of the window or more: input bound. At a quarter of the
