@@ -91,6 +91,7 @@ FUNCTIONS = (
     "nvmlDeviceGetGpuFabricInfoV",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetProcessUtilization",
+    "nvmlDeviceGetProcessesUtilizationInfo",
     "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceGetGpuInstanceId",
@@ -168,6 +169,7 @@ class FakeNvml:
         self._keep: list[Any] = []  # ctypes objects whose addresses are handed out
         self._samples: dict[int, tuple[int, int] | None] = {}  # GPM sample address -> (device, reads)
         self._xid: list[tuple[int, int]] = []
+        self.legacy_process_utilization = False  # nvmlDeviceGetProcessesUtilizationInfo answers FUNCTION_NOT_FOUND
         self._registered: set[int] = set()
 
     @property
@@ -578,6 +580,24 @@ class FakeNvml:
         for p in r.processes or ():
             if p.sm_utilization_ratio is not None:
                 s = pynvml.c_nvmlProcessUtilizationSample_t()
+                s.pid, s.timeStamp, s.smUtil = p.pid, stamp, round(p.sm_utilization_ratio * 100)
+                out.append(s)
+        if not out:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return out
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, last_seen_us: int) -> list[Any]:
+        """The same samples as ``nvmlDeviceGetProcessUtilization`` in the newer call's struct
+        (c_nvmlProcessUtilizationInfo_v1_t); FUNCTION_NOT_FOUND while ``legacy_process_utilization`` is set (a driver
+        before 550, or a binding without the call)."""
+        r = self._dev("nvmlDeviceGetProcessesUtilizationInfo", handle).current
+        if self.legacy_process_utilization:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        stamp = int(r.timestamp * 1e6)
+        out = []
+        for p in r.processes or ():
+            if p.sm_utilization_ratio is not None:
+                s = pynvml.c_nvmlProcessUtilizationInfo_v1_t()
                 s.pid, s.timeStamp, s.smUtil = p.pid, stamp, round(p.sm_utilization_ratio * 100)
                 out.append(s)
         if not out:

@@ -183,13 +183,18 @@ def test_the_host_cpu_times_are_read_once_per_host_gap(fake: FakeNvml, monkeypat
     source.close()
 
 
-def test_per_process_utilization_is_read_every_interval_and_carried(monkeypatch: pytest.MonkeyPatch) -> None:
-    """nvmlDeviceGetProcessUtilization, one of the slowest calls, is read once per PROCESS_UTILIZATION_INTERVAL;
-    the recorded per-process values come through it and are carried in between (fake NVML fed by the real
-    two-process H100 recording)."""
+@pytest.mark.parametrize("legacy", [False, True])
+def test_per_process_utilization_is_read_every_interval_and_carried(
+    monkeypatch: pytest.MonkeyPatch, legacy: bool
+) -> None:
+    """Per-process utilization, one of the slowest reads, is read once per PROCESS_UTILIZATION_INTERVAL from
+    nvmlDeviceGetProcessesUtilizationInfo, or, where the driver lacks it (FUNCTION_NOT_FOUND, asked once), from
+    nvmlDeviceGetProcessUtilization; the recorded per-process values come through either and are carried in between
+    (fake NVML fed by the real two-process H100 recording)."""
     from gpuwarden.nvml import device
 
     fake = FakeNvml(trace("h100-shared-slurm-env")).install(monkeypatch)
+    fake.legacy_process_utilization = legacy
     clock = [1000.0]
     monkeypatch.setattr(device.time, "monotonic", lambda: clock[0])  # type: ignore[attr-defined]  # its clock
     source = NvmlSource(xid_events=False, processes=True)
@@ -199,7 +204,9 @@ def test_per_process_utilization_is_read_every_interval_and_carried(monkeypatch:
         polls.append(source.poll())
         clock[0] += step
     source.close()
-    assert fake.calls["nvmlDeviceGetProcessUtilization"] == 2
+    newer, older = fake.calls["nvmlDeviceGetProcessesUtilizationInfo"], fake.calls["nvmlDeviceGetProcessUtilization"]
+    assert (newer, older) == ((1, 2) if legacy else (2, 0))
+    assert all("process_sm_utilization" not in p.gpus[0].failing for p in polls)
     carried = [{pr.pid: pr.sm_utilization_ratio for pr in p.gpus[0].processes or ()} for p in polls[1:]]
     assert carried[0] == carried[1] == carried[2]
     assert len(carried[0]) == 2 and all(v is not None and 0 <= v <= 1 for v in carried[0].values())
@@ -340,4 +347,41 @@ def test_a_failed_process_list_is_none_and_the_next_poll_asks_again(monkeypatch:
     assert source.poll().gpus[0].processes is None
     assert len(source.poll().gpus[0].processes or ()) == 2
     assert source.errors()[("nvmlDeviceGetComputeRunningProcesses", "unknown")] == 1
+    source.close()
+
+
+def test_every_process_reading_zero_beside_a_busy_gpu_is_not_believed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The legacy per-process call reads 0 for every process on Blackwell while the GPU works: those zeros are not
+    exported as readings (sm_utilization_ratio None) and the reading is failing with why, until the processes read
+    work again."""
+    import pynvml
+
+    fake = FakeNvml(trace("h100-shared-slurm-env")).install(monkeypatch)
+    real = fake.nvmlDeviceGetProcessesUtilizationInfo
+    zero = [True]
+
+    def zeros(handle, last):  # noqa: ANN001, ANN202
+        out = real(handle, last)
+        for s in out if zero[0] else ():
+            s.smUtil = 0
+        return out
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessesUtilizationInfo", zeros)
+    from gpuwarden.nvml import device
+
+    clock = [1000.0]
+    monkeypatch.setattr(device.time, "monotonic", lambda: clock[0])  # type: ignore[attr-defined]  # its clock
+    source = NvmlSource(xid_events=False, processes=True)
+    source.open()
+    source.poll()  # the recording's first poll has no per-process sample
+    clock[0] += device.PROCESS_UTILIZATION_INTERVAL
+    first = source.poll().gpus[0]
+    assert (first.utilization_gpu_ratio or 0.0) >= device.PROCESS_ZERO_BUSY_MIN  # the recording's GPU works
+    assert first.failing.get("process_sm_utilization") == "zero_beside_busy_gpu"
+    assert first.processes and all(p.sm_utilization_ratio is None for p in first.processes)
+    zero[0] = False
+    clock[0] += device.PROCESS_UTILIZATION_INTERVAL
+    second = source.poll().gpus[0]
+    assert "process_sm_utilization" not in second.failing
+    assert second.processes and any(p.sm_utilization_ratio for p in second.processes)
     source.close()

@@ -53,6 +53,12 @@ _QUIET_NOT_FOUND = frozenset({pynvml.NVML_ERROR_NOT_FOUND})
 #: Seconds between reads of per-process utilization (nvmlDeviceGetProcessUtilization is one of the slowest calls,
 #: docs/performance.md; it returns every sample since the last read, so a longer gap loses nothing but resolution).
 PROCESS_UTILIZATION_INTERVAL = 5.0
+#: Per-process utilization, the newer call first (NVML 12.535+; the legacy one reads 0 for every process on
+#: Blackwell, which HAMi-core's fix works around the same way), the legacy one where the driver or binding lacks it.
+PROCESS_UTILIZATION_CALLS = ("nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization")
+#: A GPU busy at least this much (util.gpu over the poll) while every process reads 0 SM utilization: the per-process
+#: readings are not believed (``failing``: ``process_sm_utilization`` -> ``zero_beside_busy_gpu``) and not exported.
+PROCESS_ZERO_BUSY_MIN = 0.1
 
 
 class GpuPoller:
@@ -187,6 +193,16 @@ class GpuPoller:
             r["nvlink_link_errors_total"] = dict(self._links.errors)
             r["fabric"] = self._links.fabric
         r["processes"] = self._processes()
+        if self._process_util and not any(self._process_util.values()):
+            samples = r.get("utilization_samples") or []
+            util = sum(v for _, v in samples) / len(samples) if samples else r.get("utilization_gpu_ratio")
+            if util is not None and util >= PROCESS_ZERO_BUSY_MIN:  # every process reads 0 beside a busy GPU
+                r["processes"] = [p.model_copy(update={"sm_utilization_ratio": None}) for p in r["processes"] or ()]
+                self._caller.failing["process_sm_utilization"] = "zero_beside_busy_gpu"
+            else:
+                self._caller.failing.pop("process_sm_utilization", None)
+        else:
+            self._caller.failing.pop("process_sm_utilization", None)
         r["unsupported"] = self._unsupported_names()
         if self._caller.failing or self._failing_fields:
             r["failing"] = failing_readings(self._caller.failing, self._failing_fields)
@@ -337,16 +353,19 @@ class GpuPoller:
         return [p.model_copy(update=stand_in) if p.pid in unknown else p for p in out]
 
     def _process_utilization(self) -> dict[int, float]:
-        """pid -> mean SM utilization (0-1) of its nvmlDeviceGetProcessUtilization samples since the last read (every
-        PROCESS_UTILIZATION_INTERVAL; the values are carried in between). NVML answers NOT_FOUND when no process ran
-        since then: {}. A value above 100% (a sentinel) is dropped."""
-        samples = self._caller.call(
-            "nvmlDeviceGetProcessUtilization",
-            pynvml.nvmlDeviceGetProcessUtilization,
-            self._handle,
-            self._last_process_sample_us,
-            quiet=_QUIET_NOT_FOUND,
-        )
+        """pid -> mean SM utilization (0-1) of its samples since the last read (every PROCESS_UTILIZATION_INTERVAL;
+        the values are carried in between), from the first of PROCESS_UTILIZATION_CALLS the driver and binding answer
+        (nvmlDeviceGetProcessesUtilizationInfo, else nvmlDeviceGetProcessUtilization; one that answers NOT_SUPPORTED
+        or FUNCTION_NOT_FOUND is not asked again). NVML answers NOT_FOUND when no process ran since then: {}. A value
+        above 100% (a sentinel) is dropped."""
+        samples = None
+        for name in PROCESS_UTILIZATION_CALLS:
+            fn = getattr(pynvml, name, None)
+            if fn is None or name in self._caller.unsupported:
+                continue
+            samples = self._caller.call(name, fn, self._handle, self._last_process_sample_us, quiet=_QUIET_NOT_FOUND)
+            if name not in self._caller.unsupported:
+                break  # answered: samples, none since the last read (NOT_FOUND), or an error counted
         if not samples:
             return {}
         self._last_process_sample_us = max(self._last_process_sample_us, *(int(s.timeStamp) for s in samples))
