@@ -39,6 +39,8 @@ CLOCK_BLIND = {
     "h100-k-checkpoint-writer-busy-2-size-2048": "copy and fsync around the writes",
     # NVML's util.gpu counts a fast device-to-host copy as busy (the copy engine's time: 0.86 with SMs 0.46 active)
     "h200-i-d2h-pageable": "util.gpu counts the copies",
+    "h200-i-d2h-pageable-256m": "util.gpu counts the copies",
+    "h200-i-d2h-pageable-2g": "util.gpu counts the copies",
     # a server's request handling on the CPU between kernels (0.27 cores at 20 requests a second) reads as the job
     # working while its GPU idles (starved: input_cpu), as input preparation does: gpuwarden cannot tell them apart
     "h200-i-http-20hz": "request handling reads as input preparation",
