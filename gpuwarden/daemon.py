@@ -45,6 +45,7 @@ def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
             slow_interval=cfg.slow_interval_seconds,
             gpm_interval=cfg.gpm_interval_seconds,
             processes=cfg.processes.enabled,
+            server_requests=cfg.processes.server_requests,
             xid_events=cfg.xid_events,
             gpu_indices=cfg.gpus,
             wait=cfg.wait_for_nvml,
@@ -100,7 +101,8 @@ def build_analyzers(cfg: Config) -> dict[str, Analyzer]:
         )
         window = bounded
     # prepare: the result of a poll is computed when a scrape or an API call first reads it (DeferredInsight)
-    return {"insight": InsightAnalyzer(window_seconds=window).prepare}
+    analyzer = InsightAnalyzer(window_seconds=window, serving_idle_seconds=cfg.insight.serving_idle_seconds)
+    return {"insight": analyzer.prepare}
 
 
 #: The insight window holds at most this many polls per GPU (an interval is a few hundred bytes in each of three

@@ -140,6 +140,15 @@ class ProcessReading(_Model, ProcessIdentity):
         "gpuwarden.procinfo.server_ports); read through psutil (/proc/PID/fd and the namespace's /proc/net/tcp), "
         "again every LISTEN_REFRESH_SECONDS; None: not read",
     )
+    server_requests_running: float | None = Field(
+        default=None,
+        description="requests the process's server says are running (its /metrics on a listen port: vLLM, SGLang, "
+        "TGI; Triton: 1 when requests were done since the previous read), read at most every 15 s "
+        "(gpuwarden.server_requests); None: not read, or the server says nothing",
+    )
+    server_requests_waiting: float | None = Field(
+        default=None, description="requests the process's server says are waiting (queued), as server_requests_running"
+    )
     stopped: bool | None = Field(
         default=None,
         description="the process is stopped (/proc/PID/stat state T: SIGSTOP, Ctrl-Z, a scheduler's suspend; or t: "

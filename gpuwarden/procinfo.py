@@ -23,6 +23,7 @@ from typing import NamedTuple
 import psutil
 
 from gpuwarden.model import HostReading, ProcessReading
+from gpuwarden.server_requests import RequestReader
 
 _CMDLINE_MAX = 256
 #: A GPU's device file, by its minor number (nvmlDeviceGetMinorNumber).
@@ -180,7 +181,9 @@ class ProcessInspector:
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         proc_root: Path = Path("/proc"),
         tree_refresh: float = 5.0,
+        requests: RequestReader | None = None,
     ) -> None:
+        self.requests = requests  # reads what a server says of its requests (None: not asked)
         self.cgroup_root = cgroup_root
         self.proc_root = proc_root
         self.tree_refresh = tree_refresh
@@ -230,8 +233,12 @@ class ProcessInspector:
             self._trees.pop(pid, None)
             return ProcessReading(pid=pid, gpu_memory_bytes=gpu_memory_bytes)
         name, cmd, user, created, cgroup, env = self._static[pid]
+        ports = self._listen_ports(proc, env, cmd)
+        said = self.requests.latest(pid, ports) if self.requests is not None and ports else None
         return ProcessReading(
-            listen_ports=self._listen_ports(proc, env, cmd),
+            listen_ports=ports,
+            server_requests_running=None if said is None else said.running,
+            server_requests_waiting=None if said is None else said.waiting,
             pid=pid,
             gpu_memory_bytes=gpu_memory_bytes,
             name=name,
@@ -302,6 +309,8 @@ class ProcessInspector:
 
     def forget_except(self, live: set[int]) -> None:
         """Drop cached handles of every PID not in ``live`` (processes that left the GPUs)."""
+        if self.requests is not None:
+            self.requests.forget_except(live)
         for pid in list(self._procs):
             if pid not in live:
                 del self._procs[pid]

@@ -5,8 +5,9 @@ result is copied to the host).
 
 Servers (``serve``): the GPU work runs in the server's process (``engine="inproc"``) or in a child process behind it
 (``engine="child"``: the front end listens and holds no GPU, as vLLM's V1 API server and EngineCore, TorchServe's
-frontend and workers, Triton and its Python backend stubs); over HTTP (http.server) or gRPC (grpcio, a generic
-bytes-in bytes-out method, no generated code); a client process sends requests every ``pause`` seconds (``fixed``:
+frontend and workers, Triton and its Python backend stubs); over HTTP (http.server, with ``GET /metrics`` giving the
+requests running and waiting under vLLM's gauge names) or gRPC (grpcio, a generic bytes-in bytes-out method, no
+generated code); a client process sends requests every ``pause`` seconds (``fixed``:
 periods that divide the poll's alias util.gpu) or ``pause`` apart on average (``poisson``).
 """
 
@@ -54,6 +55,7 @@ class _Engine:
     def __init__(self, gpu: int, busy: float, size: int, child: bool, clock: Any) -> None:
         self.clock, self.lock = clock, threading.Lock()
         self.served = 0
+        self.inflight = 0  # requests received and not yet answered (running or waiting for the engine)
         if child:
             ctx = multiprocessing.get_context("spawn")
             self.conn, theirs = ctx.Pipe()
@@ -72,6 +74,13 @@ class _Engine:
 
     def run(self) -> None:
         """One request's work."""
+        self.inflight += 1
+        try:
+            self._run()
+        finally:
+            self.inflight -= 1
+
+    def _run(self) -> None:
         with self.lock:
             self.clock.to("gpu")
             if self.conn is not None:
@@ -98,6 +107,26 @@ def _http_server(engine: _Engine, host: str, port: int, end: float) -> None:
     import http.server
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            """/metrics: the requests running and waiting under vLLM's gauge names, as a vLLM server exports them."""
+            if self.path != "/metrics":
+                self.send_error(404)
+                return
+            running = 1 if engine.lock.locked() else 0
+            body = (
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="workload"}} {running}\n'
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f'vllm:num_requests_waiting{{model_name="workload"}} {max(0, engine.inflight - running)}\n'
+                "# TYPE vllm:request_success counter\n"
+                f'vllm:request_success_total{{model_name="workload",finished_reason="stop"}} {engine.served}\n'
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             engine.run()

@@ -31,6 +31,11 @@ class ProcessesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(default=True, description="read the GPU processes (pids, memory, job and pod)")
     max_per_gpu: int = Field(default=16, ge=0, le=1024, description="processes per GPU with series of their own")
+    server_requests: bool = Field(
+        default=True,
+        description="ask a GPU job's server for its requests running and waiting (its /metrics on its listening port, "
+        "127.0.0.1 only, at most every 15 s: vLLM, SGLang, TGI, Triton); off: a server is never serving_idle",
+    )
 
 
 class CollectorsConfig(BaseModel):
@@ -65,6 +70,12 @@ class InsightConfig(BaseModel):
         default=300.0, gt=0, le=86400, description="the window of gpu_starved_ratio and the imbalance scores"
     )
     code_evidence: CodeEvidenceConfig = Field(default_factory=CodeEvidenceConfig)
+    serving_idle_seconds: float = Field(
+        default=300.0,
+        ge=15,
+        le=86400,
+        description="a server whose own /metrics said no request running or waiting for this long is serving_idle",
+    )
 
 
 class Config(BaseModel):

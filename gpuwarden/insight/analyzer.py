@@ -105,6 +105,7 @@ class JobInputs:
     writing: bool = False
     stopped: float | None = None  # how many of the GPU's processes are stopped (SIGSTOP, a debugger); None: not read
     listening: float | None = None  # how many listen on a port of their own (ProcessReading.listen_ports)
+    requests: float | None = None  # requests running and waiting their servers say they have; None: none says
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +146,8 @@ class _GpuState:
     last_terms: list[tuple[int, int]] = field(default_factory=list)  # its terms (windows.terms)
     startup: StartUp | None = None  # the job's start-up while it lasts (gpuwarden.insight.startup)
     idle_since: float | None = None  # the start of the run of idle intervals it is in (st.IDLE_STATES); None: none
+    requests_seen: float | None = None  # the last poll its server said it had a request (or first said none)
+    serving_idle: bool = False  # its latest interval: a server that said it had no request for serving_idle_seconds
 
 
 def _holder_rank(p: ProcessReading) -> tuple[bool, bool, int, int]:
@@ -158,14 +161,19 @@ class InsightAnalyzer:
     """Stateful analyzer: ``analyzer(poll, static) -> InsightResult``.
 
     ``window_seconds`` (default 300) is the window of ``gpu_starved_ratio`` and the imbalance scores;
+    ``serving_idle_seconds`` (default 300) how long a server must say it has no request running or waiting
+    (ProcessReading.server_requests_*) before its idle time is ``serving_idle``;
     ``diagnosis_seconds`` (default 60, at most the window) that of the verdicts, further limited to the
     time since the GPU's current set of processes appeared (so a verdict describes the job holding it now).
     Not thread-safe: one poll thread calls it; its results are immutable.
     """
 
-    def __init__(self, window_seconds: float = 300.0, diagnosis_seconds: float = 60.0) -> None:
+    def __init__(
+        self, window_seconds: float = 300.0, diagnosis_seconds: float = 60.0, serving_idle_seconds: float = 300.0
+    ) -> None:
         if window_seconds <= 0 or diagnosis_seconds <= 0:
             raise ValueError("window_seconds and diagnosis_seconds must be positive")
+        self.serving_idle_seconds = float(serving_idle_seconds)
         self.window_seconds = float(window_seconds)
         self.diagnosis_seconds = float(min(diagnosis_seconds, window_seconds))
         self._gpus: dict[str, _GpuState] = {}
@@ -318,6 +326,7 @@ class InsightAnalyzer:
                 peer_wait_seconds=state.peer_wait_seconds,
                 peer_wait_joules=None if state.idle_floor_watts is None else state.peer_wait_joules,
                 idle_since=state.idle_since,
+                serving_idle=state.serving_idle,
             )
             for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index)
         ]
@@ -386,6 +395,17 @@ class InsightAnalyzer:
                     if step.watts_above_floor is not None:
                         state.peer_wait_joules += seconds * step.watts_above_floor
 
+    def _server_idle(self, state: _GpuState, now: float, requests: float | None) -> bool:
+        """Whether the GPU's server has said, for serving_idle_seconds, that it has no request running or waiting
+        (``requests``: this poll's count, None when no server of the GPU says). A server that stops saying (its
+        metrics unreadable) is not idle: unknown means active."""
+        if requests is None:
+            state.requests_seen = None
+            return False
+        if requests > 0 or state.requests_seen is None:
+            state.requests_seen = now
+        return now - state.requests_seen >= self.serving_idle_seconds
+
     def _job_inputs(self, procs: Sequence[ProcessReading], rates: dict[int, ProcessRates]) -> JobInputs:
         """What the GPU's processes ``procs`` did over the interval (JobInputs), from their ``rates``."""
         known = [rates[p.pid] for p in procs if p.pid in rates]
@@ -393,6 +413,8 @@ class InsightAnalyzer:
         other = _total(k.other_read_bytes_per_second for k in known)
         written = _total(k.write_bytes_per_second for k in known)
         blocked, stopped, listening = _process_counts(procs)
+        said = [(p.server_requests_running or 0.0) + (p.server_requests_waiting or 0.0) for p in procs
+                if p.server_requests_running is not None or p.server_requests_waiting is not None]  # fmt: skip
         reads = (io_read or 0.0) + (other or 0.0)
         writing = st.writes_more_than_reads(written, reads)
         switches = _total(k.switches_per_second for k in known)
@@ -400,6 +422,7 @@ class InsightAnalyzer:
         return JobInputs(
             stopped=stopped,
             listening=listening,
+            requests=sum(said) if said else None,
             job_cpu=self._job_cpu(procs, rates) if known else None,
             max_proc_cpu=max(k.cpu_cores for k in known) if known else None,
             io_read=io_read,
@@ -439,8 +462,9 @@ class InsightAnalyzer:
         segs = st.segments(start, g.timestamp, g.utilization_samples, g.utilization_gpu_ratio)
         util_seconds = sum(x.seconds for x in segs if x.util is not None)
         serving = (inputs.listening or 0.0) > 0
+        state.serving_idle = serving and self._server_idle(state, g.timestamp, inputs.requests)
         secs, state.last_work = st.account(
-            segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting, serving=serving
+            segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting, serving=serving and not state.serving_idle
         )
         for k, v in secs.items():
             state.totals[k] += v
@@ -466,6 +490,7 @@ class InsightAnalyzer:
             inputs.writing,
             st.gaps_in_periods(segs) if launching else 0.0,
             serving=serving,
+            serving_idle=state.serving_idle,
         )
         starting = state.startup
         if starting is not None:

@@ -31,7 +31,11 @@ class GpuIdleness(BaseModel):
     gpu: int
     uuid: str
     status: Status
-    cause: str | None = Field(default=None, description="held_idle, allocated_idle or free while idle, else None")
+    cause: str | None = Field(
+        default=None,
+        description="held_idle, serving_idle (a server that says it has had no request for a while), allocated_idle "
+        "or free while idle, else None",
+    )
     idle_seconds: float | None = Field(
         default=None,
         description="seconds since the run of idle poll intervals began, to the latest poll (since the daemon "
@@ -74,7 +78,11 @@ def gpu_status(g: GpuInsight, now: float) -> tuple[Status, str | None, float | N
     if state in ACTIVE_STATES:
         return "active", None, None
     if state in IDLE_STATES and g.idle_since is not None:
-        return "idle", state, max(0.0, now - g.idle_since)
+        return (
+            "idle",
+            "serving_idle" if g.serving_idle and state == "held_idle" else state,
+            max(0.0, now - g.idle_since),
+        )
     return "unknown", None, None
 
 

@@ -32,6 +32,7 @@ VERDICT_ORDER: tuple[str, ...] = (
     "starting",
     "h2d_copy_bound",
     "d2h_copy_bound",
+    "serving_idle",
     "serving",
     "held_idle",
     "throttled",
@@ -101,6 +102,16 @@ REASON_TABLE: tuple[Reason, ...] = (
             "Copy into a preallocated pinned buffer with .to('cpu', non_blocking=True) on a side stream, and wait on "
             "its event only when the host needs the values (the next step overlaps the copy).",
             "Copy less: reduce before copying (argmax, top-k, a histogram), compact dtypes (bf16/uint8, not fp32).",
+        ),
+    ),
+    Reason(
+        "serving_idle",
+        "warning",
+        (
+            "Scale the server to zero while nobody asks (KServe/Knative min replicas 0, Ray Serve autoscaling "
+            "downscale, a Kubernetes HPA or KEDA on the request rate), or stop it and free the GPU.",
+            "Share the GPU with other models or servers (Triton's or vLLM's multi-model serving, MPS, a MIG slice "
+            "sized to the model and its KV cache).",
         ),
     ),
     Reason(

@@ -294,6 +294,24 @@ def _serving_when(f: Facts) -> bool:
     return w.seconds > 0 and w.share("busy") <= SERVING_BUSY_MAX
 
 
+def _serving_idle_when(f: Facts) -> bool:
+    # a server's idle time is held idle only once it says it has had no request (gpuwarden.insight.states)
+    w = f.w
+    if (w.listening_processes or 0.0) < LISTENING_MIN or (w.stopped_processes or 0.0) >= STOPPED_MIN:
+        return False
+    return w.share("held_idle") >= HELD_IDLE_MIN
+
+
+def _serving_idle_summary(f: Facts) -> str:
+    w = f.w
+    mem = "" if w.memory_used_bytes is None else f", {w.memory_used_bytes / 1e9:.1f} GB of GPU memory held"
+    return (
+        "An idle server: its own metrics say no request has been running or waiting for a while "
+        f"(insight.serving_idle_seconds){mem}, kernels {pct(w.share('busy'))} of the window (held idle "
+        f"{pct(w.share('held_idle'))}). It is live and answers, but nobody asks: capacity to scale down or share."
+    )
+
+
 def _serving_summary(f: Facts) -> str:
     w = f.w
     mem = "" if w.memory_used_bytes is None else f", {w.memory_used_bytes / 1e9:.1f} GB of its memory held"
@@ -617,6 +635,16 @@ RULES: dict[str, Rule] = {
         "below 4 GiB/s a copy staged by a CPU core into fresh pageable memory and host work on a large output look "
         "alike (a core busy, bytes out, the GPU idle): `host_compute_bound`, whose summary says it cannot tell them "
         "apart",
+    ),
+    "serving_idle": Rule(
+        _serving_idle_when,
+        _serving_idle_summary,
+        f"a server of the job listens >= **{LISTENING_MIN:g}** of the window (as `serving`) and its own /metrics "
+        "(vLLM, SGLang, TGI, Triton) said no request running or waiting for `insight.serving_idle_seconds` (300 s), "
+        f"so that its idle time is held idle >= **{HELD_IDLE_MIN:.0%}** of the window",
+        "the engines' own gauges of requests running and waiting (vllm:num_requests_running/waiting, "
+        "sglang:num_running_reqs/num_queue_reqs, tgi_batch_current_size/tgi_queue_size, Triton's pending count and "
+        "requests done); a server whose metrics cannot be read is never idle by them",
     ),
     "serving": Rule(
         _serving_when,

@@ -49,7 +49,9 @@ IDLE_STATES = ("held_idle", "allocated_idle", "free")
 #: (``startup``: gpuwarden.insight.startup, from its start to its first sustained kernels), then the other
 #: idle states, ``lost`` last (the GPU could not be read: its time is lost to whoever holds it, or to the fleet when
 #: nobody does). ``serving`` is a server's idle time while its CPU idles too: waiting for requests (the paused time of
-#: a job that listens for clients). Busy seconds plus idle seconds by cause add up to the accounted wall time.
+#: a job that listens for clients); ``serving_idle`` that of a server whose own metrics have said for a while that no
+#: request runs or waits (idle capacity: gpuwarden.server_requests). Busy seconds plus idle seconds by cause add up
+#: to the accounted wall time.
 IDLE_CAUSES = (
     "input_cpu",
     "input_io",
@@ -58,6 +60,7 @@ IDLE_CAUSES = (
     "checkpoint",
     "startup",
     "serving",
+    "serving_idle",
     "paused",
     "held_idle",
     "allocated_idle",
@@ -175,6 +178,7 @@ def idle_causes(
     writing: bool = False,
     launch_gaps: float = 0.0,
     serving: bool = False,
+    serving_idle: bool = False,
 ) -> dict[str, float]:
     """Return the idle seconds of one interval's ``states`` (from ``account``) by cause (IDLE_CAUSES).
 
@@ -183,13 +187,17 @@ def idle_causes(
     ``input_cpu`` when its CPU is known (starved then means it worked), else ``input``; of what would be
     ``input_cpu``, up to ``launch_gaps`` seconds (the idle time inside sample periods that ran a kernel, where the
     interval's work is launch limited: gpuwarden.insight.launches) go to ``launch``. Paused seconds of a server
-    (``serving``: its job listens for clients) go to ``serving``. Paused, held_idle, allocated_idle, free and unknown
-    seconds keep their names. Busy seconds are left out.
+    (``serving``: its job listens for clients) go to ``serving``; the held idle seconds of a server that says it
+    has had no request for a while (``serving_idle``) to ``serving_idle`` (its paused seconds, right after GPU work,
+    stay ``serving``: what it says never idles a GPU that works). Paused, held_idle,
+    allocated_idle, free and unknown seconds keep their names. Busy seconds are left out.
     """
     starved = states.get("starved", 0.0)
     out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "allocated_idle", "free", "unknown", "lost")}
     if serving and not writing:
         out["serving"] = out.pop("paused")
+    if serving_idle and not writing:  # the server says it has had no request: its held idle time is idle capacity
+        out["serving_idle"] = out.pop("held_idle")
     if writing:
         out["checkpoint"] = starved + out.pop("paused")
         return out

@@ -29,6 +29,7 @@ from gpuwarden.nvml.device import CADENCE_SLACK, GPM_INTERVAL, SLOW_INTERVAL, Gp
 from gpuwarden.nvml.events import XidWatcher
 from gpuwarden.nvml.static import read_gpu_static, read_node_static
 from gpuwarden.procinfo import ProcessInspector, read_host
+from gpuwarden.server_requests import RequestReader
 from gpuwarden.source import SourceError
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class NvmlSource:
     GPU's read cadence (gpuwarden.nvml.device.GpuPoller). The host's CPU times
     (psutil.cpu_times, /proc/stat) are read at most once per ``host_min_gap`` seconds (default HOST_MIN_GAP):
     ``PollResult.host`` is None in between (the insight analyzer carries the host's busy ratio over the gap).
+    ``server_requests``: ask each GPU job's server for its requests (gpuwarden.server_requests, in a thread of its own).
     ``annotate`` adds what NVML does not know to each poll's GPU readings (the kubelet's pods of each GPU).
     """
 
@@ -106,6 +108,7 @@ class NvmlSource:
         gpm_interval: float = GPM_INTERVAL,
         host_min_gap: float = HOST_MIN_GAP,
         processes: bool = True,
+        server_requests: bool = False,
         xid_events: bool = True,
         gpu_indices: list[int] | None = None,
         wait: bool = False,
@@ -123,7 +126,8 @@ class NvmlSource:
         self._errors: Counter[tuple[str, str]] = Counter()
         self._pollers: list[GpuPoller] = []
         # a GPU process's tree of workers is walked again at the host cadence (per poll only its members are read)
-        self._inspector = ProcessInspector(tree_refresh=host_min_gap) if processes else None
+        requests = RequestReader() if processes and server_requests else None
+        self._inspector = ProcessInspector(tree_refresh=host_min_gap, requests=requests) if processes else None
         self._xid: XidWatcher | None = None
         self._open = False
         self.static: NodeStatic | None = None
@@ -339,6 +343,8 @@ class NvmlSource:
                 log.debug("nvmlShutdown failed: %s", exc)
 
     def close(self) -> None:
-        """Stop the XID thread, free GPM samples and shut NVML down (idempotent)."""
+        """Stop the XID thread and the server requests' reader, free GPM samples and shut NVML down (idempotent)."""
         self._stop_pollers()
+        if self._inspector is not None and self._inspector.requests is not None:
+            self._inspector.requests.close()
         self._shutdown()
