@@ -748,7 +748,8 @@ FAMILIES: tuple[Family, ...] = (
     _c(
         "gpu_idle_seconds_total",
         "Seconds the GPU idled, by cause: input_cpu, input_io, input (job CPU unknown), launch (gaps between kernels "
-        "launched one at a time), checkpoint, startup (from the job's start to its first sustained kernels), paused, "
+        "launched one at a time), checkpoint, startup (from the job's start to its first sustained kernels), serving "
+        "(a server waiting for requests), serving_idle (a server that says it has had no request for a while), paused, "
         "held_idle, allocated_idle (allocated to a job by a scheduler, never opened), free, unknown, lost (the GPU "
         "could not be read); with the busy seconds of gpu_state_seconds_total "
         "they add up to wall time (docs/scores.md). A cause the GPU has not idled for since gpuwarden started has no "

@@ -237,24 +237,31 @@ def test_a_server_port_is_read_and_the_ports_a_library_was_handed_are_not() -> N
 
 _FRONT_END = """
 import json, os, socket, subprocess, sys, time
-host, port, session, env, argv = json.loads(sys.argv[1])
+host, below, session, env, argv = json.loads(sys.argv[1])
 s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-s.bind((host, port))
+for port in range(below - 1, 1024, -1) if below else [0]:  # bound here: tests beside this one pick ports too
+    try:
+        s.bind((host, port))
+        break
+    except OSError:
+        continue
 s.listen()
-engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv], env={**os.environ, **env},
-                          start_new_session=session)
+engine = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)", *argv],
+                          env={**os.environ, **env}, start_new_session=session, stdout=subprocess.PIPE)
+engine.stdout.readline()  # running Python: /proc has its command line and environment (empty while it execs)
 print("up", s.getsockname()[1], engine.pid, flush=True)
 time.sleep(60)
 """
 
 
-def _front_end(host: str, port: int, session: bool = False, env: dict[str, str] | None = None,
+def _front_end(host: str, below: int, session: bool = False, env: dict[str, str] | None = None,
                argv: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], int, int]:  # fmt: skip
-    """A server's front end listening on (host, port) with its engine, a child process that holds the GPU and does
-    not listen (vLLM's EngineCore, a TorchServe worker): (the front end, its port, the engine's pid)."""
+    """A server's front end listening on ``host`` (on the highest free port below ``below``, or one bind(0) gives
+    where 0) with its engine, a child process that holds the GPU and does not listen (vLLM's EngineCore, a TorchServe
+    worker): (the front end, its port, the engine's pid)."""
     import json
 
-    args = json.dumps([host, port, session, env or {}, list(argv)])
+    args = json.dumps([host, below, session, env or {}, list(argv)])
     p = subprocess.Popen([sys.executable, "-c", _FRONT_END, args], stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
     word, bound, engine = p.stdout.readline().split()
@@ -281,7 +288,8 @@ def test_a_server_is_found_where_its_front_end_listens(  # noqa: PLR0913
     """The GPU process does not listen; its parent does. Its job serves when the parent is its front end: in its
     session, the GPU process not a distributed rank nor a notebook kernel, the socket a server's (server_ports)."""
     low, _ = procinfo.ephemeral_range()
-    p, port, engine = _front_end(host, 0 if ephemeral else _free_port(low), session, env, argv)
+    p, port, engine = _front_end(host, 0 if ephemeral else low - 2000 - 50 * len(argv) - 100 * len(env), session, env,
+                                 argv)  # fmt: skip
     try:
         assert (low <= port) == ephemeral
         inspector = ProcessInspector()

@@ -58,6 +58,7 @@ CAUSES = {
     "checkpoint": "checkpoint",
     "startup": "other",
     "serving": "paused",
+    "serving_idle": "paused",
     "paused": "paused",
     "held_idle": "paused",
     "allocated_idle": "other",

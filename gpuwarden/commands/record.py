@@ -195,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         gpm_interval=0.0,
         host_min_gap=0.0,
         processes=not args.no_processes,
+        server_requests=not args.no_processes,  # what a server says of its requests, as serve reads it
     )
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn

@@ -526,6 +526,7 @@ class InsightAnalyzer:
                 io_blocked_processes=inputs.blocked,
                 stopped_processes=inputs.stopped,
                 listening_processes=inputs.listening,
+                server_requests=inputs.requests,
                 host_cpu_busy_ratio=host_busy,
                 power_watts=finite(g.power_usage_watts),
             ),

@@ -101,7 +101,13 @@ EVIDENCE: tuple[Mean | Derived, ...] = (
         "listening_processes",
         "job_processes_listening",
         "processes",
-        "serving: listens on a TCP port of its own (not an ephemeral one, not a library's fixed one)",
+        "serving: a server of the job listens for clients (the wildcard address or a chosen port; not a library's)",
+    ),
+    Mean(
+        "server_requests",
+        "server_requests",
+        "requests",
+        "its server's own requests running and waiting (its /metrics), where it says",
     ),
     Mean("host_cpu_busy_ratio", "host_cpu_busy", "ratio"),
     Mean(

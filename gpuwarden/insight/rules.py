@@ -299,7 +299,7 @@ def _serving_idle_when(f: Facts) -> bool:
     w = f.w
     if (w.listening_processes or 0.0) < LISTENING_MIN or (w.stopped_processes or 0.0) >= STOPPED_MIN:
         return False
-    return w.share("held_idle") >= HELD_IDLE_MIN
+    return w.server_requests is not None and w.share("held_idle") >= HELD_IDLE_MIN
 
 
 def _serving_idle_summary(f: Facts) -> str:
