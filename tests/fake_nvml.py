@@ -127,6 +127,21 @@ def _nvml_number(r: GpuReading, reading: Reading) -> int | None:
     return int(value) if reading.integer else round(value / reading.scale)
 
 
+def _process_samples(r: GpuReading, struct: Any) -> list[Any]:
+    """One ``struct`` (pid, timeStamp, smUtil) per recorded process of ``r`` with ``sm_utilization_ratio``, stamped with
+    the record's time; NOT_FOUND when there is none (as NVML when no process ran)."""
+    stamp = int(r.timestamp * 1e6)
+    out = []
+    for p in r.processes or ():
+        if p.sm_utilization_ratio is not None:
+            s = struct()
+            s.pid, s.timeStamp, s.smUtil = p.pid, stamp, round(p.sm_utilization_ratio * 100)
+            out.append(s)
+    if not out:
+        raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+    return out
+
+
 def _link_field(r: GpuReading, fid: int, link: int) -> int | None:
     """A recorded per-link field-value counter (gpuwarden.nvml.nvlink.FIELD_COUNTERS), None if absent."""
     from gpuwarden.nvml.nvlink import FIELD_COUNTERS
@@ -575,16 +590,7 @@ class FakeNvml:
         when the record has none (as NVML when no process ran). ``last_seen_us`` is not compared: the recorded
         times are older than the clock the caller starts from."""
         r = self._dev("nvmlDeviceGetProcessUtilization", handle).current
-        stamp = int(r.timestamp * 1e6)
-        out = []
-        for p in r.processes or ():
-            if p.sm_utilization_ratio is not None:
-                s = pynvml.c_nvmlProcessUtilizationSample_t()
-                s.pid, s.timeStamp, s.smUtil = p.pid, stamp, round(p.sm_utilization_ratio * 100)
-                out.append(s)
-        if not out:
-            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
-        return out
+        return _process_samples(r, pynvml.c_nvmlProcessUtilizationSample_t)
 
     def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, last_seen_us: int) -> list[Any]:
         """The same samples as ``nvmlDeviceGetProcessUtilization`` in the newer call's struct
@@ -593,16 +599,7 @@ class FakeNvml:
         r = self._dev("nvmlDeviceGetProcessesUtilizationInfo", handle).current
         if self.legacy_process_utilization:
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        stamp = int(r.timestamp * 1e6)
-        out = []
-        for p in r.processes or ():
-            if p.sm_utilization_ratio is not None:
-                s = pynvml.c_nvmlProcessUtilizationInfo_v1_t()
-                s.pid, s.timeStamp, s.smUtil = p.pid, stamp, round(p.sm_utilization_ratio * 100)
-                out.append(s)
-        if not out:
-            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
-        return out
+        return _process_samples(r, pynvml.c_nvmlProcessUtilizationInfo_v1_t)
 
     # -- MIG (the recorded traces have none: a GPU in MIG mode lists the recorded MIG devices) ------
 

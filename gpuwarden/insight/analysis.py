@@ -147,7 +147,6 @@ def _gpu(
         diagnosis=None,
         state_runs=list(c.runs),
         idle_since=c.idle_since,
-        serving_idle=c.serving_idle,
     )
     return insight, decided
 

@@ -326,7 +326,6 @@ class InsightAnalyzer:
                 peer_wait_seconds=state.peer_wait_seconds,
                 peer_wait_joules=None if state.idle_floor_watts is None else state.peer_wait_joules,
                 idle_since=state.idle_since,
-                serving_idle=state.serving_idle,
             )
             for uuid, state in sorted(self._gpus.items(), key=lambda kv: kv[1].index)
         ]
@@ -464,7 +463,7 @@ class InsightAnalyzer:
         serving = (inputs.listening or 0.0) > 0
         state.serving_idle = serving and self._server_idle(state, g.timestamp, inputs.requests)
         secs, state.last_work = st.account(
-            segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting, serving=serving and not state.serving_idle
+            segs, holder, inputs.job_cpu, state.last_work, inputs.io_waiting, serving, state.serving_idle
         )
         for k, v in secs.items():
             state.totals[k] += v
@@ -490,7 +489,6 @@ class InsightAnalyzer:
             inputs.writing,
             st.gaps_in_periods(segs) if launching else 0.0,
             serving=serving,
-            serving_idle=state.serving_idle,
         )
         starting = state.startup
         if starting is not None:
@@ -526,7 +524,6 @@ class InsightAnalyzer:
                 io_blocked_processes=inputs.blocked,
                 stopped_processes=inputs.stopped,
                 listening_processes=inputs.listening,
-                server_requests=inputs.requests,
                 host_cpu_busy_ratio=host_busy,
                 power_watts=finite(g.power_usage_watts),
             ),

@@ -103,12 +103,6 @@ EVIDENCE: tuple[Mean | Derived, ...] = (
         "processes",
         "serving: a server of the job listens for clients (the wildcard address or a chosen port; not a library's)",
     ),
-    Mean(
-        "server_requests",
-        "server_requests",
-        "requests",
-        "its server's own requests running and waiting (its /metrics), where it says",
-    ),
     Mean("host_cpu_busy_ratio", "host_cpu_busy", "ratio"),
     Mean(
         "pcie_rx",

@@ -56,7 +56,6 @@ class GpuWindow:
     io_blocked_processes: float | None = None
     stopped_processes: float | None = None
     listening_processes: float | None = None
-    server_requests: float | None = None
     host_cpu_busy_ratio: float | None = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None

@@ -78,11 +78,7 @@ def gpu_status(g: GpuInsight, now: float) -> tuple[Status, str | None, float | N
     if state in ACTIVE_STATES:
         return "active", None, None
     if state in IDLE_STATES and g.idle_since is not None:
-        return (
-            "idle",
-            "serving_idle" if g.serving_idle and state == "held_idle" else state,
-            max(0.0, now - g.idle_since),
-        )
+        return "idle", state, max(0.0, now - g.idle_since)
     return "unknown", None, None
 
 

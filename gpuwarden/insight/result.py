@@ -82,13 +82,8 @@ class GpuInsight(_Frozen):
     idle_since: float | None = Field(
         default=None,
         description="Unix time the GPU's current run of idle poll intervals began (main state held_idle, "
-        "allocated_idle or free: gpuwarden.insight.states.IDLE_STATES), since the analyzer started; None while its "
-        "latest interval is in use (busy, starved, paused) or not known (unknown, lost)",
-    )
-    serving_idle: bool = Field(
-        default=False,
-        description="its latest interval was a server's that said (its own /metrics) it had no request running or "
-        "waiting for insight.serving_idle_seconds: idle capacity, not an abandoned GPU",
+        "serving_idle, allocated_idle or free: gpuwarden.insight.states.IDLE_STATES), since the analyzer started; "
+        "None while its latest interval is in use (busy, starved, paused) or not known (unknown, lost)",
     )
 
 

@@ -299,7 +299,7 @@ def _serving_idle_when(f: Facts) -> bool:
     w = f.w
     if (w.listening_processes or 0.0) < LISTENING_MIN or (w.stopped_processes or 0.0) >= STOPPED_MIN:
         return False
-    return w.server_requests is not None and w.share("held_idle") >= HELD_IDLE_MIN
+    return w.share("serving_idle") >= HELD_IDLE_MIN
 
 
 def _serving_idle_summary(f: Facts) -> str:
@@ -307,8 +307,8 @@ def _serving_idle_summary(f: Facts) -> str:
     mem = "" if w.memory_used_bytes is None else f", {w.memory_used_bytes / 1e9:.1f} GB of GPU memory held"
     return (
         "An idle server: its own metrics say no request has been running or waiting for a while "
-        f"(insight.serving_idle_seconds){mem}, kernels {pct(w.share('busy'))} of the window (held idle "
-        f"{pct(w.share('held_idle'))}). It is live and answers, but nobody asks: capacity to scale down or share."
+        f"(insight.serving_idle_seconds){mem}, kernels {pct(w.share('busy'))} of the window (serving idle "
+        f"{pct(w.share('serving_idle'))}). It is live and answers, but nobody asks: capacity to scale down or share."
     )
 
 
@@ -640,8 +640,8 @@ RULES: dict[str, Rule] = {
         _serving_idle_when,
         _serving_idle_summary,
         f"a server of the job listens >= **{LISTENING_MIN:g}** of the window (as `serving`) and its own /metrics "
-        "(vLLM, SGLang, TGI, Triton) said no request running or waiting for `insight.serving_idle_seconds` (300 s), "
-        f"so that its idle time is held idle >= **{HELD_IDLE_MIN:.0%}** of the window",
+        "(vLLM, SGLang, TGI, Triton) said no request running or waiting for `insight.serving_idle_seconds` (300 s): "
+        f"state `serving_idle` >= **{HELD_IDLE_MIN:.0%}** of the window",
         "the engines' own gauges of requests running and waiting (vllm:num_requests_running/waiting, "
         "sglang:num_running_reqs/num_queue_reqs, tgi_batch_current_size/tgi_queue_size, Triton's pending count and "
         "requests done); a server whose metrics cannot be read is never idle by them",

@@ -18,14 +18,16 @@ gpuwarden.nvml.device) splits the interval into segments. A segment of ``dt`` se
   of a server (its job listens for clients: ``ProcessReading.listen_ports``) is ``paused`` however long ago its last
   request ran: a server waits for its clients, as a job that pauses does, and nobody can tell an hour without
   requests from a server abandoned without its request counts;
+- ``serving_idle`` held idle, but by a server that itself says it has had no request running or waiting for a while
+  (gpuwarden.server_requests): idle capacity, live, that nobody asks;
 - ``unknown``   held, but the evidence is missing: process list off or not visible, or no process CPU
   time readable (another PID namespace), and no recent GPU work; or no utilization reading at all;
 - ``lost``      the GPU could not be read at all (NVML: GPU is lost, fallen off the bus): the whole interval since
   its previous poll, up or down (gpuwarden.insight.analyzer), so a GPU that flaps counts its time down here and
   never as held idle.
 
-So busy + starved + paused + held_idle + allocated_idle + free + unknown + lost is exactly the accounted wall
-time.
+So busy + starved + paused + held_idle + serving_idle + allocated_idle + free + unknown + lost is exactly the
+accounted wall time.
 """
 
 from __future__ import annotations
@@ -34,13 +36,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: The states, in exposition order (a bounded label set).
-STATES = ("busy", "starved", "paused", "held_idle", "allocated_idle", "free", "unknown", "lost")
+STATES = ("busy", "starved", "paused", "held_idle", "serving_idle", "allocated_idle", "free", "unknown", "lost")
 
 #: States in which the GPU's job works (kernels run, its input is prepared, or it paused within seconds of GPU work):
 #: the GPU is in use. Idle: nobody uses it (held and idle, allocated and never opened, free). Any other state
 #: (unknown, lost) says nothing either way.
 ACTIVE_STATES = ("busy", "starved", "paused")
-IDLE_STATES = ("held_idle", "allocated_idle", "free")
+IDLE_STATES = ("held_idle", "serving_idle", "allocated_idle", "free")
 
 #: Causes of idle GPU time (``gpu_idle_seconds_total{cause}``): starved time split by what the job did meanwhile -
 #: CPU work (preprocessing, or host work on the GPU's output: the verdict tells which), reads (local storage, or
@@ -178,7 +180,6 @@ def idle_causes(
     writing: bool = False,
     launch_gaps: float = 0.0,
     serving: bool = False,
-    serving_idle: bool = False,
 ) -> dict[str, float]:
     """Return the idle seconds of one interval's ``states`` (from ``account``) by cause (IDLE_CAUSES).
 
@@ -187,17 +188,15 @@ def idle_causes(
     ``input_cpu`` when its CPU is known (starved then means it worked), else ``input``; of what would be
     ``input_cpu``, up to ``launch_gaps`` seconds (the idle time inside sample periods that ran a kernel, where the
     interval's work is launch limited: gpuwarden.insight.launches) go to ``launch``. Paused seconds of a server
-    (``serving``: its job listens for clients) go to ``serving``; the held idle seconds of a server that says it
-    has had no request for a while (``serving_idle``) to ``serving_idle`` (its paused seconds, right after GPU work,
-    stay ``serving``: what it says never idles a GPU that works). Paused, held_idle,
+    (``serving``: its job listens for clients) go to ``serving``; serving_idle seconds (a server that says it has had
+    no request for a while) to ``serving_idle``. Paused, held_idle,
     allocated_idle, free and unknown seconds keep their names. Busy seconds are left out.
     """
     starved = states.get("starved", 0.0)
     out = {k: states.get(k, 0.0) for k in ("paused", "held_idle", "allocated_idle", "free", "unknown", "lost")}
+    out["serving_idle"] = states.get("serving_idle", 0.0)
     if serving and not writing:
         out["serving"] = out.pop("paused")
-    if serving_idle and not writing:  # the server says it has had no request: its held idle time is idle capacity
-        out["serving_idle"] = out.pop("held_idle")
     if writing:
         out["checkpoint"] = starved + out.pop("paused")
         return out
@@ -246,6 +245,7 @@ def account(
     last_work: float | None,
     io_waiting: bool = False,
     serving: bool = False,
+    serving_idle: bool = False,
 ) -> tuple[dict[str, float], float | None]:
     """Split the segments' time into STATES; return (seconds per state, time of the last GPU work).
 
@@ -254,7 +254,9 @@ def account(
     these segments (None: none seen); ``io_waiting`` that the job's processes waited on storage over the interval
     (a process in state D, or reads at IO_READ_BYTES_PER_SECOND), which counts as the job working on input;
     ``serving`` that its job listens for clients (a server), whose idle time with its CPU idle is ``paused`` however
-    long ago its last GPU work was.
+    long ago its last GPU work was, unless ``serving_idle``: the server says it has had no request for a while,
+    and its idle time once its GPU work is RECENT_WORK_SECONDS old is ``serving_idle`` (its paused seconds right
+    after GPU work stay paused: what a server says never idles a GPU that works).
     Every second of the segments lands in exactly one state: idle time of a held GPU is ``starved`` while the
     job works (CPU or I/O), ``paused`` when the job itself idles shortly after GPU work (sleep, evaluation,
     checkpoint, waiting on something outside the node), ``held_idle`` when it has idled longer.
@@ -281,10 +283,12 @@ def account(
             recent = last_work is not None and s.end - last_work <= RECENT_WORK_SECONDS
             if cpu_working:
                 out["starved"] += idle
-            elif serving:
+            elif serving and not (serving_idle and not recent):
                 out["paused"] += idle
             elif recent:
                 out["paused" if cpu_working is False else "starved"] += idle
+            elif serving_idle:
+                out["serving_idle"] += idle
             elif cpu_working is False:
                 out["held_idle"] += idle
             else:

@@ -396,4 +396,3 @@ class GpuCapture:
     peer_wait_seconds: float = 0.0  # kernel seconds waiting in a collective on a peer of the job
     peer_wait_joules: float | None = None  # their energy above the idle floor; None: no power reading yet
     idle_since: float | None = None  # the start of the run of idle intervals it is in; None: in use, or not known
-    serving_idle: bool = False  # its latest interval was a server's that said it had no request for a while
