@@ -4,9 +4,9 @@ Reads the core of the snapshot's ``InsightResult`` (gpuwarden.insight.result.sna
 Diagnosis models, and each GPU's findings); definitions in docs/scores.md.
 
 - ``gpu_state_seconds_total{gpu,uuid,state}`` counter: seconds the GPU spent in each state since the daemon
-  started; ``state`` is one of busy, starved, paused, held_idle, free, unknown, lost (they add up to the accounted wall
-  time); a state the GPU has not been in since the daemon started has no series (so for the idle causes of
-  ``gpu_idle_seconds_total`` and their energy).
+  started; ``state`` is one of gpuwarden.insight.states.STATES (busy, starved, paused, held_idle, serving_idle,
+  ...; they add up to the accounted wall time); a state the GPU has not been in since the daemon started has no
+  series (so for the idle causes of ``gpu_idle_seconds_total`` and their energy).
 - ``gpu_starved_ratio{gpu,uuid}``: starved seconds / accounted seconds over the analyzer window (default 5 min).
 - ``gpu_node_imbalance_ratio``: load imbalance over all GPUs of the node in [0, 1] (0 balanced, 1 one GPU does
   all the work), on GPM SM activity where every GPU has it, else util.gpu. Absent with fewer than 2 GPUs.
