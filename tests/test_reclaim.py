@@ -107,6 +107,20 @@ def test_an_idle_job_climbs_one_step_at_a_time() -> None:
     assert ladder.position(JOB) == "reclaim"
 
 
+def test_an_idle_server_gets_the_notice_alone_and_only_where_the_policy_lets_it_climb() -> None:
+    """A server that says nobody asks it (serving_idle) is live: by default its verdict stops the climb; a policy that
+    lists it gets its first step (the notice) and never the steps after, however long it stays idle."""
+    server = _facts(reasons=("serving_idle",))
+    assert _run(Ladder(Policy.model_validate(POLICY)), range(1, 40), server) == []
+    lets = {**POLICY, "climbing_verdicts": ["held_idle", "serving_idle"], "reclaimable_causes": ["serving_idle"]}
+    ladder = Ladder(Policy.model_validate(lets))
+    assert _run(ladder, range(1, 60), server) == [(10, "notify")]
+    assert ladder.position(JOB) == "notify"
+    # a job with a held idle GPU beside it climbs as any other
+    assert _run(Ladder(Policy.model_validate(lets)), range(1, 40), _facts()) == [(10, "notify"), (20, "warn"),
+                                                                                  (30, "reclaim")]  # fmt: skip
+
+
 def test_a_ladder_started_late_still_gives_each_step_its_gap() -> None:
     """Warmed up on an hour of history (no step taken), the job gets notify at once and each next step a gap later,
     not all three at the first tick."""

@@ -14,6 +14,9 @@ A tick (the policy's ``interval``) is **idle** for a job when, over it,
   any of the tick's diagnosis samples: ``input_starved``, ``launch_bound``, ``waiting_on_peers``,
   ``checkpoint_bound`` and every other verdict of a working job stop the climb.
 
+A job whose GPUs were given ``serving_idle`` (a live server that says nobody asks it: NOTICE_ONLY_VERDICTS) climbs
+the first step only, where a policy lists that verdict and cause at all (the default does not).
+
 A job is then idle since the start of its run of idle ticks; it reaches step ``i`` once idle for the step's
 ``after`` and, past the first step, at least ``after[i] - after[i-1]`` after it reached step ``i - 1`` (so the owner
 has the time between the steps to answer the notice, even when the ladder starts late). One tick that is not idle
@@ -31,6 +34,10 @@ from gpuwarden.reclaim.policy import Policy
 
 #: The decision a job gets when it works again after climbing.
 RESET = "reset"
+#: The verdict of a server that says it has had no request (gpuwarden.server_requests): a job given it for one of its
+#: GPUs climbs the first step alone (the notice), wherever the policy lets idle servers climb: whether a live server is
+#: scaled to zero or stopped is its owner's decision.
+NOTICE_ONLY_VERDICTS = frozenset({"serving_idle"})
 
 
 @dataclass
@@ -103,7 +110,8 @@ class Ladder:
             if state is None:
                 state = self.jobs[key] = JobState(idle_since=time - tick_seconds)
             k = len(state.taken)
-            if not climb or k >= len(steps):
+            top = 1 if f.reasons & NOTICE_ONLY_VERDICTS else len(steps)
+            if not climb or k >= top:
                 continue
             idle_for = time - state.idle_since
             gap = steps[k].after_seconds - (steps[k - 1].after_seconds if k else 0.0)
