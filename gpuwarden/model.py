@@ -314,10 +314,18 @@ class GpuReading(_Model):
         period reads 0 or 100% on every poll; the mean of the samples since the previous poll is the share of the
         interval a kernel ran. Made here, where a live poll and a replayed one (traces that recorded the
         instantaneous value beside the samples) both pass, so both read the same."""
-        if self.utilization_samples:
-            values = [min(max(v, 0.0), 1.0) for _, v in self.utilization_samples]
-            self.utilization_gpu_ratio = sum(values) / len(values)
+        mean = samples_mean(self.utilization_samples)
+        if mean is not None:
+            self.utilization_gpu_ratio = mean
         return self
+
+
+def samples_mean(samples: list[tuple[float, float]]) -> float | None:
+    """The mean of util.gpu ``samples`` ((Unix s, ratio) pairs, each clamped to [0, 1]): the share of their interval a
+    kernel ran, each sample standing for an equal part of it (NVML samples at a steady period); None without any."""
+    if not samples:
+        return None
+    return sum(min(max(v, 0.0), 1.0) for _, v in samples) / len(samples)
 
 
 class PodAssignment(_Model):

@@ -92,8 +92,9 @@ def server_ports(
     - a port of the ``ephemeral`` range (where bind(0) takes ports) bound to one address: NCCL's and Gloo's bootstrap
       listen on port 0 of the interface they chose (NCCL_SOCKET_IFNAME), a notebook kernel's ZMQ channels and
       helper processes on 127.0.0.1 port 0;
-    - every ephemeral port of a distributed ``rank`` (RANK, LOCAL_RANK or WORLD_SIZE in its environment: a
-      training job's rank, whose bootstrap sockets may bind the wildcard address).
+    - every ephemeral port of a distributed ``rank`` (a launcher's world size above 1 in its environment, or
+      torchrun's TORCHELASTIC_RUN_ID: ``_environ``'s DISTRIBUTED), whose bootstrap sockets may bind the wildcard
+      address.
 
     So gRPC's 50051 on [::] and a server on 0.0.0.0:45000 are servers, inside Linux's ephemeral range or not; a
     loopback server on a chosen port (behind a local proxy) is one too.

@@ -26,7 +26,7 @@ from typing import Any
 import pynvml
 
 from gpuwarden.config import GPM_INTERVAL, SLOW_INTERVAL
-from gpuwarden.model import GpuReading, GpuStatic, MigReading, ProcessReading
+from gpuwarden.model import GpuReading, GpuStatic, MigReading, ProcessReading, samples_mean
 from gpuwarden.nvml.calls import Caller, GpuLost, decode, error_name, field_value
 from gpuwarden.nvml.events import XidWatcher
 from gpuwarden.nvml.gpm import GpmSampler
@@ -192,17 +192,8 @@ class GpuPoller:
             r["nvlink_link_up"] = dict(self._links.up)
             r["nvlink_link_errors_total"] = dict(self._links.errors)
             r["fabric"] = self._links.fabric
-        r["processes"] = self._processes()
-        if self._process_util and not any(self._process_util.values()):
-            samples = r.get("utilization_samples") or []
-            util = sum(v for _, v in samples) / len(samples) if samples else r.get("utilization_gpu_ratio")
-            if util is not None and util >= PROCESS_ZERO_BUSY_MIN:  # every process reads 0 beside a busy GPU
-                r["processes"] = [p.model_copy(update={"sm_utilization_ratio": None}) for p in r["processes"] or ()]
-                self._caller.failing["process_sm_utilization"] = "zero_beside_busy_gpu"
-            else:
-                self._caller.failing.pop("process_sm_utilization", None)
-        else:
-            self._caller.failing.pop("process_sm_utilization", None)
+        util = samples_mean(r["utilization_samples"])
+        r["processes"] = self._believed(self._processes(), r.get("utilization_gpu_ratio") if util is None else util)
         r["unsupported"] = self._unsupported_names()
         if self._caller.failing or self._failing_fields:
             r["failing"] = failing_readings(self._caller.failing, self._failing_fields)
@@ -336,6 +327,17 @@ class GpuPoller:
         if util:
             out = [p.model_copy(update={"sm_utilization_ratio": util[p.pid]}) if p.pid in util else p for p in out]
         return self._kept(out)
+
+    def _believed(self, procs: list[ProcessReading] | None, util: float | None) -> list[ProcessReading] | None:
+        """``procs``, without their SM utilization where every process read 0 while the GPU was busy ``util`` >=
+        PROCESS_ZERO_BUSY_MIN (the legacy call on Blackwell): then the reading is failing (``process_sm_utilization``:
+        ``zero_beside_busy_gpu``) rather than exported as 0."""
+        zeros = bool(self._process_util) and not any(self._process_util.values())
+        if zeros and util is not None and util >= PROCESS_ZERO_BUSY_MIN:
+            self._caller.failing["process_sm_utilization"] = "zero_beside_busy_gpu"
+            return [p.model_copy(update={"sm_utilization_ratio": None}) for p in procs or ()]
+        self._caller.failing.pop("process_sm_utilization", None)
+        return procs
 
     def _kept(self, out: list[ProcessReading]) -> list[ProcessReading]:
         """``out`` with each PID /proc does not have given its keeper (ProcessReading.kept_by): the first live
