@@ -36,3 +36,48 @@ def test_a_range_that_is_not_whole_steps_is_refused() -> None:
         Accounting(None, "90m", "1h")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="longer than --range"):
         Accounting(None, "1h", "2h")  # type: ignore[arg-type]
+
+
+class _Recorder:
+    """A Prometheus that records every query and answers the narrowing query with ``gpus`` UUIDs, nothing else."""
+
+    def __init__(self, gpus: int) -> None:
+        self.queries: list[str] = []
+        self.gpus = gpus
+
+    def query(self, promql: str, time: float | None = None) -> list:
+        from gpuwarden.cluster.promapi import Sample
+
+        self.queries.append(promql)
+        if promql.startswith("group by (uuid)"):
+            return [Sample({"uuid": f"GPU-{i:08x}-1111-2222-3333-444455556666"}, 1.0) for i in range(self.gpus)]
+        return []
+
+
+def _report_queries(gpus: int) -> list[str]:
+    """The queries ``report`` asks of a job of ``gpus`` GPUs (job_details, stragglers, lost_gpus)."""
+    from gpuwarden.cluster.usage import JobKey
+
+    prom = _Recorder(gpus)
+    acc = Accounting(prom, "1d", "1m", 'cluster="train-a"', at=1_800_000_000.0)  # type: ignore[arg-type]
+    acc.job_details("sSLUID0123456789")
+    acc.stragglers(JobKey("sSLUID0123456789"))
+    acc.lost_gpus(JobKey("sSLUID0123456789"))
+    return prom.queries
+
+
+@pytest.mark.parametrize("gpus", [1, 17, 64, 512])
+def test_a_jobs_queries_do_not_grow_with_the_job_and_name_each_gpu_once(gpus: int) -> None:
+    """report's queries name at most NARROW_GPUS GPUs each: the longest is no longer at 17, 64 or 512 GPUs than at
+    NARROW_GPUS (VictoriaMetrics refuses queries past 16 KiB), and every GPU of the job is in exactly one part."""
+    import re
+
+    from gpuwarden.cluster.usage import NARROW_GPUS
+
+    queries = _report_queries(gpus)
+    longest = max(len(q.encode()) for q in queries)
+    assert longest <= max(len(q.encode()) for q in _report_queries(NARROW_GPUS)) < 6_000
+    parts = {m for q in queries for m in re.findall(r'uuid=~"([^"]*)"', q)}
+    named = [u for part in parts for u in part.split("|")]
+    assert len(named) == len(set(named)) == gpus
+    assert all(len(part.split("|")) <= NARROW_GPUS for part in parts)

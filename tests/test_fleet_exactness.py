@@ -68,12 +68,13 @@ def test_every_gpu_and_the_fleet_are_their_counters_at_any_step(fleet: dict, top
         assert g["free_gpu_hours"] == pytest.approx(hours(truth.gpu_causes[key], "free"), rel=0.01, abs=1e-6), key
     fleet_held = sum(g["held_gpu_hours"] for g in tops[step]["gpus"])
     assert fleet_held == pytest.approx(sum(hours(s, *HELD) for s in truth.gpu_states.values()), rel=0.01)
-    # by hand: alpha's counters (no restart there) at the range's end minus at its start
-    held = 'sum(gpu_state_seconds_total{cluster="alpha", state!="free"} @ END)'
+    # by hand: alpha's counters but b3's (no restart there) at the range's end minus at its start
+    held = 'sum(gpu_state_seconds_total{cluster="alpha", instance!="b3:9400", state!="free"} @ END)'
     start = fleet["at"] - RANGE_S
     by_hand = (hand(fleet["url"], held.replace("END", f"{fleet['at']:.3f}"), fleet["at"])
                - hand(fleet["url"], held.replace("END", f"{start:.3f}"), fleet["at"])) / 3600  # fmt: skip
-    alpha = sum(g["held_gpu_hours"] for g in tops[step]["gpus"] if g["cluster"]["cluster"] == "alpha")
+    alpha = sum(g["held_gpu_hours"] for g in tops[step]["gpus"]
+                if g["cluster"]["cluster"] == "alpha" and g["instance"] != "b3:9400")  # fmt: skip
     assert alpha == pytest.approx(by_hand, rel=0.01)
 
 
@@ -83,7 +84,7 @@ def test_every_job_is_its_counters_at_any_step_and_one_id_in_two_clusters_is_two
 ) -> None:
     truth = fleet["truth"]
     jobs = {(j["job_id"], j["instance"], j["cluster"]["cluster"]): j for j in tops[step]["jobs"]}
-    assert len(tops[step]["jobs"]) == len(truth.job_states) == 5  # complete, whatever --limit
+    assert len(tops[step]["jobs"]) == len(truth.job_states) == 7  # complete, whatever --limit
     assert {k for k in jobs if k[0] == SLUID} == {(SLUID, None, "alpha"), (SLUID, None, "beta")}
     for key, states in truth.job_states.items():
         j = jobs[key]

@@ -147,12 +147,42 @@ class Usage:
         ranked = sorted(self.reasons, key=lambda r: (-self.reasons[r], REASONS.index(r) if r in REASONS else 99))
         return ranked[:3]
 
+    def absorb(self, other: Usage) -> None:
+        """Add ``other`` (the same job or GPU, over other GPUs: ``Accounting.narrowed``'s parts) to this usage: hours,
+        energies and reasons summed (None where neither knows one), nodes and GPUs joined. The cost is left to be
+        priced again over the whole."""
+        self.held_hours += other.held_hours
+        self.busy_hours += other.busy_hours
+        self.free_hours += other.free_hours
+        for cause, h in other.lost_hours.items():
+            self.lost_hours[cause] = self.lost_hours.get(cause, 0.0) + h
+        for name in _OPTIONAL_SUMS:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if theirs is not None:
+                setattr(self, name, theirs if mine is None else mine + theirs)
+        if other.idle_energy_joules is not None:
+            joules = self.idle_energy_joules or dict.fromkeys(LOST_CAUSES, 0.0)
+            for cause, j in other.idle_energy_joules.items():
+                joules[cause] = joules.get(cause, 0.0) + j
+            self.idle_energy_joules = joules
+        for reason, n in other.reasons.items():
+            self.reasons[reason] = self.reasons.get(reason, 0.0) + n
+        self.instances |= other.instances
+        self.gpus |= other.gpus
+        self.cluster = self.cluster or other.cluster
+        self.kind = self.kind or other.kind
+
     def first_remedy(self) -> str:
         """The first remedy of the main reason (gpuwarden.insight.reasons.REMEDIES), '' without one."""
         for r in self.verdict():
             if REMEDIES.get(r):
                 return REMEDIES[r][0]
         return ""
+
+
+#: Usage's figures that are None where no series gave them: ``absorb`` sums them None-aware.
+_OPTIONAL_SUMS = ("effective_hours", "peak_equivalent_hours", "energy_joules", "held_idle_energy_joules",
+                  "peer_wait_hours", "peer_wait_energy_joules")  # fmt: skip
 
 
 @dataclass
@@ -176,6 +206,14 @@ _GPU_JOB = ("instance", "gpu", "job_id")
 #: scrape of a GPU and the hours are the same whatever ``--step``, a restarted daemon's counters and a GPU that
 #: changed hands included.
 ATTRIBUTION_SECONDS = 15.0
+
+
+#: A job's queries name at most this many of its GPUs (``Accounting.narrowed``: a larger job is asked about in parts
+#: and the parts added up): each GPU's UUID adds about 250 bytes to the longest query (its selector appears in it
+#: several times), so a query stays under about 5 KB whatever the job's size (VictoriaMetrics refuses queries past
+#: 16 KiB by default, ``-search.maxQueryLen``). Selecting the job's GPUs by a join instead would read every GPU of the
+#: fleet in every step of every query.
+NARROW_GPUS = 16
 
 
 #: The most attribution steps ``default_attribution`` gives a range: a day of 15-second steps. Every query of ``top``
@@ -272,12 +310,18 @@ class Accounting:
         named = set(_LABEL_NAME.findall(_QUOTED.sub('""', extra)))
         return self.metric("gpu_process_job_info" if named & PROCESS_LABELS else "gpu_job_info", extra)
 
-    def _at_step(self, metric: str, extra: str = "", before: float = 0.0) -> str:
+    def _at_step(self, metric: str, extra: str = "", before: float = 0.0, lookback: bool = False) -> str:
         """``metric``'s selector inside ``_steps``: read at the step's end (``before`` seconds earlier), not at the
-        multiple of the step PromQL evaluates it at."""
+        multiple of the step PromQL evaluates it at. ``lookback``: its newest sample within LOOKBACK, written out
+        (``last_over_time``), for counters: an instant selector looks back as far as the engine's setting (5 minutes
+        in Prometheus, about a scrape interval in VictoriaMetrics) and nowhere past a staleness marker (a failed
+        scrape writes them), so a missed scrape would hide a counter's earlier value. Without it, a reading present
+        at the step (a gauge or a flag, which ends where its series ends)."""
         ms = self._shift_ms - round(before * 1000)
-        sel = self.metric(metric, extra)
-        return sel if ms == 0 else f"{sel} offset {-ms}ms"
+        offset = "" if ms == 0 else f" offset {-ms}ms"
+        if lookback:
+            return f"last_over_time({self.metric(metric, extra)}[{_rules.LOOKBACK}]{offset})"
+        return f"{self.metric(metric, extra)}{offset}"
 
     def _steps(self, expr: str) -> str:
         """``expr`` at the end of each step of the range, as a range vector: from the step that ends at the range's
@@ -323,10 +367,11 @@ class Accounting:
         interval sees no growth in most steps and all of it in the one after a scrape; nothing is extrapolated
         (``rate`` and ``increase`` over a window are, and read nothing in a window with fewer than two scrapes). A
         counter that restarted (a daemon restart: below its earlier value) or appeared within the step counts its
-        value since it started (``+ 0`` drops the metric name as the difference does, so a series is one series over
-        the range whichever side a step took)."""
-        now, before = self._at_step(metric, extra), self._at_step(metric, extra, before=self.step_s)
-        return f"((({now} - {before}) >= 0) or ({now} + 0))"
+        value since it started, up to what it can have grown (``gpuwarden.mixin.rules.counter_growth``); each value
+        is the newest within LOOKBACK, so a missed or failed scrape loses nothing."""
+        now = self._at_step(metric, extra, lookback=True)
+        before = self._at_step(metric, extra, before=self.step_s, lookback=True)
+        return _rules.counter_growth(now, before, _rules.appeared_bound(metric, self.step_s))
 
     def _gpu_increase(self, metric: str, extra: str = "") -> str:
         """``_increase`` summed over the series of each GPU (e.g. every state but one): one series per GPU."""
@@ -540,13 +585,14 @@ class Accounting:
                     named.names[name] = named.names.get(name) or s.labels.get(name, "")
         return out
 
-    def narrowed(self, job_filter: str) -> Accounting | None:
-        """This accounting restricted to the GPUs the job(s) of ``job_filter`` (label matchers) held in the range (a
-        ``uuid=~`` matcher added to its selector), so that a job's queries cost what the job is, not what the fleet
-        is: other jobs' shares of those GPUs are still counted. None when no such job held a GPU in the range; self
-        when a series of the job names no UUID (nothing to narrow by)."""
+    def narrowed(self, job_filter: str) -> list[Accounting] | None:
+        """This accounting restricted to the GPUs the job(s) of ``job_filter`` (label matchers) held in the range, in
+        parts of at most NARROW_GPUS GPUs each (a ``uuid=~`` matcher added to each part's selector), so that a job's
+        queries cost what the job is, not what the fleet is, and no query grows with the job: other jobs' shares of
+        those GPUs are still counted, and every figure is a sum over GPUs, so the parts add up to the job. None when
+        no such job held a GPU in the range; [self] when a series of the job names no UUID (nothing to narrow by)."""
         if self._narrow:
-            return self
+            return [self]
         info = self.job_series(job_filter)
         window = self._range_ms + self._step_ms  # the first step's presence reads a step before the range
         q = f"group by (uuid) (last_over_time({info}[{window}ms]))"
@@ -555,22 +601,33 @@ class Accounting:
             return None
         uuids = sorted({s.labels.get("uuid", "") for s in found})
         if "" in uuids:
-            return self
-        regex = promql_string("|".join(re.escape(u) for u in uuids))
-        sel = ", ".join(x for x in (self.sel, f"uuid=~{regex}") if x)
-        narrow = Accounting(self.prom, self.range, self.step, sel, at=self.at, cluster_labels=self.cluster_labels,
-                            attribution=self._fine.step_s)  # fmt: skip
-        narrow._narrow = narrow._fine._narrow = True
-        return narrow
+            return [self]
+        parts = []
+        for first in range(0, len(uuids), NARROW_GPUS):
+            regex = promql_string("|".join(re.escape(u) for u in uuids[first : first + NARROW_GPUS]))
+            sel = ", ".join(x for x in (self.sel, f"uuid=~{regex}") if x)
+            part = Accounting(self.prom, self.range, self.step, sel, at=self.at, cluster_labels=self.cluster_labels,
+                              attribution=self._fine.step_s)  # fmt: skip
+            part._narrow = part._fine._narrow = True
+            parts.append(part)
+        return parts
 
     def job_details(self, job_id: str, instance: str | None = None) -> dict[JobKey, Usage]:
         """``jobs()`` of one id, with energy added: all of it, above the idle floor by lost cause, and above it while
         waiting on peers. Asks only about the GPUs the id held (``narrowed``)."""
-        narrow = self.narrowed(_job_filter(job_id, instance))
-        if narrow is None:
+        parts = self.narrowed(_job_filter(job_id, instance))
+        if parts is None:
             return {}
-        if narrow is not self:
-            return narrow.job_details(job_id, instance)
+        if parts[0] is not self:
+            out: dict[JobKey, Usage] = {}
+            for part in parts:
+                for key, usage in part.job_details(job_id, instance).items():
+                    if key in out:
+                        out[key].absorb(usage)
+                    else:
+                        out[key] = usage
+            self._price(out.values())
+            return out
         if self._fine is not self:
             self._fine._reasons = self._gpu_reasons()
             return self._fine.job_details(job_id, instance)
@@ -597,11 +654,11 @@ class Accounting:
         """GPUs of the job the daemons flagged ``straggler`` in at least STRAGGLER_MIN_SHARE of the steps the job held
         them: (instance, gpu, share), most flagged first."""
         jf = _key_filter(key, self.cluster_labels)
-        narrow = self.narrowed(jf)
-        if narrow is None:
+        parts = self.narrowed(jf)
+        if parts is None:
             return []
-        if narrow is not self:
-            return narrow.stragglers(key)
+        if parts[0] is not self:
+            return sorted((g for part in parts for g in part.stragglers(key)), key=lambda x: -x[2])
         if self._fine is not self:
             return self._fine.stragglers(key)
         straggler = self._at_step("gpu_diagnosis", 'reason="straggler"')
@@ -630,11 +687,11 @@ class Accounting:
     def lost_gpus(self, key: JobKey) -> list[tuple[str, str]]:
         """The GPUs of the job that went down (``gpu_up`` 0) in the range within LOST_WITHIN_SECONDS of the job's
         last sample on them: (instance, gpu), sorted."""
-        narrow = self.narrowed(_key_filter(key, self.cluster_labels))
-        if narrow is None:
+        parts = self.narrowed(_key_filter(key, self.cluster_labels))
+        if parts is None:
             return []
-        if narrow is not self:
-            return narrow.lost_gpus(key)
+        if parts[0] is not self:
+            return sorted(g for part in parts for g in part.lost_gpus(key))
         c = self._c
         info = self.job_series(_key_filter(key, self.cluster_labels))
         recent = f"max by ({c}instance, gpu, uuid) (max_over_time({info}[{LOST_WITHIN_SECONDS}s]))"

@@ -245,6 +245,37 @@ USAGE = {
 USAGE_OFFSET = "15s"
 #: The scrape interval the effective time is sampled at (gpuwarden.cluster.usage.ATTRIBUTION_SECONDS).
 USAGE_SAMPLE = "15s"
+#: How far back a counter's value "at" a time is looked for, written into every such read (``last_over_time(m[5m])``)
+#: rather than left to the engine: Prometheus's instant selectors look back 5 minutes (``--query.lookback-delta``, the
+#: default Thanos and Mimir keep) but stop at the staleness markers a failed scrape writes, VictoriaMetrics' about one
+#: scrape interval (detected from the samples): one missed scrape hid the counter's earlier value, and its whole value
+#: was read as growth.
+LOOKBACK = "5m"
+#: A counter that appeared (no value within LOOKBACK before) counts its value as growth up to this many seconds of
+#: its unit's time past LOOKBACK and the window (a seconds counter grows at most 1 s a second; a joules counter at
+#: most this many watts: above every GPU's board power): a restarted daemon's counters are that young, while a node
+#: out of sight longer than LOOKBACK whose daemon kept counting would otherwise count its whole past.
+APPEARED_WATTS = 2000
+
+
+def appeared_bound(metric: str, window_s: float) -> float | None:
+    """The most a counter ``metric`` can have grown in LOOKBACK plus ``window_s`` seconds: those seconds for a
+    ``_seconds_total``, times APPEARED_WATTS for a ``_joules_total``; None for any other counter (no bound)."""
+    span = seconds(LOOKBACK) + window_s
+    if metric.endswith("_seconds_total"):
+        return span
+    if metric.endswith("_joules_total"):
+        return span * APPEARED_WATTS
+    return None
+
+
+def counter_growth(now: str, before: str, bound: float | None) -> str:
+    """PromQL for a counter's growth between two reads of it, ``now`` and ``before`` (each a ``last_over_time`` over
+    LOOKBACK): their difference, or ``now`` where the counter restarted (below ``before``) or appeared (no
+    ``before``), clamped to ``bound`` (``appeared_bound``). The ``+ 0`` drops the metric name as the difference
+    does, so a series is one series whichever side a read took."""
+    appeared = f"({now} + 0)" if bound is None else f"clamp_max({now}, {bound:g})"
+    return f"((({now} - {before}) >= 0) or {appeared})"
 
 
 def usage_records(values: dict[str, str]) -> str:
@@ -261,7 +292,8 @@ def usage_records(values: dict[str, str]) -> str:
       node: held (every state but free), busy, lost by cause (one rule a cause: the share and the causes are both
       several series a GPU, which PromQL cannot match many-to-many), waiting on peers, joules drawn held idle. The
       growth is the counter at the window's end minus at its start, or its value where it restarted or appeared
-      (``_increase``): consecutive windows tile time, so their sum telescopes to the counter's growth;
+      (``counter_growth``, each read over LOOKBACK): consecutive windows tile time, so their sum telescopes to the
+      counter's growth;
     - effective seconds: w times the share of the samples (at USAGE_SAMPLE steps) with SM activity (util.gpu without
       GPM) at least 0.5 (a share: Prometheus 2's ranges hold both ends, 3's only the last), times the GPU's share;
       peak-equivalent seconds: the window's mean FLOP utilization estimate times w times the GPU's share;
@@ -279,9 +311,10 @@ def usage_records(values: dict[str, str]) -> str:
     window = f"[{w}] offset {USAGE_OFFSET}"
 
     def grew(metric: str, extra: str = "", by: str = "") -> str:
-        now = f"{metric}{{{sel}{extra}}} offset {USAGE_OFFSET}"
-        before = f"{metric}{{{sel}{extra}}} offset {duration(seconds(w) + seconds(USAGE_OFFSET))}"
-        return f"sum by ({gpu}{by}) ((({now} - {before}) >= 0) or ({now} + 0))"
+        now = f"last_over_time({metric}{{{sel}{extra}}}[{LOOKBACK}] offset {USAGE_OFFSET})"
+        ago = duration(seconds(w) + seconds(USAGE_OFFSET))
+        before = f"last_over_time({metric}{{{sel}{extra}}}[{LOOKBACK}] offset {ago})"
+        return f"sum by ({gpu}{by}) ({counter_growth(now, before, appeared_bound(metric, seconds(w)))})"
 
     presence = f"max by ({gpu}, job_id, job_scope, job_kind) (count_over_time(gpu_job_info{{{sel}}}{window}))"
     share = f"({presence} / on ({gpu}) group_left () sum by ({gpu}) ({presence}))"
