@@ -201,7 +201,8 @@ def test_report_summarizes_one_job(prom: dict) -> None:
 @pytest.mark.e2e
 def test_a_jobs_report_asks_only_about_its_gpus_and_equals_the_fleets_accounting(prom: dict) -> None:
     """After one lookup of the GPUs the job held, every query of a report names those GPUs' UUIDs (a job's report
-    costs what the job is, not what the fleet is), and it gives the job what the fleet-wide accounting gives it."""
+    costs what the job is, not what the fleet is) but the nodes' prices (a sample a node, no UUID), and it gives
+    the job what the fleet-wide accounting gives it, its cost included."""
     from gpuwarden.cluster.promapi import Prometheus
     from gpuwarden.cluster.usage import Accounting
 
@@ -217,7 +218,7 @@ def test_a_jobs_report_asks_only_about_its_gpus_and_equals_the_fleets_accounting
     try:
         at = time.time()
         narrow = Accounting(client, "30s", "1s", at=at).job_details(SLUID)
-        lookups, rest = asked[:1], asked[1:]
+        lookups, rest = asked[:1], [q for q in asked[1:] if "gpuwarden_gpu_hour_price" not in q]
         asked.clear()
         whole = Accounting(client, "30s", "1s", at=at).jobs()
     finally:
@@ -232,6 +233,7 @@ def test_a_jobs_report_asks_only_about_its_gpus_and_equals_the_fleets_accounting
     assert u.busy_hours == pytest.approx(whole[key].busy_hours, rel=1e-9)
     assert u.lost_hours == pytest.approx(whole[key].lost_hours, rel=1e-9, abs=1e-12)
     assert u.reasons == whole[key].reasons
+    assert u.cost is not None and u.cost == pytest.approx(whole[key].cost, rel=1e-9)
 
 
 @pytest.mark.e2e

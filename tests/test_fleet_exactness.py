@@ -171,3 +171,49 @@ def test_label_values_reach_the_query_whole_whatever_they_hold(fleet: dict, valu
     body = httpx.get(f"{fleet['url']}/api/v1/query", params={"query": expr}, timeout=30).json()
     assert body["status"] == "success", body
     assert body["data"]["result"][0]["metric"]["got"] == value
+
+
+@pytest.fixture(scope="module")
+def gapped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The fleet's first 90 minutes with the usage records of its last hour missing 20 minutes (the rules backfilled
+    before and after, as a rule group that fell behind or a ruler that was down leaves them)."""
+    tmp = tmp_path_factory.mktemp("gapped")
+    t0 = (int(time.time()) // 3600 - 3) * 3600
+    series = Fleet(t0, hours=1.5)
+    [group] = [g for g in yaml.safe_load((REPO / "alerts" / "gpuwarden.rules.yml").read_text())["groups"]
+               if g["name"] == "gpuwarden.usage"]  # fmt: skip
+    (tmp / "usage.rules.yml").write_text(yaml.safe_dump({"groups": [group]}))
+    at = t0 + 90 * 60 + 7.3
+    passes = [(tmp / "usage.rules.yml", t0, at - 40 * 60), (tmp / "usage.rules.yml", at - 20 * 60, at)]
+    with backfilled_prometheus(PROMETHEUS, PROMTOOL, tmp, series.openmetrics(), passes) as url:
+        yield {"url": url, "at": at, "truth": series.truth(at - 3600, at)}
+
+
+def test_top_says_which_share_of_its_range_the_records_miss_and_what_it_does(gapped: dict) -> None:
+    """A third of the hour's usage group evaluations wrote nothing: top reads the records still (they cover the
+    range's start), says in one line and in --json that they miss about a third, and its hours are low by about
+    that share; --source raw reads the counters, which lose nothing."""
+    flags = ["--prometheus", gapped["url"], "--range", "1h", "--at", str(gapped["at"])]
+    ran = subprocess.run([sys.executable, "-m", "gpuwarden", "top", *flags, "--json"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120, check=False)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    doc = yaml.safe_load(ran.stdout)
+    assert doc["source"] == "recorded"
+    assert doc["records_missing_ratio"] == pytest.approx(1 / 3, abs=0.03)
+    [line] = ran.stderr.splitlines()
+    assert "the usage records miss 3" in line and "low by about that share" in line and "--source raw" in line
+    truth = sum(hours(s, *HELD) for s in gapped["truth"].job_states.values())
+    held = sum(j["held_gpu_hours"] for j in doc["jobs"])
+    assert held == pytest.approx(truth * (1 - doc["records_missing_ratio"]), rel=0.05)
+    raw = cli_json("top", *flags, "--source", "raw")
+    assert raw["records_missing_ratio"] is None
+    assert sum(j["held_gpu_hours"] for j in raw["jobs"]) == pytest.approx(truth, rel=0.01)
+
+
+def test_top_says_nothing_of_records_that_miss_nothing(fleet: dict) -> None:
+    ran = subprocess.run([sys.executable, "-m", "gpuwarden", "top", "--prometheus", fleet["url"], "--range", "3h",
+                          "--at", str(fleet["at"]), "--json"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         check=False)  # fmt: skip
+    assert ran.returncode == 0 and ran.stderr == "", ran.stderr
+    doc = yaml.safe_load(ran.stdout)
+    assert doc["source"] == "recorded" and doc["records_missing_ratio"] < 0.01

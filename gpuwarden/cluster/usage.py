@@ -473,6 +473,20 @@ class Accounting:
         start = self._range_ms // 1000 - RECORDED_CHECK
         return bool(self.prom.query(f"count(count_over_time({beat}[{RECORDED_CHECK}s] offset {start}s))", self.at))
 
+    def records_missing(self) -> float:
+        """The share of the usage group's evaluations due in the range that wrote no records, in the cluster that
+        misses most (0 to 1): 1 - (the heartbeat records of the node with the most of them, plus the one an end of
+        the range may cut) / (the range / RECORDED_INTERVAL), at least 0. An evaluation Prometheus missed (a rule
+        group past its interval, a restart, a ruler down) is an interval of GPU-time no record holds, so the recorded
+        figures are low by about this share; the counters (``jobs()``) lose nothing."""
+        due = self._range_ms / (_rules.seconds(RECORDED_INTERVAL) * 1000)
+        beat = f"{self.metric(RECORDED_HEARTBEAT)}[{self._range_ms}ms] offset -{RECORDED_OFFSET}s"
+        q = f"max by ({self._c.rstrip(', ')}) (count_over_time({beat}))"
+        counts = [s.value for s in self.prom.query(q, self.at)]
+        if not counts:
+            return 1.0
+        return max(0.0, (due - min(counts) - 1) / due)
+
     def _summed_records(self, name: str, by: str, *need: str) -> list[Sample]:
         """The usage record ``name`` summed over the range by cluster, instance and ``by``, the samples that carry
         instance and every label of ``need``. Each record covers the interval that ended RECORDED_OFFSET before

@@ -10,6 +10,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuwarden.cluster.usage import (
@@ -150,17 +151,48 @@ def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T]
 RECORDED_FROM_SECONDS = 900
 
 
-def _top(acc: Accounting, source: str) -> tuple[dict[JobKey, Usage], dict[GpuKey, Usage], Names, Accounting, str]:
-    """The jobs, GPUs and node names of ``top`` from ``source`` (auto, recorded, raw), and the source used; raises
-    ValueError when the records were asked for and do not cover the range."""
+#: ``top`` says so when the usage records miss this share of the evaluations due in its range or more (their figures
+#: are within about 1% of the counters otherwise: gpuwarden.cluster.usage.Accounting.recorded_jobs).
+RECORDS_MISSING_NOTE = 0.01
+
+
+@dataclass
+class TopData:
+    """What ``top`` shows: the jobs and GPUs with their usage, the node names, the accounting asked, the source
+    read (recorded or raw) and, from the records, the share of the usage group's evaluations they miss (None
+    from the counters)."""
+
+    jobs: dict[JobKey, Usage]
+    gpus: dict[GpuKey, Usage]
+    names: Names
+    acc: Accounting
+    source: str
+    records_missing: float | None = None
+
+
+def _top(acc: Accounting, source: str) -> TopData:
+    """``top``'s data from ``source`` (auto, recorded, raw); raises ValueError when the records were asked for and
+    do not cover the range."""
     if source == "auto":
         source = "recorded" if seconds(acc.range) >= RECORDED_FROM_SECONDS and acc.recorded() else "raw"
     elif source == "recorded" and not acc.recorded():
         raise ValueError(f"the usage records (rule group gpuwarden.usage) do not cover the last {acc.range} of the "
                          "selected nodes: load alerts/gpuwarden.rules.yml, or use --source raw")  # fmt: skip
     if source == "recorded":
-        return acc.recorded_jobs(), acc.recorded_gpus(), acc.node_names(), acc, source
-    return acc.jobs(), acc.gpus(), acc.node_names(), acc, source
+        missing = acc.records_missing()
+        return TopData(acc.recorded_jobs(), acc.recorded_gpus(), acc.node_names(), acc, source, missing)
+    return TopData(acc.jobs(), acc.gpus(), acc.node_names(), acc, source)
+
+
+def records_note(range_: str, missing: float | None) -> str:
+    """One line saying which share of the range the usage records miss and what it does to the figures; '' under
+    RECORDS_MISSING_NOTE (or from the counters)."""
+    if missing is None or missing < RECORDS_MISSING_NOTE:
+        return ""
+    return (
+        f"the usage records miss {missing:.0%} of the last {range_} (the rule group gpuwarden.usage fell behind "
+        f"or was not evaluated): the hours below are low by about that share; --source raw reads the counters"
+    )
 
 
 def top(args: argparse.Namespace) -> int:
@@ -169,7 +201,10 @@ def top(args: argparse.Namespace) -> int:
     got = _ask(args, "top", lambda acc: _top(acc, getattr(args, "source", "raw")))
     if got is None:
         return 1
-    jobs, gpus, names, acc, source = got
+    jobs, gpus, names, acc, source = got.jobs, got.gpus, got.names, got.acc, got.source
+    note = records_note(args.range, got.records_missing)
+    if note:
+        print(f"gpuwarden top: {note}", file=sys.stderr)
     ranked_jobs = sorted(jobs.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))
     ranked_gpus = sorted(gpus.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))
     if args.json:
@@ -179,6 +214,7 @@ def top(args: argparse.Namespace) -> int:
             "step": args.step,
             "evaluated_at": acc.at,
             "source": source,
+            "records_missing_ratio": got.records_missing,
             "jobs": [
                 {"job_id": k.job_id, "instance": k.instance, "job_kind": u.kind, **_usage_json(u, acc.cluster_labels)}
                 for k, u in ranked_jobs

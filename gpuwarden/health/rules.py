@@ -288,4 +288,5 @@ NOT_READ = {
     "GpuwardenCollectionStale": "the daemon, not the GPU",
     "GpuwardenCollectorFailing": "the daemon, not the GPU",
     "GpuwardenNvmlErrors": "the daemon, not the GPU",
+    "GpuwardenUsageRecordsBehind": "the rule evaluation of Prometheus, not the GPU",
 }

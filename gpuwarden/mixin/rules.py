@@ -527,6 +527,8 @@ def _derived(out: dict[str, str]) -> dict[str, str]:
     out["memory_window_records"] = memory_window_records(out)
     out["memory_long_records"] = memory_long_records(out)
     out["usage_records"] = usage_records(out)
+    out["usage_heartbeat"] = USAGE_HEARTBEAT
+    out["usage_evaluations_30m"] = f"{1800 / seconds(out['usage_interval']):g}"
     known = out["selector"] + 'job_id!~"[?]/.*"'  # a process /proc does not know (exited: "?/?") names no job
     for key, record in (("gpu_job_record", GPU_JOB_RECORD), ("gpu_grower_record", GPU_GROWER_RECORD)):
         named = record.replace("SELKNOWN", known).replace("SEL", out["selector"])
