@@ -28,8 +28,8 @@ def test_mixin_writes_every_file_with_the_sites_addresses(tmp_path: Path, capsys
     assert printed.err == ""  # a Grafana address given: nothing to warn of
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert written == sorted(printed.out.replace(str(out) + "/", "").split())
-    assert written == sorted([mixin.RULES, mixin.COMPAT, mixin.ALERTMANAGER, *(
-        f"{mixin.DASHBOARDS}/gpuwarden-{b}.json" for b in ("fleet", "job", "node"))])  # fmt: skip
+    assert written == sorted([mixin.RULES, mixin.ALERTMANAGER, *(
+        f"{mixin.DASHBOARDS}/gpuwarden-{b}.json" for b in ("fleet", "job", "node"))])  # fmt: skip  # no dcgm-compat
     alerts = _alerts((out / mixin.RULES).read_text())
     assert alerts
     for rule in alerts:
@@ -99,3 +99,40 @@ def test_out_or_defaults_is_required(capsys) -> None:  # noqa: ANN001
         main(["mixin"])
     assert exc.value.code == 2
     assert "one of the arguments --out --defaults is required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("version", "names", "records"), [
+    ("both", "", None),
+    ("4.8", "", 29),
+    ("4.9", "DCGM_FI_DEV_GPU_UTIL_RATIO,DCGM_FI_DEV_GPU_TEMP_CELSIUS", 2),
+])  # fmt: skip
+def test_the_dcgm_compat_rules_are_written_only_as_asked(tmp_path: Path, version: str, names: str,
+                                                         records: int | None) -> None:  # fmt: skip
+    """--dcgm-compat writes the compatibility rules of a version (both: the shipped file as it is), and
+    --dcgm-compat-names only those series, each group with its labels rule: a site pays for the names it reads."""
+    args = ["mixin", "--out", str(tmp_path), "--dcgm-compat", version]
+    assert main([*args, "--dcgm-compat-names", names] if names else args) == 0
+    text = (tmp_path / mixin.COMPAT).read_text()
+    shipped = (REPO / "gpuwarden" / "mixin" / "dcgm-compat.rules.yml").read_text()
+    if records is None:
+        assert text == shipped
+        return
+    groups = yaml.safe_load(text)["groups"]
+    assert [g["name"] for g in groups] == list(mixin.COMPAT_GROUPS[version])
+    [group] = groups
+    assert group["rules"][0]["record"].startswith("instance_gpu:dcgm_exporter_labels")
+    assert len(group["rules"]) - 1 == records
+    if names:
+        assert {r["record"] for r in group["rules"][1:]} == set(names.split(","))
+    whole = {r["record"]: r for g in yaml.safe_load(shipped)["groups"] for r in g["rules"]}
+    assert all(whole[r["record"]] == r for r in group["rules"])  # each rule as shipped
+
+
+def test_dcgm_compat_names_that_no_group_records_are_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    assert main(["mixin", "--out", str(tmp_path), "--dcgm-compat", "4.8", "--dcgm-compat-names",
+                 "DCGM_FI_DEV_GPU_UTIL,DCGM_FI_DEV_GPU_UTIL_RATIO"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "not a dcgm-exporter series the 4.8 compatibility rules record: DCGM_FI_DEV_GPU_UTIL_RATIO" in err
+    assert not (tmp_path / mixin.COMPAT).exists() and not (tmp_path / mixin.RULES).exists()  # nothing written
+    assert main(["mixin", "--out", str(tmp_path), "--dcgm-compat-names", "DCGM_FI_DEV_GPU_UTIL"]) == 2
+    assert "--dcgm-compat-names needs --dcgm-compat" in capsys.readouterr().err

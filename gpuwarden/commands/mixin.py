@@ -15,9 +15,9 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
     p = subparsers.add_parser(
         "mixin",
         help=COMMANDS["mixin"].help,
-        description="Write gpuwarden's Prometheus rules (for this site's parameters), the dcgm-exporter compatibility "
-        "rules, the Alertmanager routes example and the Grafana dashboards under a directory: prometheus/, "
-        "alertmanager/, grafana/dashboards/.",
+        description="Write gpuwarden's Prometheus rules (for this site's parameters), the Alertmanager routes "
+        "example and the Grafana dashboards under a directory: prometheus/, alertmanager/, grafana/dashboards/; and "
+        "the dcgm-exporter compatibility rules where --dcgm-compat asks for them.",
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--out", type=Path, metavar="DIR", help="the directory to write into (made where missing)")
@@ -25,6 +25,13 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
     p.add_argument("--params", type=Path, metavar="FILE", help="a YAML file of the parameters to change")
     p.add_argument("--runbook-url", metavar="URL", help="where your team hosts docs/runbook.md (absolute http(s))")
     p.add_argument("--grafana-url", metavar="URL", help="your Grafana's address: the alerts link its dashboards")
+    p.add_argument("--dcgm-compat", choices=("4.8", "4.9", "both"), default=None,
+                   help="also write prometheus/dcgm-compat.rules.yml: dcgm-exporter's series under its 4.8 names, "
+                        "its 4.9 names, or both, for consumers written for dcgm-exporter (each series one more "
+                        "series a GPU and one join over every GPU a rule evaluation: docs/prometheus.md)")  # fmt: skip
+    p.add_argument("--dcgm-compat-names", metavar="NAME[,NAME...]", default="",
+                   help="with --dcgm-compat: only these dcgm-exporter series (e.g. "
+                        "DCGM_FI_DEV_GPU_UTIL,DCGM_FI_DEV_FB_USED)")  # fmt: skip
     return p
 
 
@@ -40,8 +47,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(mixin.defaults())
         return 0
     overrides = {k: v for k, v in (("runbook_url", args.runbook_url), ("grafana_url", args.grafana_url)) if v}
+    names = [n.strip() for n in args.dcgm_compat_names.split(",") if n.strip()]
+    if names and args.dcgm_compat is None:
+        return die("--dcgm-compat-names needs --dcgm-compat 4.8, 4.9 or both", EXIT_USAGE)
     try:
-        written = mixin.write(args.out, args.params, overrides)
+        written = mixin.write(args.out, args.params, overrides, args.dcgm_compat, names)
     except (ValueError, OSError, yaml.YAMLError) as exc:
         return die(brief(exc, 300), EXIT_USAGE)
     for path in written:
