@@ -3,6 +3,7 @@
 against it, for the tree and for a git revision side by side.
 
     python3 bench/fleet_scale.py [--gpus 512] [--hours 2] [--rev bc5f485 ...] [--seconds 120] [--families rules|all]
+        [--compat] [--prometheus-cpu 1]
 
 For each tree (the working tree, then each ``--rev`` checked out in a temporary worktree) it takes that tree's
 exposition of a real H100 recording (tests/data/golden/h100-compute_bound.prom: 40 polls of a compute-bound job, as the
@@ -17,8 +18,11 @@ Prometheus over it with that tree's alerts/gpuwarden.rules.yml at a 15 s evaluat
   group's window records (means, variances, least and most) are backfilled over the hours too, with ``promtool tsdb
   create-blocks-from rules``, so its detectors read the history a steady state has; memory in use is spread over
   40-95% across GPUs, a busy fleet;
-- the wall time of that tree's ``gpuwarden top --range 15m`` and ``--range 1h`` and ``gpuwarden report --job``
-  (one 8-GPU job) over 15 minutes and an hour.
+- the wall time and exit of that tree's ``gpuwarden top`` with no flags (a day), ``--range 15m`` and ``--quality``,
+  and ``gpuwarden report --job`` of a 64-GPU job over 15 minutes and a day and of an 8-GPU job over an hour, each
+  within its own default timeout, the load beside each. The usage records are backfilled over the hours too (what
+  ``top`` reads over 15 minutes or more). ``--compat`` loads the dcgm-exporter compatibility rules beside the rules;
+  ``--prometheus-cpu`` pins Prometheus to CPUs of its own (``taskset``).
 
 ``--families rules`` (default) backfills only the families the rule file and the fleet commands read (the rest
 changes no rule's cost, and leaves the backfill small); ``all`` backfills every family, for the bytes a GPU a day.
@@ -56,6 +60,10 @@ COMMANDS = (
 
 
 TOP_RULES = 6
+#: The first 8 nodes' GPUs run one 64-GPU Slurm job (the rest one job a node).
+JOB64 = "64000"
+#: The dcgm-exporter compatibility rules, loaded beside the rules with ``--compat``.
+COMPAT = Path("gpuwarden/mixin/dcgm-compat.rules.yml")
 #: The recording's GPU's memory (an H100 80GB HBM3), from its gpu_memory_total_bytes.
 TOTAL_BYTES = 85520809984.0
 
@@ -92,7 +100,7 @@ def _lines(tree: Path, gpus: int, wanted: set[str] | None) -> list[tuple[str, st
                 text = re.sub(r'\bgpu="\d+"', f'gpu="{n % 8}"', text)
                 text = re.sub(r'uuid="[^"]+"', f'uuid="GPU-{n:08d}"', text)
                 text = re.sub(r'pid="\d+"', f'pid="{1000 + n}"', text)
-                text = re.sub(r'job_id="[^"]*"', f'job_id="{100000 + node}"', text)
+                text = re.sub(r'job_id="[^"]*"', f'job_id="{JOB64 if node < 8 else 100000 + node}"', text)
                 text = re.sub(r'job_kind="[^"]*"', 'job_kind="slurm"', text)
                 text = re.sub(r'job_scope="[^"]*"', 'job_scope="cluster"', text)
             extra = f'instance="node-{node}:10400",job="gpuwarden"'
@@ -136,24 +144,29 @@ def timed(cmd: list[str], env: dict[str, str], cwd: Path) -> str:
         done.stderr.strip().splitlines() or ["?"])[-1][:100]  # fmt: skip
 
 
-def _serve(work: Path, port: int, rules: Path | None) -> subprocess.Popen[bytes]:
-    """A Prometheus over ``work/tsdb`` on ``port``, evaluating ``rules`` (None: none) every 15 s."""
-    config = {"global": {"evaluation_interval": "15s"}, **({"rule_files": [str(rules)]} if rules else {})}
+def _serve(work: Path, port: int, rules: list[Path], cpu: str = "") -> subprocess.Popen[bytes]:
+    """A Prometheus over ``work/tsdb`` on ``port``, evaluating ``rules`` every 15 s, on the CPUs ``cpu`` names
+    (``taskset -c``; '' any)."""
+    config = {"global": {"evaluation_interval": "15s"}, **({"rule_files": [str(r) for r in rules]} if rules else {})}
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-    return subprocess.Popen([shutil.which("prometheus") or "prometheus", f"--config.file={work / 'prometheus.yml'}",
+    pinned = ["taskset", "-c", cpu] if cpu else []
+    return subprocess.Popen([*pinned, shutil.which("prometheus") or "prometheus",
+                             f"--config.file={work / 'prometheus.yml'}",
                              f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
                              "--storage.tsdb.retention.time=30d", "--query.timeout=10m"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
 
 def _backfill_records(doc: dict, work: Path, end: int, hours: float) -> None:
-    """Backfill the memory groups' window records (``uuid:gpu_memory_used_bytes:*``) over the hours, each at its
-    group's interval, into ``work/tsdb``: a Prometheus with no rules answers promtool, in passes (a record that reads
-    another waits for the pass after it: promtool evaluates each rule alone)."""
-    groups = [g for g in doc["groups"] if g["name"].startswith("gpuwarden.memory")]
+    """Backfill the memory groups' window records (``uuid:gpu_memory_used_bytes:*``) and the usage records (what
+    ``top`` reads over 15 minutes or more) over the hours, each at its group's interval, into ``work/tsdb``: a
+    Prometheus with no rules answers promtool, in passes (a record that reads another waits for the pass after it:
+    promtool evaluates each rule alone)."""
+    groups = [g for g in doc["groups"] if g["name"].startswith("gpuwarden.memory") or g["name"] == "gpuwarden.usage"]
     interval = {r["record"]: g.get("interval", "1m") for g in groups for r in g["rules"] if "record" in r}
     prefix = "uuid:gpu_memory_used_bytes:"
-    pending = [r for g in groups for r in g["rules"] if str(r.get("record", "")).startswith(prefix)]
+    pending = [r for g in groups for r in g["rules"]
+               if str(r.get("record", "")).startswith(prefix) or g["name"] == "gpuwarden.usage"]  # fmt: skip
     port = 19100 + os.getpid() % 400
     while pending:
         names = {r["record"] for r in pending}
@@ -162,7 +175,7 @@ def _backfill_records(doc: dict, work: Path, end: int, hours: float) -> None:
         now = [r for r in ready_now if interval[r["record"]] == step]  # one evaluation interval a pass
         pending = [r for r in pending if r not in now]
         (work / "records.yml").write_text(yaml.safe_dump({"groups": [{"name": "records", "rules": now}]}))
-        proc = _serve(work, port, None)
+        proc = _serve(work, port, [])
         try:
             ready(f"http://127.0.0.1:{port}")
             subprocess.run([shutil.which("promtool") or "promtool", "tsdb", "create-blocks-from", "rules",
@@ -199,7 +212,12 @@ def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None
     print(f"  the memory group's window records backfilled in {time.monotonic() - t:.0f} s")
     port = 19500 + os.getpid() % 400
     url = f"http://127.0.0.1:{port}"
-    proc = _serve(work, port, tree / RULES)
+    rule_files = [tree / RULES] + ([tree / COMPAT] if args.compat and (tree / COMPAT).exists() else [])
+    for extra in rule_files[1:]:
+        doc["groups"] += yaml.safe_load(extra.read_text())["groups"]
+    print(f"  rule files: {', '.join(str(f.relative_to(tree)) for f in rule_files)}; Prometheus on CPU "
+          f"{args.prometheus_cpu or 'any'}")  # fmt: skip
+    proc = _serve(work, port, rule_files, args.prometheus_cpu)
     try:
         ready(url)
         time.sleep(20)
@@ -216,7 +234,8 @@ def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None
             time.sleep(2)
         intervals = {g["name"]: float(re.sub(r"[a-z]", "", str(g.get("interval", "15s")))) * (
             60 if str(g.get("interval", "")).endswith("m") else 1) for g in doc["groups"]}  # fmt: skip
-        print("  rule group                      median      p90      max   of its interval (median)")
+        print(f"  rule group                      median      p90      max   of its interval (median); load "
+              f"{os.getloadavg()[0]:.1f}")  # fmt: skip
         for group, values in sorted(seen.items()):
             q = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
             share = statistics.median(values) / intervals.get(group, 15)
@@ -229,12 +248,17 @@ def measure(tree: Path, label: str, args: argparse.Namespace, tmp: Path) -> None
             print(f"    {group}: " + ", ".join(f"{name} {1000 * ms:.0f}" for name, ms in costly))
         env = {**os.environ, "PYTHONPATH": str(tree)}
         gw = [sys.executable, "-m", "gpuwarden"]
-        asked = ("--prometheus", url, "--timeout", "600")
-        for rng in ("15m", "1h"):
-            top = timed([*gw, "top", *asked, "--range", rng], env, tree)
-            report = timed([*gw, "report", "--job", "100000", *asked, "--range", rng], env, tree)
-            print(f"  top --range {rng:4}               {top}")
-            print(f"  report --job 100000 --range {rng:4} {report}")
+        asked = ("--prometheus", url)  # each command's own timeout: what a user gets
+        commands = {
+            "top": ["top"],
+            "top --range 15m": ["top", "--range", "15m"],
+            "top --quality": ["top", "--quality"],
+            "report (64 GPUs) --range 15m": ["report", "--job", JOB64, "--range", "15m"],
+            "report (64 GPUs) --range 1d": ["report", "--job", JOB64, "--range", "1d"],
+            "report (8 GPUs) --range 1h": ["report", "--job", "100010", "--range", "1h"],
+        }
+        for name, cmd in commands.items():
+            print(f"  {name:30} {timed([*gw, *cmd, *asked], env, tree)}  (load {os.getloadavg()[0]:.1f})")
     finally:
         proc.terminate()
         proc.wait(30)
@@ -249,6 +273,8 @@ def main() -> int:
                     "(repeatable)")  # fmt: skip
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--families", choices=("rules", "all"), default="rules")
+    ap.add_argument("--compat", action="store_true", help="load the dcgm-exporter compatibility rules too")
+    ap.add_argument("--prometheus-cpu", default="", help="the CPUs Prometheus runs on (taskset -c LIST)")
     args = ap.parse_args()
     if not shutil.which("prometheus") or not shutil.which("promtool"):
         print("fleet_scale: prometheus and promtool must be on PATH", file=sys.stderr)

@@ -206,8 +206,25 @@ def test_top_says_which_share_of_its_range_the_records_miss_and_what_it_does(gap
     held = sum(j["held_gpu_hours"] for j in doc["jobs"])
     assert held == pytest.approx(truth * (1 - doc["records_missing_ratio"]), rel=0.05)
     raw = cli_json("top", *flags, "--source", "raw")
-    assert raw["records_missing_ratio"] is None
+    assert raw["records_missing_ratio"] is None and raw["records_start"] is None
     assert sum(j["held_gpu_hours"] for j in raw["jobs"]) == pytest.approx(truth, rel=0.01)
+
+
+def test_top_reads_records_that_begin_late_and_says_from_when(gapped: dict) -> None:
+    """A range that starts 30 minutes before the first record (rules loaded after the range began): top reads the
+    records still (a fleet's day from the counters would pass its timeout) and says from when they count."""
+    ran = subprocess.run([sys.executable, "-m", "gpuwarden", "top", "--prometheus", gapped["url"], "--range", "2h",
+                          "--at", str(gapped["at"]), "--json"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         check=False)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    doc = yaml.safe_load(ran.stdout)
+    assert doc["source"] == "recorded"
+    t0 = gapped["at"] - 90 * 60 - 7.3
+    assert t0 <= doc["records_start"] <= t0 + 120
+    late, missing = ran.stderr.splitlines()
+    begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(doc["records_start"]))
+    assert f"the usage records begin at {begun}, 30m into the last 2h" in late and "not in the figures" in late
+    assert "the usage records miss 2" in missing  # 20 of the 90 minutes since
 
 
 def test_top_says_nothing_of_records_that_miss_nothing(fleet: dict) -> None:

@@ -229,8 +229,20 @@ RECORDED = {k: v + RECORDED_INTERVAL for k, v in _rules.USAGE.items()}
 RECORDED_SHARE = _rules.USAGE_SHARE + RECORDED_INTERVAL
 RECORDED_GPU = {k: v + RECORDED_INTERVAL for k, v in _rules.USAGE_GPU.items()}
 RECORDED_HEARTBEAT = _rules.USAGE_HEARTBEAT
-#: The records cover a range when they exist within its first this many seconds.
+#: Records that begin this many seconds or more after the range's start are said to begin late (``top``'s note).
 RECORDED_CHECK = 300
+
+
+@dataclass(frozen=True)
+class RecordsCoverage:
+    """What of a range the usage records hold (``Accounting.records_coverage``): ``start``, when they begin in it
+    (Unix seconds; None: no record in the range); ``missing``, the share (0 to 1) of the evaluations due since then
+    that wrote no record, so the recorded figures are low by about that share."""
+
+    start: float | None
+    missing: float
+
+
 #: Each record covers the interval that ended this many seconds before its evaluation (gpuwarden.mixin.rules's
 #: USAGE_OFFSET: the scrapes of the interval are all written by then).
 RECORDED_OFFSET = int(_rules.seconds(_rules.USAGE_OFFSET))
@@ -464,28 +476,31 @@ class Accounting:
                     u = out[self._job_key(s.labels)]
                     u.reasons[reason] = u.reasons.get(reason, 0.0) + s.value
 
-    def recorded(self) -> bool:
-        """Whether the usage records (alerts/gpuwarden.rules.yml, group gpuwarden.usage) cover the range for the
-        selected nodes: a RECORDED_HEARTBEAT sample within the range's first RECORDED_CHECK seconds."""
-        if self._range_ms < 2 * RECORDED_CHECK * 1000:
-            return False
+    def records_coverage(self) -> RecordsCoverage:
+        """What of the range the usage records (alerts/gpuwarden.rules.yml, group gpuwarden.usage) hold for the
+        selected nodes, from their heartbeat (RECORDED_HEARTBEAT, one record a node and evaluation): in the cluster
+        whose records begin latest, when they begin, and in the cluster that misses most, the share of the
+        evaluations due since its first record that wrote none (1 - records / due, the one an end of the range may
+        cut forgiven). An evaluation Prometheus missed (a group past its interval, a restart, a ruler down) is an
+        interval of GPU-time no record holds; the counters (``jobs()``) lose nothing."""
+        by = self._c.rstrip(", ")
         beat = self.metric(RECORDED_HEARTBEAT)
-        start = self._range_ms // 1000 - RECORDED_CHECK
-        return bool(self.prom.query(f"count(count_over_time({beat}[{RECORDED_CHECK}s] offset {start}s))", self.at))
-
-    def records_missing(self) -> float:
-        """The share of the usage group's evaluations due in the range that wrote no records, in the cluster that
-        misses most (0 to 1): 1 - (the heartbeat records of the node with the most of them, plus the one an end of
-        the range may cut) / (the range / RECORDED_INTERVAL), at least 0. An evaluation Prometheus missed (a rule
-        group past its interval, a restart, a ruler down) is an interval of GPU-time no record holds, so the recorded
-        figures are low by about this share; the counters (``jobs()``) lose nothing."""
-        due = self._range_ms / (_rules.seconds(RECORDED_INTERVAL) * 1000)
-        beat = f"{self.metric(RECORDED_HEARTBEAT)}[{self._range_ms}ms] offset -{RECORDED_OFFSET}s"
-        q = f"max by ({self._c.rstrip(', ')}) (count_over_time({beat}))"
-        counts = [s.value for s in self.prom.query(q, self.at)]
-        if not counts:
-            return 1.0
-        return max(0.0, (due - min(counts) - 1) / due)
+        end = self.at + RECORDED_OFFSET  # each record covers the interval that ended RECORDED_OFFSET before it
+        counts = {
+            self.cluster_of(s.labels): s.value
+            for s in self.prom.query(f"max by ({by}) (count_over_time({beat}[{self._range_ms}ms]))", end)
+        }
+        first = f"min by ({by}) (min_over_time(timestamp({beat})[{self._range_ms}ms:{RECORDED_INTERVAL}]))"
+        starts = {self.cluster_of(s.labels): s.value for s in self.prom.query(first, end)}  # fmt: skip
+        known = [c for c in counts if c in starts]
+        if not known:
+            return RecordsCoverage(None, 0.0)
+        interval = _rules.seconds(RECORDED_INTERVAL)
+        missing = 0.0
+        for c in known:
+            due = (end - starts[c]) / interval + 1  # an evaluation at the first record's time and each interval after
+            missing = max(missing, (due - counts[c] - 1) / due)
+        return RecordsCoverage(max(starts[c] for c in known), max(0.0, missing))
 
     def _summed_records(self, name: str, by: str, *need: str) -> list[Sample]:
         """The usage record ``name`` summed over the range by cluster, instance and ``by``, the samples that carry

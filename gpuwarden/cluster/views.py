@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuwarden.cluster.usage import (
     LOST_CAUSES,
+    RECORDED_CHECK,
     Accounting,
     Cluster,
     GpuKey,
     JobKey,
+    RecordsCoverage,
     Usage,
     default_attribution,
     seconds,
@@ -159,40 +161,55 @@ RECORDS_MISSING_NOTE = 0.01
 @dataclass
 class TopData:
     """What ``top`` shows: the jobs and GPUs with their usage, the node names, the accounting asked, the source
-    read (recorded or raw) and, from the records, the share of the usage group's evaluations they miss (None
-    from the counters)."""
+    read (recorded or raw) and, from the records, what of the range they hold (None from the counters)."""
 
     jobs: dict[JobKey, Usage]
     gpus: dict[GpuKey, Usage]
     names: Names
     acc: Accounting
     source: str
-    records_missing: float | None = None
+    coverage: RecordsCoverage | None = None
 
 
 def _top(acc: Accounting, source: str) -> TopData:
-    """``top``'s data from ``source`` (auto, recorded, raw); raises ValueError when the records were asked for and
-    do not cover the range."""
+    """``top``'s data from ``source`` (auto, recorded, raw): auto reads the usage records over RECORDED_FROM_SECONDS
+    or more wherever they exist in the range (one sample a job and node a minute: a fleet's day answers in seconds),
+    saying what of the range they miss, and the counters otherwise; raises ValueError when the records were asked for
+    and none is in the range."""
+    coverage = acc.records_coverage() if source != "raw" and seconds(acc.range) >= RECORDED_FROM_SECONDS else None
     if source == "auto":
-        source = "recorded" if seconds(acc.range) >= RECORDED_FROM_SECONDS and acc.recorded() else "raw"
-    elif source == "recorded" and not acc.recorded():
+        source = "recorded" if coverage is not None and coverage.start is not None else "raw"
+    elif source == "recorded" and (coverage is None or coverage.start is None):
         raise ValueError(f"the usage records (rule group gpuwarden.usage) do not cover the last {acc.range} of the "
                          "selected nodes: load alerts/gpuwarden.rules.yml, or use --source raw")  # fmt: skip
     if source == "recorded":
-        missing = acc.records_missing()
-        return TopData(acc.recorded_jobs(), acc.recorded_gpus(), acc.node_names(), acc, source, missing)
+        return TopData(acc.recorded_jobs(), acc.recorded_gpus(), acc.node_names(), acc, source, coverage)
     return TopData(acc.jobs(), acc.gpus(), acc.node_names(), acc, source)
 
 
-def records_note(range_: str, missing: float | None) -> str:
-    """One line saying which share of the range the usage records miss and what it does to the figures; '' under
-    RECORDS_MISSING_NOTE (or from the counters)."""
-    if missing is None or missing < RECORDS_MISSING_NOTE:
-        return ""
-    return (
-        f"the usage records miss {missing:.0%} of the last {range_} (the rule group gpuwarden.usage fell behind "
-        f"or was not evaluated): the hours below are low by about that share; --source raw reads the counters"
-    )
+def records_notes(acc: Accounting, coverage: RecordsCoverage | None) -> list[str]:
+    """Lines saying what of the range the usage records miss and what it does to the figures: that they begin
+    RECORDED_CHECK or more after the range's start, and that RECORDS_MISSING_NOTE or more of the evaluations due
+    since wrote nothing; [] from the counters or records that hold the range."""
+    if coverage is None or coverage.start is None:
+        return []
+    out = []
+    late = coverage.start - (acc.at - seconds(acc.range))
+    if late >= RECORDED_CHECK:
+        begun = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(coverage.start))
+        out.append(f"the usage records begin at {begun}, {duration_words(late)} into the last {acc.range}: GPU-hours "
+                   f"before then are not in the figures; --source raw reads the counters")  # fmt: skip
+    if coverage.missing >= RECORDS_MISSING_NOTE:
+        out.append(f"the usage records miss {coverage.missing:.0%} of the evaluations due in the last {acc.range} "
+                   f"(the rule group gpuwarden.usage fell behind or was not evaluated): the hours below are low by "
+                   f"about that share; --source raw reads the counters")  # fmt: skip
+    return out
+
+
+def duration_words(secs: float) -> str:
+    """``secs`` as hours and minutes (``5h 07m``; under an hour ``42m``)."""
+    minutes = round(secs / 60)
+    return f"{minutes // 60}h {minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
 
 
 def top(args: argparse.Namespace) -> int:
@@ -202,8 +219,7 @@ def top(args: argparse.Namespace) -> int:
     if got is None:
         return 1
     jobs, gpus, names, acc, source = got.jobs, got.gpus, got.names, got.acc, got.source
-    note = records_note(args.range, got.records_missing)
-    if note:
+    for note in records_notes(acc, got.coverage):
         print(f"gpuwarden top: {note}", file=sys.stderr)
     ranked_jobs = sorted(jobs.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))
     ranked_gpus = sorted(gpus.items(), key=lambda kv: (-kv[1].lost_total, kv[0]))
@@ -214,7 +230,8 @@ def top(args: argparse.Namespace) -> int:
             "step": args.step,
             "evaluated_at": acc.at,
             "source": source,
-            "records_missing_ratio": got.records_missing,
+            "records_start": None if got.coverage is None else got.coverage.start,
+            "records_missing_ratio": None if got.coverage is None else got.coverage.missing,
             "jobs": [
                 {"job_id": k.job_id, "instance": k.instance, "job_kind": u.kind, **_usage_json(u, acc.cluster_labels)}
                 for k, u in ranked_jobs
