@@ -336,10 +336,11 @@ def fleet() -> gd.Dashboard:
     )  # fmt: skip
     lay.add(
         ts("Memory headroom of the fullest GPU per node",
-           [(f"min by (instance) (1 - gpu_memory_used_bytes{{{sel}}} / gpu_memory_total_bytes{{{sel}}})",
-             "{{instance}}")],
+           [(f"instance:gpu_memory_headroom_ratio:min{{{sel}}}", "{{instance}}")],
            "percentunit", "GpuMemoryAlmostFull opens a ticket below 10% (a plateau is normal for caching "
-           "allocators); GpuMemoryFillingUp pages when it heads for 0.", limits=steps((None, RED), (0.1, GREEN)),
+           "allocators); GpuMemoryFillingUp pages when it heads for 0. From the rules' record (one series a node: a "
+           "fleet's range reads in a fraction of the time the GPUs' series take).",
+           limits=steps((None, RED), (0.1, GREEN)),
            min=0, max=1),
         12, 8,
     )  # fmt: skip
