@@ -2,9 +2,9 @@
 holding the same three and a half hours of series (tests/fleet_series.py: scrapes at each node's offset with jitter,
 missed ones, a 4-minute gap, daemons restarted, a 64-GPU, an 8-GPU and 1-GPU jobs), VictoriaMetrics' through its
 Prometheus text import API, Prometheus's backfilled by promtool: every job's and GPU's held, busy and lost hours
-within 1% of what the counters grew on both engines, at several ranges (5 minutes to 3 hours), range ends and
-attribution steps (``--resolution``), the daemons' restarts before and inside the range. MetricsQL answers the
-accounting's PromQL (subqueries, negative offsets, ``last_over_time`` look backs) as Prometheus does."""
+within 1% of what the counters grew on both engines, at several ranges (5 minutes to 3 hours), range ends, steps
+and attribution steps (``--step``, ``--resolution``), the daemons' restarts before and inside the range. MetricsQL
+answers the accounting's PromQL (subqueries, negative offsets, ``last_over_time`` look backs) as Prometheus does."""
 
 from __future__ import annotations
 
@@ -27,16 +27,16 @@ pytestmark = [
     pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None, reason="prometheus/promtool not installed"),
     pytest.mark.xdist_group("victoriametrics"),  # both engines built once, on one worker
 ]
-#: (range, its end in seconds after the series start, --resolution or None): the daemons of beta's n1 and alpha's b3
-#: restart at 4995 s (back at 5025 s): inside the 15-minute and longer ranges, before the 5-minute one; alpha's n2 is
-#: unscraped from 8145 s for 4 minutes, inside the 1-hour and 3-hour ones.
+#: (range, its end in seconds after the series start, --step, --resolution or None): the daemons of beta's n1 and
+#: alpha's b3 restart at 4995 s (back at 5025 s): inside the 15-minute and longer ranges, before the 5-minute one;
+#: alpha's n2 is unscraped from 8145 s for 4 minutes, inside the 1-hour and 3-hour ones.
 CASES = [
-    ("5m", 5407.3, None),
-    ("15m", 5407.3, None),
-    ("15m", 5407.3, "1m"),
-    ("1h", 3 * 3600 + 907.3, None),
-    ("1h", 3 * 3600 + 900, "5s"),
-    ("3h", 3 * 3600 + 907.3, None),
+    ("5m", 5407.3, "1m", None),
+    ("15m", 5407.3, "5s", None),
+    ("15m", 5407.3, "5m", "1m"),
+    ("1h", 3 * 3600 + 907.3, "1m", None),
+    ("1h", 3 * 3600 + 900, "1m", "5s"),
+    ("3h", 3 * 3600 + 907.3, "1h", None),
 ]
 
 
@@ -72,15 +72,16 @@ def _flags(engines: dict, engine: str, range_: str, end: float, resolution: str 
 
 
 @pytest.mark.parametrize("engine", ["victoriametrics", "prometheus"])
-@pytest.mark.parametrize(("range_", "end", "resolution"), CASES)
+@pytest.mark.parametrize(("range_", "end", "step", "resolution"), CASES)
 def test_top_is_the_counters_for_every_job_and_gpu_on_both_engines(
-    engines: dict, engine: str, range_: str, end: float, resolution: str | None
+    engines: dict, engine: str, range_: str, end: float, step: str, resolution: str | None
 ) -> None:
     from gpuwarden.cluster.usage import seconds
 
     at = engines["t0"] + end
     truth = engines["series"].truth(at - seconds(range_), at)
-    doc = cli_json("top", *_flags(engines, engine, range_, end, resolution), "--source", "raw", "--limit", "1")
+    flags = _flags(engines, engine, range_, end, resolution)
+    doc = cli_json("top", *flags, "--step", step, "--source", "raw", "--limit", "1")
     gpus = {(g["cluster"]["cluster"], g["instance"], g["gpu"]): g for g in doc["gpus"]}
     assert set(gpus) == set(truth.gpu_states)
     for key, states in truth.gpu_states.items():

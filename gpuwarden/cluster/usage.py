@@ -26,6 +26,11 @@ that job held it.
   fell in before it, and a GPU that changed hands within a part splits the part's busy and lost time by the share
   of its scrapes each job held it in (held time stays exact: a GPU accrues it only while held). The diagnosis is
   sampled at each ``--step``.
+- **The same on every engine.** A counter's value at a step is its newest sample within 5 minutes, written out
+  (``last_over_time(m[5m])``) rather than left to the engine's look back (Prometheus stops at the staleness markers a
+  failed scrape writes; VictoriaMetrics looks back about a scrape interval): a missed scrape loses nothing, and a
+  counter that appears counts at most what it can have grown. A job's queries name at most NARROW_GPUS of its GPUs
+  each, so none grows with the job.
 - **Clusters.** Every key carries the values of ``cluster_labels`` (default ``cluster``), as the alert rules do: a
   job id (a Slurm job, a SLUID) seen in two clusters is two jobs, and a node is its instance in its cluster.
 - **Effective time** (``top`` and ``report``): time with SM activity >= 0.5 (util.gpu where the GPU has no GPM),
