@@ -78,9 +78,12 @@ class Truth:
 
 class Fleet:
     """The series from ``t0`` (Unix seconds, a multiple of SCRAPE) for ``hours``: the job changeover on alpha's n2
-    GPU 0 at ``t0 + change`` s, beta's n1 daemon down from ``t0 + restart`` s for 30 s."""
+    GPU 0 at ``t0 + change`` s, beta's n1 daemon down from ``t0 + restart`` s for 30 s; ``nodes``: only these
+    (cluster, instance) of NODES (None: all)."""
 
-    def __init__(self, t0: int, hours: float, change: int = 3135, restart: int = 4995) -> None:
+    def __init__(self, t0: int, hours: float, change: int = 3135, restart: int = 4995,
+                 nodes: tuple[tuple[str, str], ...] | None = None) -> None:  # fmt: skip
+        self.nodes = {k: v for k, v in NODES.items() if nodes is None or k in nodes}
         self.t0, self.end = t0, t0 + int(hours * 3600)
         self.change, self.restart = t0 + change, t0 + restart
         self.times = list(range(t0, self.end + 1, SCRAPE))
@@ -137,7 +140,7 @@ class Fleet:
     def _nominal(self) -> dict[tuple, list[tuple[int, float]]]:
         """Every series as the daemons export it at each SCRAPE mark, each scrape taken."""
         out: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
-        for (cluster, instance), n in NODES.items():
+        for (cluster, instance), n in self.nodes.items():
             node = {"cluster": cluster, "instance": instance, "job": "gpuwarden"}
             states = {g: dict.fromkeys(STATES, 1000.0 * (g + 1)) for g in range(n)}  # the daemon ran before
             causes = {g: dict.fromkeys(CAUSES, 500.0 * (g + 1)) for g in range(n)}

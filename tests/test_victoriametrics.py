@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -40,11 +42,9 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    tmp = tmp_path_factory.mktemp("engines")
-    t0 = (int(time.time()) // 3600 - 5) * 3600
-    series = Fleet(t0, hours=3.5)
+@contextmanager
+def _both(tmp: Path, series: Fleet) -> Iterator[dict]:
+    """VictoriaMetrics and a Prometheus holding ``series``: {"victoriametrics": URL, "prometheus": URL}."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([VICTORIA, f"-storageDataPath={tmp / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
@@ -61,9 +61,27 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         httpx.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
         (tmp / "prometheus").mkdir()
         with backfilled_prometheus(PROMETHEUS, PROMTOOL, tmp / "prometheus", series.openmetrics()) as prom:
-            yield {"victoriametrics": url, "prometheus": prom, "t0": t0, "series": series}
+            yield {"victoriametrics": url, "prometheus": prom}
     finally:
         stop_all([server])
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    t0 = (int(time.time()) // 3600 - 5) * 3600
+    series = Fleet(t0, hours=3.5)
+    with _both(tmp_path_factory.mktemp("engines"), series) as urls:
+        yield {**urls, "t0": t0, "series": series}
+
+
+@pytest.fixture(scope="module")
+def day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A day and a half hour of the two clusters' n1 and n2 nodes (6 GPUs): the handover, the restart and the
+    4-minute gap all inside the day that ends at its last half hour."""
+    t0 = (int(time.time()) // 3600 - 26) * 3600
+    series = Fleet(t0, hours=24.5, nodes=(("alpha", "n1:9400"), ("alpha", "n2:9400"), ("beta", "n1:9400")))
+    with _both(tmp_path_factory.mktemp("day"), series) as urls:
+        yield {**urls, "t0": t0, "series": series}
 
 
 def _flags(engines: dict, engine: str, range_: str, end: float, resolution: str | None) -> list[str]:
@@ -114,3 +132,22 @@ def test_report_of_jobs_of_1_8_and_64_gpus_is_their_counters_on_both_engines(
     assert len(doc["gpus"]) == gpus
     assert doc["held_gpu_hours"] == pytest.approx(hours(truth, *HELD), rel=0.01)
     assert doc["busy_gpu_hours"] == pytest.approx(hours(truth, "busy"), rel=0.01)
+
+
+@pytest.mark.parametrize("engine", ["victoriametrics", "prometheus"])
+def test_a_day_of_top_and_report_is_the_counters_on_both_engines(day: dict, engine: str) -> None:
+    end = 24 * 3600 + 1807.3
+    at = day["t0"] + end
+    truth = day["series"].truth(at - 86400, at)
+    doc = cli_json("top", *_flags(day, engine, "1d", end, None), "--source", "raw", "--limit", "1")
+    gpus = {(g["cluster"]["cluster"], g["instance"], g["gpu"]): g for g in doc["gpus"]}
+    assert set(gpus) == set(truth.gpu_states)
+    for key, states in truth.gpu_states.items():
+        assert gpus[key]["held_gpu_hours"] == pytest.approx(hours(states, *HELD), rel=0.01, abs=1e-6), key
+        assert gpus[key]["busy_gpu_hours"] == pytest.approx(hours(states, "busy"), rel=0.01, abs=1e-6), key
+    jobs = {(j["job_id"], j["instance"], j["cluster"]["cluster"]): j for j in doc["jobs"]}
+    assert set(jobs) == set(truth.job_states)
+    for key, states in truth.job_states.items():
+        assert jobs[key]["held_gpu_hours"] == pytest.approx(hours(states, *HELD), rel=0.01, abs=1e-6), key
+    report = cli_json("report", "--job", "4343", *_flags(day, engine, "1d", end, None))
+    assert report["held_gpu_hours"] == pytest.approx(hours(truth.job_states[("4343", None, "alpha")], *HELD), rel=0.01)
