@@ -157,3 +157,22 @@ def test_a_slurm_number_of_two_sluid_jobs_is_refused_in_one_line(
     assert out == "" and err.count("\n") == 1 and SLUID in err and "give the SLUID" in err
     args.job = "4243"  # no job and no SLUID carries the number: not found
     assert views.report(args) == 1 and "no job '4243'" in capsys.readouterr().err
+
+
+def test_a_long_cgroup_id_is_cut_in_its_middle_at_80_columns_and_the_caption_says_so() -> None:
+    """A 61-character cgroup job id at 80 columns: the row keeps its GPU-hours lost and its main cause (the id's head
+    and tail around "..."), and the caption says ids were cut and where to see them whole; a pipe gets it whole."""
+    long = "/system.slice/slurmstepd.scope/job_123456/step_0/user/task_0"
+    jobs = [(JobKey(long, "10.0.0.7:9400"), _usage({"input_cpu": 2.0}, 4.0, ["10.0.0.7:9400"], 1)), *JOBS[1:]]
+    table = jobs_table(jobs, NAMES, "1d", 80)
+    lines = _render(table, 80)
+    assert all(len(line) <= 80 for line in lines), lines
+    header = lines[1].split()
+    assert "lost" in header and "to" in header  # "lost h" and "lost to" kept
+    [row] = [line for line in lines if "/system.slice/" in line]
+    assert "..." in row and "input_cpu" in row and "2.00 (50%)" in row
+    assert long not in "\n".join(lines)
+    caption = " ".join(" ".join(lines[3 + len(jobs) :]).split())
+    assert "job name(s) cut in the middle" in caption and "--json" in caption
+    _, _, tsv = table.gpuwarden_tsv
+    assert tsv[0][0].startswith(long)  # whole for a pipe

@@ -387,19 +387,26 @@ Column = tuple[str, bool, Callable[[Any], str]]
 
 def _fitted(title: str, required: list[Column], optional: list[Column], rows: list[Any], width: int) -> Any:
     """A table of ``rows``: every ``required`` column, then the ``optional`` ones in order while the table stays
-    within ``width`` characters (the first column is never folded: a job id is shown whole, ready to paste; no cell
-    is cut inside a word). A caption names the columns left out, and where to see them. The table carries every
-    column's cells for a pipe (``_print`` writes them as tab-separated values)."""
+    within ``width`` characters. A job id is shown whole, ready to paste, where the required columns leave it room;
+    a longer one (a cgroup path) is cut in its middle (``_middle_cut``) rather than push a required column out; no
+    other cell is cut. A caption names the columns left out and the ids cut, and where to see them whole. The table
+    carries every column's cells whole for a pipe (``_print`` writes them as tab-separated values)."""
     from rich import box
     from rich.table import Table
 
     cells = {c[0]: [c[2](r) for r in rows] for c in required + optional}
+    shown = dict(cells)
 
     def natural(c: Column) -> int:
         # its widest cell, the padding either side, and the box's space between it and the next (SIMPLE_HEAD);
         # the first column's left padding is the table's edge (pad_edge=False): the sum is the table's width
-        return max([len(c[0]), *(len(visible(x)) for x in cells[c[0]])]) + 3
+        return max([len(c[0]), *(len(visible(x)) for x in shown[c[0]])]) + 3
 
+    first = required[0][0]
+    room = width - sum(natural(c) for c in required[1:]) - 3 + 1  # what the required columns leave the first one
+    cut = [x for x in cells[first] if len(visible(x)) > max(room, len(first))]
+    if cut:  # a long id (a cgroup path) would push the required columns out: its middle gives way, its ends stay
+        shown[first] = [_middle_cut(x, max(room, len(first), 9)) for x in cells[first]]
     chosen = list(required)
     used = sum(natural(c) for c in chosen) - 1
     for c in optional:
@@ -408,8 +415,10 @@ def _fitted(title: str, required: list[Column], optional: list[Column], rows: li
             used += natural(c)
     order = [c for c in required + optional if c in chosen]
     hidden = [c[0] for c in optional if c not in chosen]
-    caption = (f"not shown at {width} columns: {', '.join(hidden)} (a wider terminal, --details or --json)"
-               if hidden else None)  # fmt: skip
+    notes = [f"not shown at {width} columns: {', '.join(hidden)}"] if hidden else []
+    if cut:
+        notes.append(f"{len(cut)} {first} name(s) cut in the middle (...)")
+    caption = f"{'; '.join(notes)} (a wider terminal, --details or --json)" if notes else None
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD,
               pad_edge=False, expand=False)  # fmt: skip
     for n, c in enumerate(order):
@@ -418,10 +427,19 @@ def _fitted(title: str, required: list[Column], optional: list[Column], rows: li
         t.add_column(c[0], justify="right" if c[1] else "left", no_wrap=n > 0, overflow="fold",
                      min_width=natural(c) - 3)  # fmt: skip
     for i in range(len(rows)):
-        t.add_row(*(plain(cells[c[0]][i]) for c in order))
+        t.add_row(*(plain(shown[c[0]][i]) for c in order))
     every = required + optional
     t.gpuwarden_tsv = (title, [c[0] for c in every], [[cells[c[0]][i] for c in every] for i in range(len(rows))])  # type: ignore[attr-defined]
     return t
+
+
+def _middle_cut(text: str, most: int) -> str:
+    """``text`` in at most ``most`` characters: its head and tail around ``...`` where it is longer (a cgroup path's
+    head names the slice, its tail the unit)."""
+    if len(text) <= most:
+        return text
+    tail = (most - 3) // 2
+    return text[: most - 3 - tail] + "..." + text[len(text) - tail :]
 
 
 def _lost(u: Usage) -> str:
