@@ -61,6 +61,12 @@ def _annotator(cfg: Config) -> Callable[[list[GpuReading]], list[GpuReading]] | 
     is configured. ConfigError for DRA slices that cannot be asked."""
     pods = None
     if cfg.kubelet_socket is not None:
+        try:
+            import grpc  # noqa: F401 - the kubelet extra, asked before anything starts
+            from google import protobuf  # noqa: F401
+        except ImportError:
+            raise ConfigError("kubelet_socket needs grpcio and protobuf: pip install 'gpuwarden[kubelet]' (the image "
+                              "has them)") from None  # fmt: skip
         from gpuwarden.kubelet.client import PodResources
 
         dra = None

@@ -439,3 +439,18 @@ def test_a_gpu_the_kubelet_assigned_and_nobody_opened_is_allocated_idle(tmp_path
     [job] = [s.labels for s in fams["gpu_job_info"]]
     assert (job["job_id"], job["job_kind"], job["pod"], job["container"]) == ("ml/notebook-0", "kubernetes",
                                                                              "notebook-0", "lab")  # fmt: skip
+
+
+def test_a_kubelet_socket_without_the_extra_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """grpcio and protobuf are the ``kubelet`` extra (a Slurm node never talks to a kubelet): a configured socket on
+    an install without them is a configuration error naming the extra, before the daemon starts anything."""
+    import sys
+
+    from gpuwarden.config import ConfigError, load_config
+    from gpuwarden.daemon import _annotator
+
+    cfg = load_config(None, {"kubelet_socket": str(tmp_path / "kubelet.sock")})
+    monkeypatch.setitem(sys.modules, "grpc", None)  # as if not installed: importing it raises ImportError
+    needs = r"kubelet_socket needs grpcio and protobuf: pip install 'gpuwarden\[kubelet\]'"
+    with pytest.raises(ConfigError, match=needs):
+        _annotator(cfg)
