@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import signal
 import sys
+from typing import ClassVar, NoReturn
 
 from gpuwarden import __version__
 from gpuwarden.commands import COMMANDS, HUP_PENDING, load
+from gpuwarden.terminal import visible
 
 
 def _version() -> str:
@@ -45,6 +48,31 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, saying a usage error in a few lines instead of the whole usage: the error, the option or
+    command nearest each unknown one ("did you mean"), and where every option is (``--help``). Exits 2, as argparse
+    does (argparse documents ``error`` as the method to override for this)."""
+
+    #: The command line being parsed (``main`` sets it): where the unknown words are looked for.
+    argv: ClassVar[list[str]] = []
+
+    def error(self, message: str) -> NoReturn:  # argparse: must not return
+        known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        hints = []
+        for token in self.argv:
+            name = token.split("=", 1)[0]
+            if name.startswith("--") and name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+                hints += [f"{visible(name)}: did you mean {close[0]}?"] if close else []
+        command = _chosen(self.argv)
+        if command is not None and command not in COMMANDS and self.prog == "gpuwarden":
+            close = difflib.get_close_matches(command, list(COMMANDS), n=1, cutoff=0.6)
+            hints += [f"{visible(command)}: did you mean {close[0]}?"] if close else []
+        lines = [f"{self.prog}: error: {message}", *(f"  {h}" for h in hints)]
+        lines.append(f"  ({self.prog} --help for every option)")
+        self.exit(2, "\n".join(lines) + "\n")
+
+
 def _chosen(argv: list[str]) -> str | None:
     """The subcommand named on ``argv`` (its first word that is not an option; the top level takes no values)."""
     return next((a for a in argv if not a.startswith("-")), None)
@@ -53,7 +81,7 @@ def _chosen(argv: list[str]) -> str | None:
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     """Return the parser of the ``gpuwarden`` command: the full parser of subcommand ``chosen`` (of every one when
     None), the others by name and help only, without importing their modules."""
-    p = argparse.ArgumentParser(prog="gpuwarden", description="NVIDIA GPU monitoring daemon and Prometheus exporter")
+    p = _Parser(prog="gpuwarden", description="NVIDIA GPU monitoring daemon and Prometheus exporter")
     p.add_argument("--version", action=_VersionAction, help="print the version and the runtime, then exit")
     sub = p.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
@@ -73,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     signal.signal(signal.SIGHUP, lambda sig, frame: HUP_PENDING.set())
     argv = sys.argv[1:] if argv is None else argv
+    _Parser.argv = list(argv)
     chosen = _chosen(argv)
     if chosen != "serve":
         signal.signal(signal.SIGHUP, signal.SIG_DFL)

@@ -63,7 +63,8 @@ def _annotator(cfg: Config) -> Callable[[list[GpuReading]], list[GpuReading]] | 
     if cfg.kubelet_socket is not None:
         try:
             import grpc  # noqa: F401 - the kubelet extra, asked before anything starts
-            from google import protobuf  # noqa: F401
+
+            from gpuwarden.kubelet import podresources_pb2  # noqa: F401 - its messages: protobuf
         except ImportError:
             raise ConfigError("kubelet_socket needs grpcio and protobuf: pip install 'gpuwarden[kubelet]' (the image "
                               "has them)") from None  # fmt: skip

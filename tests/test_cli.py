@@ -84,8 +84,32 @@ def test_flags_override_env_override_file(tmp_path: Path, monkeypatch: pytest.Mo
 def test_unknown_flag_exits_2() -> None:
     res = gw("serve", "--bogus")
     assert res.returncode == 2 and "unrecognized arguments: --bogus" in res.stderr
-    # said by serve: its usage and its name, not the top level's list of commands
-    assert res.stderr.startswith("usage: gpuwarden serve") and "gpuwarden serve: error:" in res.stderr
+    # said by serve in a few lines, not the whole usage: its name, and where its options are
+    assert res.stderr.startswith("gpuwarden serve: error:")
+    assert "(gpuwarden serve --help for every option)" in res.stderr
+    assert len(res.stderr.splitlines()) <= 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "error", "hint"),
+    [
+        (["top", "--promethus", "http://x"], "the following arguments are required: --prometheus",
+         "--promethus: did you mean --prometheus?"),
+        (["top", "--prometheus", "http://x", "--rnage", "1h"], "unrecognized arguments: --rnage 1h",
+         "--rnage: did you mean --range?"),
+        (["tpo"], "invalid choice: 'tpo'", "tpo: did you mean top?"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_flag_or_command_is_named_with_the_one_meant(
+    argv: list[str], error: str, hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwarden.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and error in err and f"  {hint}" in err, err
+    assert len(err.splitlines()) == 3  # the error, the hint, where every option is
 
 
 @pytest.mark.e2e

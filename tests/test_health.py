@@ -147,7 +147,9 @@ def test_a_typo_in_the_command_line_exits_64_not_2_so_a_prolog_drains_no_node_ov
     from gpuwarden.cli import main
 
     assert main(["check", "--replay", str(TRACES / "h100-idle.jsonl.gz"), *argv]) == 64
-    assert "usage: gpuwarden check" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "gpuwarden check: error:" in err and "(gpuwarden check --help for every option)" in err
+    assert argv != ["--strcit"] or "--strcit: did you mean --strict?" in err
     with pytest.raises(SystemExit) as exited:  # other commands keep argparse's 2
         main(["top", "--no-such-flag"])
     assert exited.value.code == 2
