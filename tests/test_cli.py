@@ -275,3 +275,17 @@ def test_the_demo_listens_on_loopback_unless_told(monkeypatch: pytest.MonkeyPatc
     assert load_config(None, {"demo": True}).listen_address == "10.0.0.1:10400"
     monkeypatch.delenv("GPUWARDEN_LISTEN_ADDRESS")
     assert load_config(None, {}).listen_address == "0.0.0.0:10400"
+
+
+def test_every_subcommand_has_a_description_and_every_argument_its_help() -> None:
+    import argparse
+
+    from gpuwarden.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    listed = {c.dest: c.help for c in sub._choices_actions}  # noqa: SLF001
+    for name, command in sub.choices.items():
+        assert listed.get(name) and command.description, name
+        bare = [a.option_strings or a.dest for a in command._actions if not a.help]  # noqa: SLF001
+        assert bare == [], (name, bare)

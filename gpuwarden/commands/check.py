@@ -34,7 +34,12 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
     p = subparsers.add_parser("check", help=COMMANDS["check"].help, description=__doc__)
     p.add_argument("--replay", metavar="FILE", help="judge a poll of a recorded trace instead of the GPUs")
     p.add_argument("--poll", type=int, default=-1, metavar="N", help="with --replay: the poll to judge (default last)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text for a terminal or a log (default), json for a program",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when a GPU is WARN")
     p.add_argument(
         "--gpus",

@@ -10,8 +10,11 @@ from gpuwarden.commands import COMMANDS, EXIT_USAGE, Subparsers, die
 
 def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``check-config`` on ``subparsers`` and return its parser."""
-    p = subparsers.add_parser("check-config", help=COMMANDS["check-config"].help)
-    p.add_argument("file")
+    p = subparsers.add_parser("check-config", help=COMMANDS["check-config"].help,
+                              description="Validate a configuration file as serve would read it and print the "
+                              "configuration it gives (defaults filled in); exit 2 with one line when it is "
+                              "wrong.")  # fmt: skip
+    p.add_argument("file", help="the YAML configuration file (e.g. /etc/gpuwarden/config.yml)")
     return p
 
 

@@ -9,7 +9,10 @@ from gpuwarden.commands import COMMANDS, Subparsers
 
 def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``collectors`` on ``subparsers`` and return its parser."""
-    return subparsers.add_parser("collectors", help=COMMANDS["collectors"].help)
+    return subparsers.add_parser("collectors", help=COMMANDS["collectors"].help,
+                                 description="List every collector (a metric family group), whether it is on by "
+                                 "default, and what it exports: serve's --collector.NAME / --no-collector.NAME "
+                                 "turn one on or off.")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

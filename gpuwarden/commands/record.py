@@ -130,7 +130,9 @@ def record(
 
 def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``record`` on ``subparsers`` and return its parser."""
-    r = subparsers.add_parser("record", help=COMMANDS["record"].help)
+    r = subparsers.add_parser("record", help=COMMANDS["record"].help,
+                              description="Record this node's NVML readings for --duration seconds into a trace "
+                              "that serve --replay, check --replay and the tests replay.")  # fmt: skip
     r.add_argument("--duration", type=float, required=True, help="seconds to record")
     r.add_argument("--out", required=True, help="trace file to write (.jsonl, or .jsonl.gz)")
     r.add_argument(

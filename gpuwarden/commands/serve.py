@@ -93,7 +93,11 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
     """Register ``serve`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``) and return its parser."""
     from gpuwarden.catalog import COLLECTORS
 
-    s = subparsers.add_parser("serve", help=COMMANDS["serve"].help)
+    s = subparsers.add_parser("serve", help=COMMANDS["serve"].help,
+                              description="Poll the node's NVIDIA GPUs through NVML and serve their metrics for "
+                              "Prometheus (/metrics), the diagnosis (/api/v1/diagnosis) and the node page. Flags "
+                              "override the configuration file; --demo serves a recorded node without a "
+                              "GPU.")  # fmt: skip
     s.add_argument("--config.file", dest="config", metavar="FILE", help="YAML configuration file")
     s.add_argument("--config", dest="config", metavar="FILE", help=argparse.SUPPRESS)  # the older name
     for flag in FLAGS:
