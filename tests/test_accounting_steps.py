@@ -20,7 +20,7 @@ from gpuwarden.cluster.usage import MAX_ATTRIBUTION_STEPS, Accounting, default_a
     ],  # fmt: skip
 )
 def test_each_range_is_summed_at_the_attribution_step_its_length_allows(range_: str, step: str, fine_ms: int) -> None:
-    from gpuwarden.cluster.usage import seconds
+    from gpuwarden.cluster.durations import seconds
 
     acc = Accounting(None, range_, step, at=1_800_000_000.0, attribution=default_attribution(seconds(range_)))  # type: ignore[arg-type]
     fine = acc._fine  # noqa: SLF001 - the accounting the jobs and GPUs are summed in

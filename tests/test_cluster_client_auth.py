@@ -15,7 +15,7 @@ import pytest
 from pki import PKI, make_pki
 
 from gpuwarden.cli import main
-from gpuwarden.cluster.usage import seconds
+from gpuwarden.cluster.durations import seconds
 
 TOKEN = "t0ken-for-the-test"
 SEEN: list[dict[str, str]] = []

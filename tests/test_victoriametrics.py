@@ -94,7 +94,7 @@ def _flags(engines: dict, engine: str, range_: str, end: float, resolution: str 
 def test_top_is_the_counters_for_every_job_and_gpu_on_both_engines(
     engines: dict, engine: str, range_: str, end: float, step: str, resolution: str | None
 ) -> None:
-    from gpuwarden.cluster.usage import seconds
+    from gpuwarden.cluster.durations import seconds
 
     at = engines["t0"] + end
     truth = engines["series"].truth(at - seconds(range_), at)

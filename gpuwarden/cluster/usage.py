@@ -53,6 +53,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gpuwarden.cluster.durations import seconds
 from gpuwarden.insight.reasons import REASONS, REMEDIES
 from gpuwarden.insight.states import IDLE_CAUSES
 from gpuwarden.mixin import rules as _rules
@@ -64,10 +65,6 @@ if TYPE_CHECKING:
 
 #: Causes of lost (held but idle) time: every idle cause but ``free``.
 LOST_CAUSES = tuple(c for c in IDLE_CAUSES if c != "free")
-#: A Prometheus duration, as PromQL writes ranges: units from the largest down, each at most once (30s, 15m, 1h30m,
-#: 1d12h, 2w); Prometheus's own grammar (model.ParseDuration).
-DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
-_UNITS = (31536000, 604800, 86400, 3600, 60, 1, 0.001)
 #: SM activity at or above this is effective use (DCGM: below 0.5 likely ineffective).
 EFFECTIVE_SM = 0.5
 #: A GPU is lost during a job when it is down (gpu_up 0) within this many seconds of the job's last sample on it:
@@ -84,16 +81,6 @@ PROCESS_LABELS = frozenset({"user", "pid", "process_name", "container_id", "rank
 _LABEL_NAME = re.compile(r"(?:^|,)\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 #: A PromQL string ("...", '...' with backslash escapes, or `...`): taken out before the names are looked for.
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
-
-
-def seconds(duration: str) -> float:
-    """The seconds of a Prometheus duration (``1d`` -> 86400, ``1h30m`` -> 5400). Raises ValueError for anything
-    else (units out of order or repeated, no unit, zero)."""
-    m = DURATION.match(duration) if duration else None
-    total = sum(int(n) * unit for n, unit in zip(m.groups(), _UNITS, strict=True) if n) if m else 0
-    if not total:
-        raise ValueError(f"not a duration: {duration!r} (e.g. 30m, 1h30m, 6h, 1d, 2w)")
-    return total
 
 
 #: A cluster: the values of the accounting's cluster labels, in their order ("" where a series lacks one).

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpuwarden.cluster.durations import seconds
 from gpuwarden.cluster.usage import (
     LOST_CAUSES,
     RECORDED_CHECK,
@@ -23,7 +24,6 @@ from gpuwarden.cluster.usage import (
     RecordsCoverage,
     Usage,
     default_attribution,
-    seconds,
 )
 from gpuwarden.terminal import SHOWN_CHARS, brief, listed, plain, redacted, visible
 

@@ -6,7 +6,7 @@ import argparse
 import math
 import re
 
-from gpuwarden.cluster.usage import seconds
+from gpuwarden.cluster.durations import seconds
 from gpuwarden.terminal import visible
 
 

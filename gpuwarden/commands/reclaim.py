@@ -46,8 +46,8 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
 
 def run(args: argparse.Namespace) -> int:
     """Load the policy (exit 2 on a bad one), then report, evaluate once, or run the controller until SIGTERM."""
+    from gpuwarden.cluster.durations import seconds
     from gpuwarden.cluster.promapi import PrometheusError
-    from gpuwarden.cluster.usage import seconds
     from gpuwarden.commands import EXIT_USAGE, die
     from gpuwarden.reclaim.policy import PolicyError, load_policy
     from gpuwarden.terminal import brief

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpuwarden.cluster.usage import seconds
+from gpuwarden.cluster.durations import seconds
 from gpuwarden.config import ConfigError, read_yaml
 from gpuwarden.insight.reasons import VERDICT_ORDER
 from gpuwarden.insight.states import IDLE_CAUSES
