@@ -1,6 +1,7 @@
 """``gpuwarden drain`` against a real Slurm (tests/slurm_node.py) and a real Prometheus scraping a daemon that replays
 an H100 recording whose GPU needs service (derived-h100-health: 3 uncorrectable ECC errors, as the trace's header
-says it was modified): a dry run plans the drain and changes nothing; ``--apply`` drains the node with the reason;
+says it was modified): a dry run plans the drain and changes nothing (and without a scheduler to ask, plans it from
+Prometheus alone, said in one line); ``--apply`` drains the node with the reason;
 a second run does nothing more; once the node's GPU has been clean over the range (the daemon now replays the idle
 H100 recording under the same node name) the node is resumed."""
 
@@ -53,6 +54,19 @@ def test_a_node_whose_gpu_needs_service_is_drained_then_resumed_once_clean(tmp_p
             planned = _drain(url, env)["actions"]
             assert [(a["action"], a["node"], a["status"]) for a in planned] == [("drain", node, "planned")]
             assert _state(env)[0] == "idle"  # a dry run changes nothing
+            # outside a pod without --kube-api: a dry run from Prometheus alone, said in one line; --apply refuses
+            bare = {k: v for k, v in env.items() if not k.startswith("KUBERNETES_")}
+            kube = [sys.executable, "-m", "gpuwarden", "drain", "--prometheus", url, "--range", RANGE, "--step", "1s",
+                    "--json", "--scheduler", "kubernetes"]  # fmt: skip
+            alone = subprocess.run(kube, capture_output=True, text=True, cwd=REPO, env=bare, timeout=120, check=False)
+            assert alone.returncode == 0, alone.stderr
+            actions = json.loads(alone.stdout)["actions"]
+            assert [(a["action"], a["node"], a["status"]) for a in actions] == [("drain", node, "planned")]
+            assert alone.stderr.count("\n") == 1 and "a dry run from Prometheus alone" in alone.stderr
+            assert "--kube-api" in alone.stderr
+            refused = subprocess.run([*kube, "--apply"], capture_output=True, text=True, cwd=REPO, env=bare,
+                                     timeout=120, check=False)  # fmt: skip
+            assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "--kube-api" in refused.stderr
             done = _drain(url, env, "--apply")["actions"]
             assert [(a["action"], a["status"]) for a in done] == [("drain", "done")]
             state, reason = _state(env)

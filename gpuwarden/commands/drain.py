@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -84,27 +85,19 @@ def _ratio(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Plan (and with ``--apply`` run) the drains and resumes (gpuwarden.cluster.drain, gpuwarden.cluster.kube); 1
-    with one line when Prometheus or the scheduler cannot answer, or an action failed."""
-    from gpuwarden.cluster.drain import plan
+    with one line when Prometheus cannot answer, the scheduler cannot with ``--apply``, or an action failed. A dry
+    run whose scheduler cannot answer (no slurmctld, outside a pod without --kube-api) plans from Prometheus alone,
+    said in one line."""
+    from gpuwarden.cluster.drain import plan, reason_text
     from gpuwarden.cluster.quality import quality
     from gpuwarden.cluster.views import _ask
+    from gpuwarden.terminal import brief
 
     got = _ask(args, "drain", lambda acc: (quality(acc), acc.node_names(), acc.seen_throughout()))
     if got is None:
         return EXIT_RUNTIME
     found, names, seen_instances = got
     import httpx
-
-    try:
-        scheduler = _scheduler(args)
-    except (OSError, ValueError) as exc:
-        return die(f"drain: {exc}")
-    try:
-        nodes = scheduler.nodes()
-    except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
-        scheduler.close()
-        where = f" (the API server {args.kube_api or 'in-cluster'})" if args.scheduler == "kubernetes" else ""
-        return die(f"drain: {exc}{where}")
 
     def node(cluster: tuple[str, ...], instance: str) -> str:
         return names.get((cluster, instance), "") or instance.rsplit(":", 1)[0]
@@ -114,6 +107,24 @@ def run(args: argparse.Namespace) -> int:
         reasons = [text for tier, text in q.reasons if tier == "service"]
         if reasons:
             service.setdefault(node(q.cluster, q.instance), {})[q.gpu] = reasons
+    scheduler: _Slurm | KubeApi | None = None
+    try:
+        scheduler = _scheduler(args)
+        nodes = scheduler.nodes()
+    except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
+        if scheduler is not None:
+            scheduler.close()
+        where = f" (the API server {args.kube_api or 'in-cluster'})" if args.scheduler == "kubernetes" and (
+            not isinstance(exc, ValueError) or args.kube_api) else ""  # fmt: skip
+        if args.apply:
+            return die(f"drain: {exc}{where}")
+        print(f"gpuwarden drain: the scheduler cannot be asked ({brief(exc, 300)}{where}): a dry run from Prometheus "
+              "alone, the nodes it says need service; which are out already, the --max-out-ratio cap and the "
+              "resumes need the scheduler, and --apply does", file=sys.stderr)  # fmt: skip
+        rows = [{"action": "drain", "node": name, "reason": reason_text(gpus), "status": "planned", "error": None}
+                for name, gpus in sorted(service.items())]  # fmt: skip
+        _print_rows(args, rows)
+        return 0
     seen = {node(c, i) for c, i in seen_instances}
     rows = _carried_out(plan(service, seen, nodes, args.max_out_ratio), scheduler, args.apply)
     scheduler.close()
@@ -183,7 +194,12 @@ def _scheduler(args: argparse.Namespace) -> _Slurm | KubeApi:
 
     if args.kube_api:
         return KubeApi(args.kube_api, args.kube_token_file, args.kube_ca_file)
-    return KubeApi(in_cluster_address(), args.kube_token_file or str(SERVICE_ACCOUNT / "token"),
+    try:
+        address = in_cluster_address()
+    except ValueError as exc:
+        raise ValueError(f"{exc}: give the API server with --kube-api (e.g. kubectl proxy's http://127.0.0.1:8001)"
+                         ) from None  # fmt: skip
+    return KubeApi(address, args.kube_token_file or str(SERVICE_ACCOUNT / "token"),
                    args.kube_ca_file or str(SERVICE_ACCOUNT / "ca.crt"))  # fmt: skip
 
 
