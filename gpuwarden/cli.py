@@ -62,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
         for token in self.argv:
             name = token.split("=", 1)[0]
             if name.startswith("--") and name not in known:
-                close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
                 hints += [f"{visible(name)}: did you mean {close[0]}?"] if close else []
         command = _chosen(self.argv)
         if command is not None and command not in COMMANDS and self.prog == "gpuwarden":

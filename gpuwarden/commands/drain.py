@@ -85,9 +85,9 @@ def _ratio(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Plan (and with ``--apply`` run) the drains and resumes (gpuwarden.cluster.drain, gpuwarden.cluster.kube); 1
-    with one line when Prometheus cannot answer, the scheduler cannot with ``--apply``, or an action failed. A dry
-    run whose scheduler cannot answer (no slurmctld, outside a pod without --kube-api) plans from Prometheus alone,
-    said in one line."""
+    with one line when Prometheus cannot answer, the scheduler cannot with ``--apply`` or at a given ``--kube-api``,
+    or an action failed. A dry run with no scheduler to ask (sinfo failing: no slurmctld; outside a pod without
+    --kube-api) plans from Prometheus alone, said in one line."""
     from gpuwarden.cluster.drain import plan, reason_text
     from gpuwarden.cluster.quality import quality
     from gpuwarden.cluster.views import _ask
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             scheduler.close()
         where = f" (the API server {args.kube_api or 'in-cluster'})" if args.scheduler == "kubernetes" and (
             not isinstance(exc, ValueError) or args.kube_api) else ""  # fmt: skip
-        if args.apply:
+        if args.apply or args.kube_api:  # an API server given that does not answer is an outage, not a dry run's
             return die(f"drain: {exc}{where}")
         print(f"gpuwarden drain: the scheduler cannot be asked ({brief(exc, 300)}{where}): a dry run from Prometheus "
               "alone, the nodes it says need service; which are out already, the --max-out-ratio cap and the "
