@@ -34,11 +34,19 @@ PY
 demo=$("$work/venv/bin/python" -c 'from gpuwarden.replay import demo_trace_path; print(demo_trace_path())')
 "$work/venv/bin/gpuwarden" diagnose --replay "$demo" >/dev/null
 "$work/venv/bin/gpuwarden" top --help >/dev/null
-# the kubelet client's generated messages and its gRPC runtime come with the wheel
+# the kubelet client's gRPC runtime is the kubelet extra: without it a configured socket is one line at start
+printf 'kubelet_socket: /nonexistent/kubelet.sock\n' >"$work/kubelet.yml"
+if "$work/venv/bin/gpuwarden" serve --config.file "$work/kubelet.yml" --web.listen-address 127.0.0.1:0 \
+    2>"$work/kubelet.err"; then
+  echo "wheel smoke: a kubelet_socket without the kubelet extra was accepted" >&2; exit 1
+fi
+grep -q "pip install 'gpuwarden\[kubelet\]'" "$work/kubelet.err" && test "$(wc -l <"$work/kubelet.err")" -eq 1
+# with it, the client's generated messages and its gRPC runtime
+"$work/venv/bin/python" -m pip install -q "$(ls "$out"/*.whl)[kubelet]"
 "$work/venv/bin/python" -c 'from gpuwarden.kubelet.client import PodResources; PodResources().close()'
 # the rules, routes and dashboards come with the wheel, rendered for a site (promtool and amtool where installed)
 "$work/venv/bin/gpuwarden" mixin --out "$work/site" --runbook-url https://wiki.example/gpu \
-  --grafana-url https://grafana.example >/dev/null
+  --grafana-url https://grafana.example --dcgm-compat both >/dev/null
 test -s "$work/site/grafana/dashboards/gpuwarden-node.json"
 grep -q 'runbook_url: https://wiki.example/gpu#gpulost' "$work/site/prometheus/gpuwarden.rules.yml"
 if command -v promtool >/dev/null; then
