@@ -26,6 +26,18 @@ def brief(text: object, limit: int = 120) -> str:
     return s if len(s) <= limit else f"{s[:limit]}…(+{len(s) - limit})"
 
 
+def why(exc: BaseException) -> str:
+    """Why a file could not be read, in words for a one-line message: an OSError's own text (``No such file or
+    directory``, ``Permission denied``) without its errno or the path (the message names the file), ``not UTF-8
+    text`` for a decoding error (never the bytes: a token file's content stays out), else the error's text or, where
+    it has none, its class name."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, OSError) and exc.strerror:
+        return visible(exc.strerror)
+    return visible(exc) or type(exc).__name__
+
+
 def listed(values: Iterable[object], most: int = 5, limit: int = 80) -> str:
     """Up to ``most`` of ``values``, each ``brief`` to ``limit``, comma-separated, then ``and N more``."""
     shown = [brief(v, limit) for v in values]

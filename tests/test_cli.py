@@ -289,3 +289,27 @@ def test_every_subcommand_has_a_description_and_every_argument_its_help() -> Non
         assert listed.get(name) and command.description, name
         bare = [a.option_strings or a.dest for a in command._actions if not a.help]  # noqa: SLF001
         assert bare == [], (name, bare)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["top", "--prometheus", "http://127.0.0.1:9", "--prometheus.ca-file", "/nonexistent/ca.pem"],
+         "cannot load --prometheus.ca-file /nonexistent/ca.pem: No such file or directory"),
+        (["top", "--prometheus", "http://127.0.0.1:9", "--prometheus.bearer-token-file", "/nonexistent/token"],
+         "cannot read the bearer token file /nonexistent/token: No such file or directory"),
+        (["diagnose", "--url", "http://127.0.0.1:9", "--url.username", "u", "--url.password-file", "/nonexistent/pw"],
+         "cannot read --url.password-file /nonexistent/pw: No such file or directory"),
+        (["mixin", "--out", "/nonexistent-dir-for-a-test", "--params", "/nonexistent/params.yml"],
+         "/nonexistent/params.yml: No such file or directory"),
+    ],
+)  # fmt: skip
+def test_a_file_that_cannot_be_read_is_said_in_words(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuwarden.cli import main
+
+    assert main(argv) in (1, 2)
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+    assert "Errno" not in err and "Error" not in err.split(":", 1)[1], err  # no errno, no exception class

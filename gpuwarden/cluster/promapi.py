@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import ijson  # type: ignore[import-untyped]
 
-from gpuwarden.terminal import redacted, visible
+from gpuwarden.terminal import redacted, visible, why
 
 
 class PrometheusError(Exception):
@@ -62,10 +62,14 @@ class ClientTls:
             raise PrometheusError("a client certificate needs both --prometheus.cert-file and --prometheus.key-file")
         try:
             ctx = ssl.create_default_context(cafile=self.ca_file)
-            if self.cert_file and self.key_file:
-                ctx.load_cert_chain(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError) as exc:
-            raise PrometheusError(f"cannot load the TLS files: {visible(exc)}") from None
+            raise PrometheusError(f"cannot load --prometheus.ca-file {visible(self.ca_file)}: {why(exc)}") from None
+        if self.cert_file and self.key_file:
+            try:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                pair = f"--prometheus.cert-file {visible(self.cert_file)} with --prometheus.key-file"
+                raise PrometheusError(f"cannot load {pair} {visible(self.key_file)}: {why(exc)}") from None
         return ctx
 
 
@@ -75,7 +79,7 @@ def _token(path: str) -> str:
         with open(path, encoding="utf-8") as f:
             token = f.read(65536).strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise PrometheusError(f"cannot read the bearer token file {visible(path)}: {type(exc).__name__}") from None
+        raise PrometheusError(f"cannot read the bearer token file {visible(path)}: {why(exc)}") from None
     if not token or "\n" in token or not token.isprintable():
         raise PrometheusError(f"the bearer token file {visible(path)} must hold one line of printable text")
     return token

@@ -24,7 +24,7 @@ from gpuwarden.insight.document import DiagnosisDocument, GpuDiagnosisDocument, 
 from gpuwarden.model import NodeStatic, PollResult
 from gpuwarden.snapshot import NodeSnapshot
 from gpuwarden.source import SourceError
-from gpuwarden.terminal import plain, visible
+from gpuwarden.terminal import plain, visible, why
 
 
 class VerdictSpan(BaseModel):
@@ -547,8 +547,7 @@ def _auth(args: argparse.Namespace) -> tuple[str, str] | None:
         with open(args.url_password_file, encoding="utf-8") as f:
             password = f.readline(4096).rstrip("\r\n")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError(f"cannot read --url.password-file {visible(args.url_password_file)}: "
-                          f"{type(exc).__name__}") from None  # fmt: skip
+        raise SourceError(f"cannot read --url.password-file {visible(args.url_password_file)}: {why(exc)}") from None
     if not password:
         raise SourceError(f"--url.password-file {visible(args.url_password_file)} holds no password on its first line")
     return str(args.url_username), password

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from gpuwarden import mixin
-    from gpuwarden.terminal import brief, visible
+    from gpuwarden.terminal import brief, visible, why
 
     if args.defaults:
         sys.stdout.write(mixin.defaults())
@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
         return die("--dcgm-compat-names needs --dcgm-compat 4.8, 4.9 or both", EXIT_USAGE)
     try:
         written = mixin.write(args.out, args.params, overrides, args.dcgm_compat, names)
-    except (ValueError, OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
+        return die(f"{visible(exc.filename) if exc.filename else 'a file'}: {why(exc)}", EXIT_USAGE)
+    except (ValueError, yaml.YAMLError) as exc:
         return die(brief(exc, 300), EXIT_USAGE)
     for path in written:
         print(visible(path))
