@@ -11,7 +11,8 @@ python3 -m twine check --strict "$out"/*
 work=$(mktemp -d)
 trap 'kill "${pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q "$out"/*.whl
+wheel=$(realpath "$out"/*.whl)  # the smoke runs away from the checkout, where a relative OUTDIR is not
+"$work/venv/bin/python" -m pip install -q "$wheel"
 cd "$work"  # away from the checkout: only the installed wheel can be imported
 port=$("$work/venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$work/venv/bin/gpuwarden" serve --demo --web.listen-address "127.0.0.1:$port" 2>"$work/serve.log" &
@@ -42,7 +43,7 @@ if "$work/venv/bin/gpuwarden" serve --config.file "$work/kubelet.yml" --web.list
 fi
 grep -q "pip install 'gpuwarden\[kubelet\]'" "$work/kubelet.err" && test "$(wc -l <"$work/kubelet.err")" -eq 1
 # with it, the client's generated messages and its gRPC runtime
-"$work/venv/bin/python" -m pip install -q "$(ls "$out"/*.whl)[kubelet]"
+"$work/venv/bin/python" -m pip install -q "$wheel[kubelet]"
 "$work/venv/bin/python" -c 'from gpuwarden.kubelet.client import PodResources; PodResources().close()'
 # the rules, routes and dashboards come with the wheel, rendered for a site (promtool and amtool where installed)
 "$work/venv/bin/gpuwarden" mixin --out "$work/site" --runbook-url https://wiki.example/gpu \
