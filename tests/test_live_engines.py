@@ -16,12 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 import yaml
 from helpers import REPO, cli_json, free_port, prometheus, stop_all, wait_http
+from slurm_node import wait_for
 
 VICTORIA = shutil.which("victoria-metrics")
 PROMETHEUS = shutil.which("prometheus")
@@ -41,22 +42,15 @@ def _query(url: str, expr: str, at: float | None = None) -> list[dict]:
     return body["data"]["result"]
 
 
-def _until(what: str, check: object, timeout: float = 90) -> None:
-    """Wait until ``check()`` is true (polled), or fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
-
-
-def _up(url: str) -> list[float]:
-    return [float(s["value"][1]) for s in _query(url, 'up{job="gpuwarden"}')]
-
-
 def _count(url: str, expr: str) -> float:
     """The one value of ``expr`` (0 where it has none)."""
     found = _query(url, expr)
     return float(found[0]["value"][1]) if found else 0.0
+
+
+def _at_least(url: str, expr: str, n: float) -> Callable[[], bool]:
+    """A check that the one value of ``expr`` at ``url`` is ``n`` or more."""
+    return lambda: _count(url, expr) >= n
 
 
 @pytest.fixture(scope="module")
@@ -91,20 +85,20 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         good = 'sum(sum_over_time(up{job="gpuwarden"}[20s]))'
         failed = 'sum(count_over_time(up{job="gpuwarden"}[20s]) - sum_over_time(up{job="gpuwarden"}[20s]))'
         for url in urls.values():
-            _until(f"15 good scrapes in {url}", lambda u=url: _count(u, good) >= 15)
+            wait_for(f"15 good scrapes in {url}", _at_least(url, good, 15))
         daemon.send_signal(signal.SIGSTOP)
         try:
             for url in urls.values():
-                _until(f"3 failed scrapes in {url}", lambda u=url: _count(u, failed) >= 3)
+                wait_for(f"3 failed scrapes in {url}", _at_least(url, failed, 3))
             stopped = time.time()
         finally:
             daemon.send_signal(signal.SIGCONT)
         for url in urls.values():
-            _until(f"{url} to scrape the daemon again", lambda u=url: _up(u) == [1.0])
+            wait_for(f"{url} to scrape the daemon again", _at_least(url, 'sum(up{job="gpuwarden"})', 1))
         back = time.time()
         after = 'sum(sum_over_time(up{job="gpuwarden"}[15s]))'
         for url in urls.values():
-            _until(f"15 good scrapes after in {url}", lambda u=url: _count(u, after) >= 15)
+            wait_for(f"15 good scrapes after in {url}", _at_least(url, after, 15))
         httpx.get(f"{vm}/internal/force_flush", timeout=60).raise_for_status()
         yield {**urls, "at": time.time() - 5, "down": (stopped, back)}
     finally:
