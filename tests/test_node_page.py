@@ -5,6 +5,7 @@ build/, which would shadow the ``build`` package for ``python3 -m build`` in the
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -74,8 +75,9 @@ class _Dom(HTMLParser):
 
 
 def _dom(url: str) -> _Dom:
+    """The DOM the page's script built (the <noscript> view left out: with scripts on, its content is text)."""
     d = _Dom()
-    d.feed(_chromium(url, "--dump-dom"))
+    d.feed(re.sub(r"<noscript>.*?</noscript>", "", _chromium(url, "--dump-dom"), flags=re.S))
     return d
 
 
@@ -169,6 +171,9 @@ def test_bidirectional_and_control_characters_from_the_machine_are_shown_escaped
     with daemon("--replay", str(path)) as url:
         _wait_verdicts(url, 1)
         dumped = _chromium(url + "/", "--dump-dom")
+        plain_page = httpx.get(url + "/", timeout=5).text  # as curl sees it: the no-JavaScript view
+    assert "NVIDIA \\u2066H100\\u202a" in plain_page.split("<noscript>", 1)[1]
+    assert not any(c in plain_page for c in "\u202e\u2066\u202a\u0007"), "a control character reached the page"
     dom = _Dom()
     dom.feed(dumped)
     assert dom.find(id="hostname")[0][2] == "node\\u202egpj.exe\\u0007"
@@ -176,6 +181,24 @@ def test_bidirectional_and_control_characters_from_the_machine_are_shown_escaped
     assert "NVIDIA \\u2066H100\\u202a" in card[2], card[2]
     assert "<title>gpuwarden · node\\u202egpj.exe\\u0007</title>" in dumped
     assert not any(c in dumped for c in "\u202e\u2066\u202a\u0007"), "a control character reached the page"
+
+
+@pytest.mark.e2e
+def test_without_javascript_the_page_gives_each_gpus_verdict_and_what_to_do() -> None:
+    """curl, a text browser or a screenshot with scripts off sees each GPU's verdict, why and what to do first (the
+    page's <noscript>, made on the server at each request), not "loading"."""
+    with daemon("--replay", str(trace("derived-8gpu"))) as url:
+        before = _wait_verdicts(url, 8)
+        page = httpx.get(url + "/", timeout=5).text
+        after = _verdicts(url)
+        gpus = httpx.get(url + "/api/v1/diagnosis", timeout=5).json()["gpus"]
+    remedies = {str(g["gpu"]): g["diagnosis"]["remedies"][0] for g in gpus if g["diagnosis"]}
+    view = page.split("<noscript>", 1)[1].split("</noscript>", 1)[0]
+    rows = re.findall(r"<tr><td>(\d+)</td><td>[^<]*</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", view)
+    assert [r[0] for r in rows] == [str(i) for i in range(8)], view
+    for gpu, verdict, why, todo in rows:
+        assert verdict in (before[gpu], after[gpu]) and why and todo, (gpu, verdict, why, todo)
+    assert any(html.unescape(todo) == remedies[gpu] for gpu, _, _, todo in rows)
 
 
 @pytest.mark.e2e

@@ -173,16 +173,50 @@ def node_page(telemetry_path: str = "/metrics") -> str:
     )
 
 
-def page_routes(telemetry_path: str) -> list[Route]:
-    """The node page at ``/`` and its assets under ``/page/`` (read once, from the package), each with PAGE_CSP."""
+#: Where the node page's view for a browser without JavaScript goes (inside its ``<noscript>``).
+_FIRST_VIEW = "<!--first-view-->"
+
+
+def first_view(document: Any) -> str:
+    """HTML of the node page's view without JavaScript: each GPU's verdict, its summary and what to do first, from a
+    DiagnosisDocument (``document``; None: the diagnosis is off or not made yet), for curl, a text browser, a screen
+    reader with scripts off or a plain headless screenshot. Every value from the machine is escaped for HTML after
+    its control and bidirectional characters are shown as escapes (gpuwarden.terminal.visible)."""
+    from gpuwarden.terminal import visible
+
+    def esc(value: object) -> str:
+        return html.escape(visible("" if value is None else value))
+
+    if document is None:
+        return "<p>No diagnosis yet on this node: reload in a few seconds (or see /metrics).</p>"
+    if not document.available:
+        return f"<p>{esc(document.hostname)}: no diagnosis: {esc(document.reason)}</p>"
+    rows = []
+    for g in document.gpus:
+        d = g.diagnosis
+        verdict, summary, todo = (d.verdict, d.summary, d.remedies[0] if d.remedies else "") if d else ("-", "", "")
+        rows.append(f"<tr><td>{g.gpu}</td><td>{esc(g.name)}</td><td>{esc(verdict)}</td><td>{esc(summary)}</td>"
+                    f"<td>{esc(todo)}</td></tr>")  # fmt: skip
+    head = "<tr><th>GPU</th><th>name</th><th>verdict</th><th>why</th><th>what to do first</th></tr>"
+    return (f"<p>{esc(document.hostname)}: {len(rows)} GPU(s), the diagnosis of the last poll (the page redraws it "
+            f"live with JavaScript on).</p><table>{head}{''.join(rows)}</table>")  # fmt: skip
+
+
+def page_routes(telemetry_path: str, diagnosis: Callable[[], BaseModel | None] | None = None) -> list[Route]:
+    """The node page at ``/`` and its assets under ``/page/`` (read once, from the package), each with PAGE_CSP. The
+    page carries ``first_view`` of ``diagnosis()`` (the /api/v1/diagnosis route's answer; None: none) for a browser
+    without JavaScript, made at each request in a worker thread."""
     from importlib.resources import files
 
-    page = node_page(telemetry_path)
+    before, _, after = node_page(telemetry_path).partition(_FIRST_VIEW)
     assets = {name: files("gpuwarden.page").joinpath(name).read_bytes() for name in _PAGE_TYPES}
     csp = {"content-security-policy": PAGE_CSP, "x-content-type-options": "nosniff"}
 
+    def view() -> str:
+        return first_view(diagnosis() if diagnosis is not None else None)
+
     async def landing(request: Request) -> Response:
-        return HTMLResponse(page, headers=csp)
+        return HTMLResponse(before + await run_in_threadpool(view) + after, headers=csp)
 
     async def asset(request: Request) -> Response:
         name = request.path_params["name"]
@@ -271,7 +305,7 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         *(Route(r.path, _endpoint(r), methods=["GET"]) for r in json_routes),
-        *page_routes(telemetry_path),
+        *page_routes(telemetry_path, next((r.answer for r in extra if r.path == "/api/v1/diagnosis"), None)),
         Route("/openapi.json", reference, methods=["GET"]),
         Route("/docs", reference, methods=["GET"]),
         Route("/docs/assets/{file:path}", reference, methods=["GET"]),
