@@ -4,7 +4,8 @@ show it: control characters made visible, never interpreted as Rich markup, long
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -70,3 +71,26 @@ def redacted(url: str) -> str:
         return url
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+@contextmanager
+def progress(description: str) -> Iterator[Callable[[int, int | None], None]]:
+    """A progress display on standard error while the block runs, when standard error is a terminal (rich's
+    Progress, removed when the block ends: what the command prints stays as it was); nothing elsewhere (a pipe, a log,
+    a CronJob). Yields ``advance(done, total)``: ``done`` of ``total`` parts (None: a count without an end)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda done, total: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:  # fmt: skip
+        task = bar.add_task(visible(description), total=None)
+
+        def advance(done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield advance

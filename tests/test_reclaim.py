@@ -373,7 +373,8 @@ class _EmptyProm(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("content-length", 0)))
-        body = b'{"status": "success", "data": {"resultType": "vector", "result": []}}'
+        kind = b"matrix" if self.path.startswith("/api/v1/query_range") else b"vector"  # the warm-up's range queries
+        body = b'{"status": "success", "data": {"resultType": "' + kind + b'", "result": []}}'
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))

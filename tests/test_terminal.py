@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from conftest import trace
 from rich.console import Console
 from rich.table import Table
@@ -48,3 +49,18 @@ def test_top_and_report_rows_show_markup_as_text() -> None:
     _row(t, HOSTILE, "node[bold]1")
     text = _printed(t)
     assert "[/][link=file:///etc/passwd]x" in text and "node[bold]1" in text and "\x1b" not in text
+
+
+def test_progress_is_shown_on_a_terminal_only(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:  # fmt: skip
+    from gpuwarden.terminal import progress
+
+    with progress("ticks \x1b[2J") as advance:
+        advance(3, 10)
+    assert capsys.readouterr().err == ""  # a pipe: nothing
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich: a terminal, whatever the file is
+    monkeypatch.setenv("TTY_INTERACTIVE", "1")
+    with progress("ticks \x1b[2J") as advance:
+        advance(3, 10)
+    err = capsys.readouterr().err
+    assert "ticks \\x1b[2J" in err and "3/10" in err and "\x1b[2J" not in err

@@ -151,3 +151,35 @@ def test_a_day_of_top_and_report_is_the_counters_on_both_engines(day: dict, engi
         assert jobs[key]["held_gpu_hours"] == pytest.approx(hours(states, *HELD), rel=0.01, abs=1e-6), key
     report = cli_json("report", "--job", "4343", *_flags(day, engine, "1d", end, None))
     assert report["held_gpu_hours"] == pytest.approx(hours(truth.job_states[("4343", None, "alpha")], *HELD), rel=0.01)
+
+
+@pytest.mark.parametrize("engine", ["victoriametrics", "prometheus"])
+def test_reclaim_facts_from_range_queries_are_the_instant_queries_at_every_tick_on_both_engines(
+    engines: dict, engine: str
+) -> None:
+    """``reclaim --report`` and the controller's warm-up ask each tick's questions through range queries
+    (gpuwarden.cluster.stepped): at each of 100 one-minute ticks (b3's and n1's restarts and n2's 4-minute gap among
+    them), in windows of 37 ticks, every job's facts are what the same questions asked as instant queries at that
+    tick give, and a handful of requests asked them."""
+    from gpuwarden.cluster.promapi import Prometheus
+    from gpuwarden.cluster.stepped import SteppedQueries
+    from gpuwarden.reclaim.controller import Controller, ticks
+    from gpuwarden.reclaim.policy import Policy
+
+    policy = Policy.model_validate({"interval": "1m", "steps": [{"name": "notify", "after": "5m"}],
+                                    "reclaimable_causes": ["held_idle", "paused"]})  # fmt: skip
+    url = engines[engine]
+    controller = Controller(policy, lambda: Prometheus(url), dry_run=True)
+    end = engines["t0"] + 3 * 3600
+    times = ticks(end - 100 * 60, end, 60)
+    prom = Prometheus(url, timeout=300)
+    stepped = SteppedQueries(prom, times, 60, window=37)
+    seen = set()
+    for at in times:
+        ranged = controller.facts(at, stepped)
+        assert ranged == controller.facts(at), at - engines["t0"]
+        seen |= {(k.job_id, bool(f.reasons)) for k, f in ranged.items()}
+    prom.close()
+    assert {job for job, _ in seen} >= {"4343", EIGHT, BIG} and any(flagged for _, flagged in seen)
+    questions = len({q for q in stepped._windows} | stepped._instant)
+    assert not stepped._instant and stepped.requests <= questions * 3 + 10, stepped.requests

@@ -1,10 +1,11 @@
-"""A small client of the Prometheus HTTP API (``/api/v1/query``), which Thanos, Mimir, VictoriaMetrics and Cortex
-speak too: ``top`` and ``report`` ask any of them.
+"""A small client of the Prometheus HTTP API (``/api/v1/query`` and ``/api/v1/query_range``), which Thanos, Mimir,
+VictoriaMetrics and Cortex speak too: ``top``, ``report`` and ``reclaim`` ask any of them.
 
-Only instant queries are used; ranges are written into the PromQL (subqueries), so one request answers one
-question and the answer is a plain vector. The answer is parsed as it arrives (ijson's push parser over each
-chunk read), so neither its bytes nor a tree of all its JSON are ever held: what stays is the samples, at most
-MAX_SAMPLES of them.
+``top`` and ``report`` use instant queries only; ranges are written into the PromQL (subqueries), so one request
+answers one question and the answer is a plain vector. ``reclaim --report`` asks the same instant question at every
+tick of a range, which is what a range query is (``query_range``: a matrix, the question's vector at each step).
+The answer is parsed as it arrives (ijson's push parser over each chunk read), so neither its bytes nor a tree of
+all its JSON are ever held: what stays is the samples, at most MAX_SAMPLES of them (a matrix: points).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import ssl
 import threading
 from dataclasses import dataclass, field
 from time import monotonic
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import ijson  # type: ignore[import-untyped]
@@ -85,9 +86,22 @@ def _token(path: str) -> str:
     return token
 
 
+class InstantQueries(Protocol):
+    """What the accounting (gpuwarden.cluster.usage.Accounting) asks of a Prometheus: instant queries. A Prometheus
+    client is one; gpuwarden.cluster.stepped.SteppedQueries answers them from range queries."""
+
+    def query(self, promql: str, time: float | None = None) -> list[Sample]:
+        """The vector of ``promql`` at ``time`` (Unix seconds; None: now). Raises PrometheusError."""
+        ...
+
+
+class TooManySamples(PrometheusError):
+    """An answer held more than MAX_SAMPLES samples (a matrix: points): refused, unread past the bound."""
+
+
 class Prometheus:
-    """Instant queries against ``url`` (``http://HOST:9090``, or a Thanos/Mimir query front end with its path prefix,
-    e.g. ``http://mimir/prometheus``; credentials as ``http://USER:PASSWORD@HOST``).
+    """Instant and range queries against ``url`` (``http://HOST:9090``, or a Thanos/Mimir query front end with its
+    path prefix, e.g. ``http://mimir/prometheus``; credentials as ``http://USER:PASSWORD@HOST``).
 
     ``timeout`` (seconds) bounds all the queries of this client together, from its creation: a server that answers
     slowly, or drips its answer a byte at a time, ends in PrometheusError once it is spent. ``headers`` are sent
@@ -125,13 +139,7 @@ class Prometheus:
         params = {"query": promql}
         if time is not None:
             params["time"] = f"{time:.3f}"
-        target = f"{redacted(self.base)}/api/v1/query"  # as printed: never the password
-        status, answer = self._post(target, params)
-        if answer.invalid or answer.status is None:
-            raise PrometheusError(f"{target} answered HTTP {status}, not the Prometheus API")
-        if answer.status != "success":
-            error = answer.error if answer.error is not None else f"HTTP {status}"
-            raise PrometheusError(f"{target}: {visible(error[:300])}")
+        target, answer = self._answered("/api/v1/query", params)
         if answer.kind == "scalar" and answer.result_is_list:
             try:
                 value = _value(answer.scalar)
@@ -140,11 +148,44 @@ class Prometheus:
             return [Sample({}, value)] if math.isfinite(value) else []
         if answer.kind != "vector" or not answer.result_is_list:
             raise PrometheusError(f"{target} answered a {visible(str(answer.kind)[:40])}, not a vector")
-        if answer.malformed or answer.scalar:
+        if answer.malformed or answer.scalar or answer.points:
             raise PrometheusError(f"{target} answered a malformed vector")
         return answer.samples
 
-    def _post(self, target: str, params: dict[str, str]) -> tuple[int, Answer]:
+    def query_range(self, promql: str, start: float, end: float, step: float) -> dict[int, list[Sample]]:
+        """Evaluate ``promql`` at ``start``, ``start + step``, ... up to ``end`` (Unix seconds; ``/api/v1/query_range``)
+        and return each evaluation's finite samples by its time in whole milliseconds (a time whose vector is empty
+        is absent). An engine may move the times (VictoriaMetrics aligns a range of 50 steps or more to the step
+        unless asked ``nocache=1``, which is sent; Thanos' and Mimir's query front ends align theirs): the caller
+        checks the times it gets.
+
+        Raises TooManySamples past MAX_SAMPLES points, and PrometheusError (one line) as ``query`` does for
+        everything else, or when the answer is not a matrix.
+        """
+        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}", "nocache": "1"}
+        target, answer = self._answered("/api/v1/query_range", params)
+        if answer.kind != "matrix" or not answer.result_is_list:
+            raise PrometheusError(f"{target} answered a {visible(str(answer.kind)[:40])}, not a matrix")
+        if answer.malformed or answer.scalar or answer.samples:
+            raise PrometheusError(f"{target} answered a malformed matrix")
+        out: dict[int, list[Sample]] = {}
+        for ms, sample in answer.points:
+            out.setdefault(ms, []).append(sample)
+        return out
+
+    def _answered(self, path: str, params: dict[str, str]) -> tuple[str, Answer]:
+        """POST ``params`` to ``path``: (the target as printed, the Answer of a successful request). Raises
+        PrometheusError (one line) for an answer that is not the API's, or the API's error."""
+        target = f"{redacted(self.base)}{path}"  # as printed: never the password
+        status, answer = self._post(target, path, params)
+        if answer.invalid or answer.status is None:
+            raise PrometheusError(f"{target} answered HTTP {status}, not the Prometheus API")
+        if answer.status != "success":
+            error = answer.error if answer.error is not None else f"HTTP {status}"
+            raise PrometheusError(f"{target}: {visible(error[:300])}")
+        return target, answer
+
+    def _post(self, target: str, path: str, params: dict[str, str]) -> tuple[int, Answer]:
         """POST the query; return (HTTP status, the answer parsed as read) within the deadline, MAX_ANSWER_BYTES and
         MAX_SAMPLES. The exchange
         runs in a thread the caller waits on until the deadline: httpx's timeouts bound each read, not the whole
@@ -156,7 +197,7 @@ class Prometheus:
 
         def exchange() -> None:
             try:
-                answer.append(self._exchange(target, params, left))
+                answer.append(self._exchange(target, path, params, left))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
                 answer.append(exc)
 
@@ -169,12 +210,12 @@ class Prometheus:
             raise answer[0]
         return answer[0]
 
-    def _exchange(self, target: str, params: dict[str, str], left: float) -> tuple[int, Answer]:
+    def _exchange(self, target: str, path: str, params: dict[str, str], left: float) -> tuple[int, Answer]:
         """The request itself: (HTTP status, the answer parsed chunk by chunk as it is read); raises PrometheusError
         (one line)."""
         size = 0
         try:
-            with self._client.stream("POST", "/api/v1/query", data=params, timeout=left) as resp:
+            with self._client.stream("POST", path, data=params, timeout=left) as resp:
                 if resp.status_code in (401, 403):
                     raise PrometheusError(
                         f"{target} refused the request (HTTP {resp.status_code}): credentials in the URL?"
@@ -187,7 +228,8 @@ class Prometheus:
                     if monotonic() > self._deadline:
                         raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
                     if not parser.feed(chunk):
-                        raise PrometheusError(f"{target} answered more than {MAX_SAMPLES} series")
+                        what = "samples" if parser.answer.kind == "matrix" else "series"
+                        raise TooManySamples(f"{target} answered more than {MAX_SAMPLES} {what}")
                 return resp.status_code, parser.close()
         except httpx.TimeoutException:
             raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s") from None
@@ -204,16 +246,19 @@ def _value(pair: object) -> float:
 
 @dataclass
 class Answer:
-    """An answer of ``/api/v1/query`` as AnswerParser read it: its ``status``, ``error`` and ``resultType``
-    (``kind``; None where absent or not text), whether ``data.result`` is a list, its finite vector samples, and its
-    bare values (a scalar's pair; in a vector, malformed). ``invalid``: not JSON, or not an object at the top;
-    ``malformed``: a vector item that is not ``{"metric": {name: text}, "value": [time, "text"]}``."""
+    """An answer of ``/api/v1/query`` or ``/api/v1/query_range`` as AnswerParser read it: its ``status``, ``error``
+    and ``resultType`` (``kind``; None where absent or not text), whether ``data.result`` is a list, its finite vector
+    samples, its finite matrix points (each with its time in whole milliseconds), and its bare values (a scalar's
+    pair; in a vector, malformed). ``invalid``: not JSON, or not an object at the top; ``malformed``: an item that is
+    not ``{"metric": {name: text}, "value": [time, "text"]}`` or ``{"metric": ..., "values": [[time, "text"],
+    ...]}``."""
 
     status: str | None = None
     error: str | None = None
     kind: str | None = None
     result_is_list: bool = False
     samples: list[Sample] = field(default_factory=list)
+    points: list[tuple[int, Sample]] = field(default_factory=list)
     scalar: list[Any] = field(default_factory=list)
     invalid: bool = False
     malformed: bool = False
@@ -259,15 +304,16 @@ class _Prefixes:
 
 
 class AnswerParser:
-    """Parses an answer of ``/api/v1/query`` from its chunks as they arrive (ijson's push parser: events for each
-    chunk fed), keeping only the finite samples of a vector (NaN and infinite values are not readings: dropped), with
-    each label name and value kept once however many samples repeat it. Nesting past MAX_DEPTH makes the answer
-    invalid. Never raises: ``feed`` returns False past MAX_SAMPLES, ``close`` the Answer (marked invalid or
-    malformed as it was)."""
+    """Parses an answer of ``/api/v1/query`` or ``/api/v1/query_range`` from its chunks as they arrive (ijson's push
+    parser: events for each chunk fed), keeping only the finite samples of a vector or points of a matrix (NaN and
+    infinite values are not readings: dropped), with each label name and value kept once however many samples repeat
+    it. Nesting past MAX_DEPTH makes the answer invalid. Never raises: ``feed`` returns False past MAX_SAMPLES
+    samples or points, ``close`` the Answer (marked invalid or malformed as it was)."""
 
     _ITEM = "data.result.item"
     _METRIC = "data.result.item.metric"
     _PAIR = "data.result.item.value"
+    _VALUES = "data.result.item.values"
 
     def __init__(self) -> None:
         self.answer = Answer()
@@ -280,6 +326,7 @@ class AnswerParser:
         self._labels: dict[str, str] | None = None
         self._key: str | None = None
         self._pair: list[Any] | None = None
+        self._pairs: list[list[Any]] | None = None  # a matrix item's pairs, kept until its labels are known
         self._top_checked = False
 
     def feed(self, chunk: bytes) -> bool:
@@ -338,7 +385,7 @@ class AnswerParser:
             elif self._in_result and not answer.malformed:
                 self._item(prefix, event, value)
         del self._events[:]
-        return len(answer.samples) <= MAX_SAMPLES
+        return len(answer.samples) + len(answer.points) + len(self._pairs or ()) <= MAX_SAMPLES
 
     def _item(self, prefix: str, event: str, value: Any) -> None:
         """One event inside ``data.result``: a vector item's parts, or a bare value (a scalar's pair)."""
@@ -348,14 +395,19 @@ class AnswerParser:
             self._metric_event(prefix, event, value)
         elif prefix in (self._PAIR, self._PAIR + ".item"):
             self._pair_event(prefix, event, value)
+        elif prefix.startswith(self._VALUES):
+            self._values_event(prefix, event, value)
         # other keys of an item (Prometheus may add some) are passed over
 
     def _item_event(self, event: str, value: Any) -> None:
         """An item's own event: its start and end, or a scalar's value."""
         if event == "start_map":
-            self._labels, self._pair = None, None
+            self._labels, self._pair, self._pairs = None, None, None
         elif event == "end_map":
-            self._sample()
+            if self._pairs is None:
+                self._sample()
+            else:
+                self._points()
         elif event in ("number", "string") and len(self.answer.scalar) < 2:
             self.answer.scalar.append(value)
         elif event != "map_key":
@@ -386,6 +438,42 @@ class AnswerParser:
             self._pair.append(value)
         else:
             self.answer.malformed = True
+
+    def _values_event(self, prefix: str, event: str, value: Any) -> None:
+        """An event of a matrix item's ``values``: the array, a pair's start and end, or one of a pair's two parts."""
+        if prefix == self._VALUES:
+            if event == "start_array" and self._pairs is None and self._pair is None:
+                self._pairs = []
+            elif event != "end_array":
+                self.answer.malformed = True
+        elif prefix == self._VALUES + ".item" and self._pairs is not None:
+            if event == "start_array":
+                self._pairs.append([])
+            elif event != "end_array":
+                self.answer.malformed = True
+        elif prefix == self._VALUES + ".item.item" and self._pairs and event in ("number", "string"):
+            if len(self._pairs[-1]) < 2:
+                self._pairs[-1].append(value)
+            else:
+                self.answer.malformed = True
+        else:
+            self.answer.malformed = True
+
+    def _points(self) -> None:
+        """The end of a matrix item: keep its whole, finite points with their times in whole milliseconds."""
+        labels = self._labels if self._labels is not None else {}
+        if self._pair is not None:  # both "value" and "values"
+            self.answer.malformed = True
+            return
+        for pair in self._pairs or ():
+            try:
+                value, at = _value(pair), float(pair[0])
+            except (ValueError, TypeError):
+                self.answer.malformed = True
+                return
+            if math.isfinite(value) and math.isfinite(at):
+                self.answer.points.append((round(at * 1000), Sample(labels, value)))
+        self._pairs = None
 
     def _sample(self) -> None:
         """The end of a vector item: keep its sample if whole and finite."""

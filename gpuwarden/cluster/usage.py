@@ -61,7 +61,7 @@ from gpuwarden.mixin import rules as _rules
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from gpuwarden.cluster.promapi import Prometheus, Sample
+    from gpuwarden.cluster.promapi import InstantQueries, Sample
 
 #: Causes of lost (held but idle) time: every idle cause but ``free``.
 LOST_CAUSES = tuple(c for c in IDLE_CAUSES if c != "free")
@@ -263,7 +263,7 @@ class Accounting:
     which counters are summed and jobs given their share of a GPU (ATTRIBUTION_SECONDS). Raises ValueError for a
     bad range or step."""
 
-    def __init__(self, prom: Prometheus, range_: str, step: str = "1m", selector: str = "",
+    def __init__(self, prom: InstantQueries, range_: str, step: str = "1m", selector: str = "",
                  at: float | None = None, cluster_labels: tuple[str, ...] = ("cluster",),
                  attribution: float = ATTRIBUTION_SECONDS) -> None:  # fmt: skip
         range_s, self.step_s = seconds(range_), seconds(step)

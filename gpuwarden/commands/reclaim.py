@@ -86,9 +86,11 @@ def _connect(args: argparse.Namespace) -> Prometheus:
 
 def _report(args: argparse.Namespace, policy: Any, range_s: float, labels: tuple[str, ...]) -> int:
     from gpuwarden.reclaim.controller import record, report
+    from gpuwarden.terminal import progress
 
     end = time.time() if args.at is None else args.at
-    decisions = report(policy, lambda: _connect(args), end, range_s, labels)
+    with progress(f"reclaim ladder over {args.range}: ticks") as advance:
+        decisions = report(policy, lambda: _connect(args), end, range_s, labels, progress=advance)
     rows = [record(d, "reset" if d.step == "reset" else "dry_run") for d in decisions]
     if args.json:
         print(json.dumps({"range_seconds": range_s, "end": end, "decisions": rows, "reached": _reached(decisions,

@@ -7,6 +7,10 @@ taking no step), so a restart does not send every idle job back to the bottom; i
 in the past either: a job idle for hours gets the first step at the first tick, and each next one the steps' gap
 later, as it would have from the start. Each tick asks Prometheus afresh (a new client, ``timeout`` seconds for the
 tick's queries together); a tick Prometheus cannot answer is logged, counted, and the next tick comes as planned.
+
+The warm-up and the report ask the same questions at each of many past ticks: one client asks them as range queries
+(gpuwarden.cluster.stepped), a handful of requests for a day, not several for each tick; the report's ticks fall on
+multiples of the interval, as the query front ends of Thanos and Mimir align a range query's.
 """
 
 from __future__ import annotations
@@ -14,16 +18,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpuwarden.cluster.stepped import SteppedQueries
 from gpuwarden.cluster.usage import Accounting, IdleFacts, JobKey
 from gpuwarden.reclaim.actions import ActionRunner
 from gpuwarden.reclaim.ladder import RESET, Decision, Ladder
 from gpuwarden.reclaim.policy import Policy
 
 if TYPE_CHECKING:
-    from gpuwarden.cluster.promapi import Prometheus
+    from gpuwarden.cluster.promapi import InstantQueries, Prometheus
 
 log = logging.getLogger("gpuwarden.reclaim")
 
@@ -107,21 +112,43 @@ class Controller:
         self.runner = ActionRunner(dry_run, self._outcome, policy.max_concurrent_actions, cluster_labels)
         self._steps = {s.name: s for s in policy.steps}
 
-    def facts(self, at: float) -> dict[JobKey, IdleFacts]:
-        """Every job's facts over the tick that ends at ``at`` (Unix seconds). Raises PrometheusError."""
+    def facts(self, at: float, queries: InstantQueries | None = None) -> dict[JobKey, IdleFacts]:
+        """Every job's facts over the tick that ends at ``at`` (Unix seconds), asked through ``queries`` (None: a
+        client of its own). Raises PrometheusError."""
+        if queries is None:
+            prom = self.connect()
+            try:
+                return self.facts(at, prom)
+            finally:
+                prom.close()
+        acc = Accounting(queries, self.policy.interval, self.policy.interval, self.policy.selector, at=at,
+                         cluster_labels=self.cluster_labels)  # fmt: skip
+        return acc.idle_facts(tuple(self.policy.reclaimable_causes), self.policy.job_selector)
+
+    def replay(self, times: list[float], climb_after: float, progress: Callable[[int, int], None] | None = None
+               ) -> list[Decision]:  # fmt: skip
+        """The ladder over the past ticks ending at ``times`` (ascending, the interval apart), each asked through one
+        client as range queries (SteppedQueries); steps taken only at ticks after ``climb_after`` (Unix seconds;
+        none before: warming up). ``progress(done, total)`` after each tick. Raises PrometheusError."""
+        tick = self.policy.interval_seconds
+        out: list[Decision] = []
+        if not times:
+            return out
         prom = self.connect()
         try:
-            acc = Accounting(prom, self.policy.interval, self.policy.interval, self.policy.selector, at=at,
-                             cluster_labels=self.cluster_labels)  # fmt: skip
-            return acc.idle_facts(tuple(self.policy.reclaimable_causes), self.policy.job_selector)
+            queries = SteppedQueries(prom, times, tick)
+            for n, at in enumerate(times, 1):
+                out += self.ladder.tick(at, tick, self.facts(at, queries), climb=at > climb_after)
+                if progress is not None:
+                    progress(n, len(times))
         finally:
             prom.close()
+        return out
 
     def warm_up(self, now: float) -> None:
         """Follow the idle runs over the ticks before ``now`` (back over the longest step), taking no step."""
         tick = self.policy.interval_seconds
-        for at in ticks(now - self.policy.steps[-1].after_seconds - tick, now - tick, tick):
-            self.ladder.tick(at, tick, self.facts(at), climb=False)
+        self.replay(ticks(now - self.policy.steps[-1].after_seconds - tick, now - tick, tick), climb_after=now)
 
     def evaluate(self, at: float) -> list[Decision]:
         """One tick ending at ``at``: the decisions, each handed to its action (or logged as a reset)."""
@@ -198,14 +225,12 @@ def record(decision: Decision, outcome: str, detail: str = "") -> dict[str, Any]
     }
 
 
-def ticks(start: float, end: float, tick: float) -> Iterator[float]:
-    """The ends of the ticks after ``start`` up to ``end`` (inclusive), ``tick`` seconds apart, the last at
-    ``end``."""
+def ticks(start: float, end: float, tick: float) -> list[float]:
+    """The ends of the ticks after ``start`` up to ``end`` (inclusive), ``tick`` seconds apart, the last at ``end``:
+    Unix seconds, each a whole number of milliseconds (so that each is the same time wherever it is rounded)."""
+    end_ms, tick_ms = round(end * 1000), round(tick * 1000)
     n = int((end - start) // tick)
-    for i in range(n, -1, -1):
-        at = end - i * tick
-        if at > start:
-            yield at
+    return [(end_ms - i * tick_ms) / 1000 for i in range(n, -1, -1) if (end_ms - i * tick_ms) / 1000 > start]
 
 
 def report(
@@ -214,14 +239,18 @@ def report(
     end: float,
     range_seconds: float,
     cluster_labels: tuple[str, ...] = ("cluster",),
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Decision]:
     """What the ladder would have decided over the range of ``range_seconds`` ending at ``end``: a controller
-    started at the range's start (warmed up on the history before it), in dry run. Raises PrometheusError."""
+    started at the range's start (warmed up on the history before it), in dry run, its ticks at the multiples of the
+    interval (the last at or before ``end``). ``progress(done, total)`` after each tick. Raises PrometheusError."""
     controller = Controller(policy, connect, dry_run=True, cluster_labels=cluster_labels)
     start = end - range_seconds
     tick = policy.interval_seconds
-    out: list[Decision] = []
-    for at in ticks(start - policy.steps[-1].after_seconds - tick, end, tick):
-        out += controller.ladder.tick(at, tick, controller.facts(at), climb=at > start)
-    controller.runner.close(wait=False)
-    return out
+    tick_ms = round(tick * 1000)
+    aligned = round(end * 1000) // tick_ms * tick_ms / 1000
+    times = ticks(start - policy.steps[-1].after_seconds - tick, aligned, tick)
+    try:
+        return controller.replay(times, climb_after=start, progress=progress)
+    finally:
+        controller.runner.close(wait=False)
