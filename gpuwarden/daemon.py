@@ -35,7 +35,7 @@ def build_source(cfg: Config) -> tuple[Source, dict[str, str]]:
     if cfg.demo or cfg.replay is not None:
         from gpuwarden.replay import ReplaySource, demo_trace_path  # the trace reader only where a trace is read
 
-        path = demo_trace_path() if cfg.demo else cfg.replay
+        path = demo_trace_path(cfg.demo) if cfg.demo else cfg.replay
         assert path is not None
         return ReplaySource(path, annotate=annotate), {"trace": path.name}
     from gpuwarden.nvml import NvmlSource

@@ -277,6 +277,32 @@ def test_the_demo_listens_on_loopback_unless_told(monkeypatch: pytest.MonkeyPatc
     assert load_config(None, {}).listen_address == "0.0.0.0:10400"
 
 
+def test_the_demo_scene_from_the_flag_the_file_or_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:  # fmt: skip
+    """``--demo`` alone and the key's older ``true`` are the workloads demo; ``--demo faults`` and ``demo: faults``
+    the faults one; anything else is refused in one line before a trace is read."""
+    from gpuwarden.cli import build_parser
+    from gpuwarden.commands.serve import overrides
+    from gpuwarden.config import ConfigError, load_config
+
+    parse = build_parser().parse_args
+    assert overrides(parse(["serve", "--demo"]))["demo"] == "workloads"
+    assert overrides(parse(["serve", "--demo", "faults", "--log.level", "debug"]))["demo"] == "faults"
+    assert load_config(None, {"demo": True}).demo == "workloads" and load_config(None, {"demo": False}).demo is None
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("demo: faults\n")
+    assert load_config(cfg, {}).demo == "faults"
+    monkeypatch.setenv("GPUWARDEN_DEMO", "1")
+    assert load_config(None, {}).demo == "workloads"
+    monkeypatch.delenv("GPUWARDEN_DEMO")
+    cfg.write_text("demo: chaos\n")
+    with pytest.raises(ConfigError, match="demo"):
+        load_config(cfg, {})
+    res = subprocess.run([sys.executable, "-m", "gpuwarden", "serve", "--demo", "chaos"], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert res.returncode == 2 and "invalid choice: 'chaos' (choose from 'workloads', 'faults')" in res.stderr
+
+
 def test_every_subcommand_has_a_description_and_every_argument_its_help() -> None:
     import argparse
 

@@ -55,7 +55,9 @@ def test_every_declared_reading_is_a_model_field() -> None:
         assert r.field in GpuReading.model_fields, r.field
 
 
-@pytest.mark.parametrize("path", [demo_trace_path(), *sorted(TRACES.glob("*.jsonl.gz"))], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [demo_trace_path(), demo_trace_path("faults"), *sorted(TRACES.glob("*.jsonl.gz"))], ids=lambda p: p.name
+)
 def test_every_exported_family_is_declared_as_exported(path: Path) -> None:
     """What the collectors yield over real recordings has exactly the declared name, type, help and labels."""
     poller = replay_poller(path, 10, analyzers={"insight": InsightAnalyzer().prepare})

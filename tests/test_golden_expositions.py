@@ -34,7 +34,7 @@ _MASKED = (
     "process_[a-z_]+",  # the test process's own memory, CPU and descriptors
 )
 _VOLATILE = re.compile(r"^((?:" + "|".join(_MASKED) + r")(?:\{[^}]*\})?) .*$", re.M)
-PATHS = [demo_trace_path(), *sorted(TRACES.glob("*.jsonl.gz"))]
+PATHS = [demo_trace_path(), demo_trace_path("faults"), *sorted(TRACES.glob("*.jsonl.gz"))]
 
 
 def exposition(path: Path) -> str:

@@ -36,7 +36,7 @@ LINKS = ("gpu_nvlink_link_up", "gpu_nvlink_link_errors")
 NVLINK_EXTRA = 8
 ACCOUNTING = ("gpu_state_seconds", "gpu_idle_seconds", "gpu_diagnosis")
 APART = ("gpu_process_", "gpu_job_info", "gpu_pod_info")
-PATHS = [demo_trace_path(), *sorted(TRACES.glob("*.jsonl.gz"))]
+PATHS = [demo_trace_path(), demo_trace_path("faults"), *sorted(TRACES.glob("*.jsonl.gz"))]
 
 
 def per_gpu(text: str) -> dict[str, collections.Counter[str]]:

@@ -43,6 +43,7 @@ class Flag:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     value: object = True
+    const: str | None = None  # the value of the flag given without one (``--demo``: workloads)
     convert: Callable[[str], object] | None = None
     nested: str | None = None
     help: str | None = None
@@ -69,7 +70,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--gpus",), "gpus", metavar="I,J", convert=_gpus),
     Flag(("--no-processes",), "processes", bool, value=False, nested="enabled", help="do not read GPU processes"),
     Flag(("--replay",), "replay", metavar="FILE"),
-    Flag(("--demo",), "demo", bool),
+    Flag(
+        ("--demo",),
+        "demo",
+        metavar="SCENE",
+        choices=("workloads", "faults"),
+        const="workloads",
+        help="serve a recorded node without a GPU: workloads (the default: six causes of low utilization in turn) "
+        "or faults (ECC errors and XIDs the shipped rules page and ticket within minutes; docs/prometheus.md)",
+    ),
     Flag(("--log.level", "--log-level"), "log_level", choices=("debug", "info", "warning", "error")),
     Flag(("--log.format",), "log_format", choices=("logfmt", "json")),
     Flag(("--nvml.wait", "--wait-for-nvml"), "wait_for_nvml", bool),
@@ -105,6 +114,9 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
             shown = _help(flag) if i == 0 else argparse.SUPPRESS
             if flag.kind is bool:
                 s.add_argument(name, dest=flag.dest, action="store_true", default=None, help=shown)
+            elif flag.const is not None:
+                s.add_argument(name, dest=flag.dest, nargs="?", const=flag.const, metavar=flag.metavar,
+                               choices=flag.choices, help=shown)  # fmt: skip
             else:
                 s.add_argument(
                     name, dest=flag.dest, type=flag.kind, metavar=flag.metavar, choices=flag.choices, help=shown

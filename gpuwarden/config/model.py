@@ -145,7 +145,12 @@ class Config(BaseModel):
     collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
     insight: InsightConfig = Field(default_factory=InsightConfig)
     replay: Path | None = Field(default=None, description="serve a recorded trace instead of live NVML")
-    demo: bool = Field(default=False, description="serve the trace shipped in the package")
+    demo: Literal["workloads", "faults"] | None = Field(
+        default=None,
+        description="serve a trace shipped in the package instead of live NVML: workloads (six causes of low "
+        "utilization in turn on an H100) or faults (ECC errors and XIDs on two H100s that the shipped rules page and "
+        "ticket within minutes); true means workloads",
+    )
     wait_for_nvml: bool = Field(
         default=False,
         description="when NVML is missing at start, serve gpuwarden_source_up 0 and retry instead of exiting 1",
@@ -185,6 +190,17 @@ class Config(BaseModel):
         description="this node's name, the nodename label of gpu_devices that GpuMissing keys on (it must survive a "
         "restart: in Kubernetes the downward API's spec.nodeName); none: the host name",
     )
+
+    @field_validator("demo", mode="before")
+    @classmethod
+    def _demo_flag(cls, v: Any) -> Any:
+        """Accept ``true``/``false`` (the key's older meaning, and an environment variable's ``1``/``0``) as the
+        workloads demo or none."""
+        if v is True or (isinstance(v, str) and v.lower() in ("true", "1", "yes", "on")):
+            return "workloads"
+        if v is False or (isinstance(v, str) and v.lower() in ("false", "0", "no", "off", "")):
+            return None
+        return v
 
     @field_validator("gpus", mode="before")
     @classmethod

@@ -23,12 +23,14 @@ from gpuwarden.model import GpuReading, HostReading, NodeStatic, PollResult, Pro
 from gpuwarden.source import SourceError
 from gpuwarden.trace import TraceError, TraceHeader, TracePass
 
-DEMO_TRACE = "demo.jsonl.gz"
+#: The traces shipped in the package for ``serve --demo SCENE``, by scene (tests/data/README.md says how each was made).
+DEMO_TRACES = {"workloads": "demo.jsonl.gz", "faults": "demo-faults.jsonl.gz"}
 
 
-def demo_trace_path() -> Path:
-    """Return the path of the trace shipped in the package for ``serve --demo``."""
-    return Path(str(resources.files("gpuwarden.replay").joinpath("data", DEMO_TRACE)))
+def demo_trace_path(scene: str = "workloads") -> Path:
+    """Return the path of the trace shipped in the package for ``serve --demo SCENE``; raises KeyError for a scene
+    not in DEMO_TRACES."""
+    return Path(str(resources.files("gpuwarden.replay").joinpath("data", DEMO_TRACES[scene])))
 
 
 #: The catalogue's cumulative readings, by record.
