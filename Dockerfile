@@ -25,14 +25,17 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility \
     GPUWARDEN_LISTEN_ADDRESS=0.0.0.0:10400
-# The dependencies at the versions and hashes of requirements.lock (pip-compile --generate-hashes: docs/deploy.md),
-# then gpuwarden's own wheel without resolving anything more.
+# The layout of the Debian package's image (tools/package_image.py, docs/deploy.md): a virtual environment in
+# /opt/gpuwarden holding the dependencies at the versions and hashes of requirements.lock (pip-compile
+# --generate-hashes: docs/deploy.md), then gpuwarden's own wheel without resolving anything more; /usr/bin/gpuwarden.
 COPY requirements.lock /tmp/requirements.lock
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --require-hashes -r /tmp/requirements.lock \
-    && pip install --no-cache-dir --no-deps /wheels/*.whl \
+    python3 -m venv --without-pip /opt/gpuwarden \
+    && pip --python /opt/gpuwarden/bin/python install --no-cache-dir --require-hashes -r /tmp/requirements.lock \
+    && pip --python /opt/gpuwarden/bin/python install --no-cache-dir --no-deps /wheels/*.whl \
+    && ln -s /opt/gpuwarden/bin/gpuwarden /usr/bin/gpuwarden \
     && rm /tmp/requirements.lock
 # Non-root, numeric (so Kubernetes' runAsNonRoot can check it without /etc/passwd).
 USER 10001:10001
 EXPOSE 10400
-ENTRYPOINT ["gpuwarden", "serve"]
+ENTRYPOINT ["/usr/bin/gpuwarden", "serve"]

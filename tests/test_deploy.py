@@ -339,7 +339,7 @@ def test_dockerfile_final_image() -> None:
     assert users and users[-1].split(":")[0] == "10001"
     assert [arg for word, arg in stage if word == "EXPOSE"] == [str(DEFAULT_PORT)]
     entry = [arg for word, arg in stage if word == "ENTRYPOINT"]
-    assert [json.loads(e) for e in entry] == [["gpuwarden", "serve"]]
+    assert [json.loads(e) for e in entry] == [["/usr/bin/gpuwarden", "serve"]]
     # USER comes after every RUN: nothing runs as root at run time.
     words = [w for w, _ in stage]
     assert max(i for i, w in enumerate(words) if w == "RUN") < words.index("USER")
@@ -381,6 +381,7 @@ def test_the_image_installs_the_locked_dependencies_by_hash() -> None:
         assert dep.specifier.contains(pinned[name]), (dep, pinned[name])
     [install] = [arg for word, arg in final_stage() if word == "RUN" and "requirements.lock" in arg]
     assert "--require-hashes -r /tmp/requirements.lock" in install and "--no-deps /wheels/" in install
+    assert "venv --without-pip /opt/gpuwarden" in install and "/opt/gpuwarden/bin/gpuwarden /usr/bin/gpuwarden" in install
     assert ("COPY", "requirements.lock /tmp/requirements.lock") in final_stage()
 
 
