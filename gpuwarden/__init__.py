@@ -1,3 +1,3 @@
 """gpuwarden: a per-node NVIDIA GPU monitoring daemon with a Prometheus exporter."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK (argcomplete's marker: this entry point completes itself; gpuwarden completion SHELL)
 """The ``gpuwarden`` command: parses the command line and runs one subcommand (gpuwarden.commands)."""
 
 from __future__ import annotations
@@ -78,6 +79,23 @@ def _chosen(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def _complete() -> None:
+    """Answer a shell's completion request (argcomplete: the line in ``COMP_LINE`` up to ``COMP_POINT``) from the
+    parser of the subcommand the line names, or of the top level; argcomplete exits when it has answered."""
+    import shlex
+
+    import argcomplete
+
+    line = os.environ.get("COMP_LINE", "")[: int(os.environ.get("COMP_POINT", "0") or 0)]
+    try:
+        words = shlex.split(line)[1:]
+    except ValueError:  # an open quote: the words before it
+        words = line.split()[1:]
+    done = words if line.endswith(" ") else words[:-1]  # the word being typed names no command yet
+    chosen = _chosen(done)
+    argcomplete.autocomplete(build_parser(chosen if chosen in COMMANDS else None))
+
+
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     """Return the parser of the ``gpuwarden`` command: the full parser of subcommand ``chosen`` (of every one when
     None), the others by name and help only, without importing their modules."""
@@ -109,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 
     setup("warning")  # serve sets its configured level and format once it has read them
     try:
+        if "_ARGCOMPLETE" in os.environ:  # a shell asks for completions (gpuwarden completion SHELL): answered, exits
+            _complete()
         parser = build_parser(chosen if chosen in COMMANDS else None)
         try:
             args, extra = parser.parse_known_args(argv)  # --version prints here

@@ -26,7 +26,8 @@ EXPECTED = [
     (["--poll.gpm-interval", "3"], lambda c: c.gpm_interval_seconds == 3),
     (["--gpus", "0,2"], lambda c: c.gpus == [0, 2]),
     (["--no-processes"], lambda c: c.processes.enabled is False),
-    (["--demo"], lambda c: c.demo is True),
+    (["--demo"], lambda c: c.demo == "workloads"),
+    (["--demo", "faults"], lambda c: c.demo == "faults"),
     (["--log.level", "debug"], lambda c: c.log_level == "debug"),
     (["--log.level", "error"], lambda c: c.log_level == "error"),
     (["--log.format", "json"], lambda c: c.log_format == "json"),
@@ -34,7 +35,7 @@ EXPECTED = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "check"), EXPECTED, ids=[a[0] for a, _ in EXPECTED])
+@pytest.mark.parametrize(("argv", "check"), EXPECTED, ids=[" ".join(a) for a, _ in EXPECTED])
 def test_each_serve_flag_sets_its_configuration_key(argv: list[str], check: object) -> None:
     args = build_parser("serve").parse_args(["serve", *argv])
     assert check(load(args)), (argv, overrides(args))  # type: ignore[operator]

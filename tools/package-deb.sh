@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds the Debian package of gpuwarden: a self-contained virtual environment under /opt/gpuwarden (Debian's own
 # python3.11, the dependencies at the versions and hashes of requirements.lock, the kubelet extra included, and
-# gpuwarden's wheel), /usr/bin/gpuwarden, the systemd unit of deploy/systemd (ExecStart at /usr/bin/gpuwarden),
-# /etc/gpuwarden/config.yml and gpuwarden.env as conffiles, and the maintainer scripts of deploy/debian (the
-# gpuwarden system user, the bytecode compiled for the installed paths, the service enabled and started where systemd
-# runs). Laid out as dh-virtualenv lays out such a package, built with dpkg-deb, checked with lintian where it is
-# installed (deploy/debian/lintian-overrides gives each override its reason).
-#   tools/package-deb.sh WHEEL [OUTDIR]     (from the repository root; tools/packages-smoke.sh calls it)
+# gpuwarden's wheel), /usr/bin/gpuwarden and its bash completion, the systemd unit of deploy/systemd (ExecStart at
+# /usr/bin/gpuwarden), /etc/gpuwarden/config.yml and gpuwarden.env as conffiles, and the maintainer scripts of
+# deploy/debian (the gpuwarden system user, the bytecode compiled for the installed paths, the service enabled and
+# started where systemd runs). Laid out as dh-virtualenv lays out such a package, built with dpkg-deb, checked with
+# lintian where it is installed (deploy/debian/lintian-overrides gives each override its reason).
+#   tools/package-deb.sh WHEEL [OUTDIR]     (from the repository root; .ci/run calls it)
 # Prints the path of the .deb. Needs /usr/bin/python3.11 (Debian 12's) and pip 22.3 or newer as python3 -m pip.
 set -euo pipefail
 wheel=$(realpath "$1")
@@ -37,7 +37,8 @@ if left=$(grep -rlI "$stage" "$root"); then
   exit 1
 fi
 install -d "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/gpuwarden" "$root/usr/share/doc/gpuwarden" \
-  "$root/usr/share/lintian/overrides" "$root/DEBIAN"
+  "$root/usr/share/lintian/overrides" "$root/usr/share/bash-completion/completions" "$root/DEBIAN"
+"$venv/bin/python" -m gpuwarden completion bash >"$root/usr/share/bash-completion/completions/gpuwarden"
 ln -s /opt/gpuwarden/bin/gpuwarden "$root/usr/bin/gpuwarden"
 sed 's#^ExecStart=/usr/local/bin/gpuwarden #ExecStart=/usr/bin/gpuwarden #' deploy/systemd/gpuwarden.service \
   >"$root/lib/systemd/system/gpuwarden.service"

@@ -60,6 +60,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "collectors": Command("gpuwarden.commands.collectors", "list collectors and their default state"),
     "record": Command("gpuwarden.commands.record", "record a trace of raw NVML readings (JSON Lines)"),
+    "completion": Command("gpuwarden.commands.completion", "print the shell code that completes gpuwarden's options"),
 }
 
 
