@@ -338,6 +338,7 @@ def test_the_controller_logs_counts_and_serves_each_decision(caplog: pytest.LogC
     import httpx
     from helpers import free_port
 
+    from gpuwarden.cluster.promapi import InstantQueries
     from gpuwarden.reclaim.controller import Controller, ReclaimMetrics
 
     policy = Policy.model_validate(POLICY)
@@ -345,7 +346,7 @@ def test_the_controller_logs_counts_and_serves_each_decision(caplog: pytest.LogC
     ticks = iter([_facts()] * 31 + [_facts(reasons=("input_starved",))])
 
     class Fed(Controller):
-        def facts(self, at: float) -> dict[JobKey, IdleFacts]:
+        def facts(self, at: float, queries: InstantQueries | None = None) -> dict[JobKey, IdleFacts]:
             return {JOB: next(ticks)}
 
     controller = Fed(policy, connect=lambda: None, dry_run=True, metrics=metrics)  # type: ignore[arg-type,return-value]
