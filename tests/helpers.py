@@ -255,3 +255,15 @@ def backfilled_prometheus(prometheus_bin: str, promtool_bin: str, tmp: Path, ser
         yield url
     finally:
         stop_all([server])
+
+
+def gzip_bomb(inflated: int) -> bytes:
+    """A gzip body of about a thousandth of ``inflated`` bytes that inflates to ``inflated`` bytes: spaces inside a
+    valid start and end of a Prometheus API answer, compressed a MiB at a time (never held whole)."""
+    import zlib
+
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [c.compress(b'{"status":"success","data":{"resultType":"vector","result":[')]
+    mib = b" " * (1 << 20)
+    parts += [c.compress(mib) for _ in range(inflated >> 20)]
+    return b"".join([*parts, c.compress(b"]}}"), c.flush()])

@@ -5,6 +5,7 @@ from the answer reaches the terminal as an escape sequence or Rich markup."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
@@ -12,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers import gzip_bomb
 
 from gpuwarden.cli import main
 from gpuwarden.cluster.promapi import MAX_ANSWER_BYTES, MAX_SAMPLES
@@ -81,6 +83,11 @@ AMBIGUOUS: dict[str, tuple[int, bytes]] = {
 }
 
 
+#: case -> the Content-Encoding its answer comes in
+ENCODED = {"gzip-bomb": "gzip", "brotli": "br", "gzip-fine": "gzip"}
+BOMB = gzip_bomb(200 << 20)
+
+
 class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -126,9 +133,15 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 return
             return
-        status, body = ANSWERS[case] if case in ANSWERS else AMBIGUOUS[case]
+        encoding = ENCODED.get(case)
+        if encoding is not None:  # 200 KB inflating to 200 MiB; a coding not asked for; a fine answer in gzip
+            status, body = 200, BOMB if case == "gzip-bomb" else gzip.compress(_vector((LABELS, "60")))
+        else:
+            status, body = ANSWERS[case] if case in ANSWERS else AMBIGUOUS[case]
         self.send_response(status)
         self.send_header("content-type", "application/json")
+        if encoding is not None:
+            self.send_header("content-encoding", encoding)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -190,7 +203,7 @@ def test_a_valid_answer_of_30_mib_is_parsed_within_a_memory_bound(server: str) -
     assert int(peak) < 80 * 2**20, int(peak) / 2**20
 
 
-@pytest.mark.parametrize("case", [*ANSWERS, "huge", "huge-bytes"])
+@pytest.mark.parametrize("case", [*ANSWERS, "huge", "huge-bytes", *ENCODED])
 @pytest.mark.parametrize(
     "command", [["top"], ["top", "--json"], ["report", "--job", HOSTILE], ["report", "--json", "--job", "x"]]
 )
@@ -211,8 +224,12 @@ def test_every_answer_is_output_or_one_line(
         json.loads(out, parse_constant=lambda token: pytest.fail(f"{token} is not JSON"))
     if case == "huge":
         assert rc == 1 and f"more than {MAX_SAMPLES // 10} series" in err
-    if case == "huge-bytes":
+    if case in ("huge-bytes", "gzip-bomb"):
         assert rc == 1 and f"more than {MAX_ANSWER_BYTES} bytes" in err
+    if case == "brotli":
+        assert rc == 1 and "came in an encoding gpuwarden does not read: 'br'" in err
+    if case == "gzip-fine" and command == ["top", "--json"]:
+        assert rc == 0 and json.loads(out)["gpus"]
     if case == "long-id" and "--json" not in command:  # a table shows 512 characters of a value, the cut said
         assert max(map(len, out.splitlines()), default=0) < 2_000 and ("…(+" in out or rc == 1), out[:300]
     if case == "long-id" and command == ["top", "--json"]:  # JSON keeps it whole

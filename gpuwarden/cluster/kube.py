@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 import httpx
 
+from gpuwarden.cluster.bounds import AnswerTooLarge, Deadline, DeadlineExceeded, decoded, listed
 from gpuwarden.cluster.drain import PREFIX, Action
 from gpuwarden.cluster.exclude import K8S_NODE, SERVICE_TAINT_KEY
 
@@ -39,8 +40,10 @@ from gpuwarden.cluster.exclude import K8S_NODE, SERVICE_TAINT_KEY
 CONDITION = "GPUNeedsService"
 #: How many times a write that met a changed node (409 Conflict) is read and tried again.
 CONFLICT_TRIES = 5
-#: The largest answer read (a node list of a large cluster is a few MB).
+#: The largest answer read, inflated (a node list of a large cluster is tens of MB; it is read one node at a time).
 MAX_BYTES = 64 * 1024 * 1024
+#: The largest node read: etcd refuses objects past 1.5 MiB, so a node over this is not one the API server stores.
+MAX_NODE_BYTES = 2 * 1024 * 1024
 #: A condition's message is cut here (the API keeps any length; `kubectl describe` shows it on one line).
 MESSAGE_CHARS = 1024
 
@@ -118,42 +121,65 @@ def with_condition(node: dict[str, Any], action: Action, now: datetime) -> dict[
 
 class KubeApi:
     """The API server at ``api`` (``https://host:port`` or a ``kubectl proxy`` address), with a bearer token read
-    from ``token_file`` (None: no Authorization header) and the CA bundle ``ca_file`` (None: the system's)."""
+    from ``token_file`` (None: no Authorization header) and the CA bundle ``ca_file`` (None: the system's). Every
+    request is answered by ``deadline`` (the command's --timeout, shared with its Prometheus queries) or ends in
+    RuntimeError; an answer is inflated in bounded steps, never past MAX_BYTES (gpuwarden.cluster.bounds)."""
 
     def __init__(self, api: str, token_file: str | None = None, ca_file: str | None = None,
-                 timeout: float = 30.0) -> None:  # fmt: skip
+                 deadline: Deadline | None = None) -> None:  # fmt: skip
         self.api = api.rstrip("/")
-        headers = {"Accept": "application/json"}
+        self.deadline = deadline or Deadline(60.0)
+        headers = {"Accept": "application/json", "Accept-Encoding": "gzip"}
         if token_file:
             with open(token_file, encoding="utf-8") as f:
                 headers["Authorization"] = f"Bearer {f.read().strip()}"
-        self._client = httpx.Client(timeout=timeout, headers=headers, verify=ca_file or True)
+        self._client = httpx.Client(timeout=self.deadline.seconds, headers=headers, verify=ca_file or True)
 
     def close(self) -> None:
         """Close the connection pool."""
         self._client.close()
 
+    def _request(self, method: str, path: str, read: Any, body: Any = None, limit: int = MAX_NODE_BYTES) -> Any:
+        """``method path`` (``body`` as JSON), its answer inflated within ``limit`` and handed to ``read(status,
+        chunks)`` within the deadline; what ``read`` returns. Raises RuntimeError (past the deadline or the bound,
+        or ``read``'s), httpx.HTTPError when the server cannot be reached."""
+        what = f"{method} {path}"
+
+        def exchange(left: float) -> Any:
+            with self._client.stream(method, self.api + path, json=body, timeout=left) as r:
+                return read(r.status_code, decoded(r.iter_raw(), r.headers.get("content-encoding"), limit, what))
+
+        try:
+            return self.deadline.call(exchange, what)
+        except (DeadlineExceeded, AnswerTooLarge) as exc:
+            raise RuntimeError(str(exc)) from None
+
     def _get(self, path: str) -> Any:
-        """The JSON answer to ``GET path``. Raises RuntimeError with the server's message on an HTTP error or an
-        answer over MAX_BYTES; httpx.HTTPError when it cannot be reached."""
-        with self._client.stream("GET", self.api + path) as r:
-            body = bytearray()
-            for chunk in r.iter_bytes():
-                body += chunk
-                if len(body) > MAX_BYTES:
-                    raise RuntimeError(f"GET {path}: an answer over {MAX_BYTES} bytes")
-        if r.status_code != 200:
-            raise RuntimeError(f"GET {path}: {r.status_code} {_message(bytes(body))}")
-        return json.loads(body)
+        """The JSON object answered to ``GET path`` (a node: at most MAX_NODE_BYTES). Raises RuntimeError with the
+        server's message on an HTTP error (see _request); httpx.HTTPError when it cannot be reached."""
+        return self._request("GET", path, lambda status, chunks: _json(f"GET {path}", status, b"".join(chunks)))
 
     def nodes(self) -> dict[str, KubeNode]:
-        """The cluster's nodes by name (``GET /api/v1/nodes``); nodes without a valid name left out. Raises
-        RuntimeError or httpx.HTTPError (see _get)."""
-        doc = self._get("/api/v1/nodes")
-        items = doc.get("items") if isinstance(doc, dict) else None
-        if not isinstance(items, list):
-            raise RuntimeError("GET /api/v1/nodes: not a NodeList")
-        return {n.name: n for n in map(node_state, items) if n is not None}
+        """The cluster's nodes by name (``GET /api/v1/nodes``), read one node at a time (bounds.listed: a list of
+        thousands costs one node's tree, not the list's); nodes without a valid name left out. Raises RuntimeError or
+        httpx.HTTPError (see _request)."""
+        what = "GET /api/v1/nodes"
+
+        def read(status: int, chunks: Any) -> dict[str, KubeNode]:
+            if status != 200:
+                _json(what, status, b"".join(chunks))
+            out: dict[str, KubeNode] = {}
+            for item in listed(chunks, "items", MAX_NODE_BYTES, what):
+                node = node_state(item)
+                if node is not None:
+                    out[node.name] = node
+            return out
+
+        try:
+            nodes: dict[str, KubeNode] = self._request("GET", "/api/v1/nodes", read, limit=MAX_BYTES)
+            return nodes
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from None
 
     def apply(self, action: Action, now: datetime | None = None) -> str | None:
         """Set (drain) or clear (resume) gpuwarden's taint and condition on ``action.node``; None when done, else
@@ -177,11 +203,22 @@ class KubeApi:
         None when written, else the error."""
         for _ in range(CONFLICT_TRIES):
             node = change(self._get(path))
-            r = self._client.put(self.api + path + suffix, json=node)
-            if r.status_code == 409:
+            status, answer = self._request("PUT", path + suffix, lambda st, chunks: (st, b"".join(chunks)), body=node)
+            if status == 409:
                 continue
-            return None if r.status_code == 200 else f"PUT {path}{suffix}: {r.status_code} {_message(r.content)}"
+            return None if status == 200 else f"PUT {path}{suffix}: {status} {_message(answer)}"
         return f"PUT {path}{suffix}: the node kept changing ({CONFLICT_TRIES} conflicts)"
+
+
+def _json(what: str, status: int, body: bytes) -> Any:
+    """``body`` as JSON when ``status`` is 200. Raises RuntimeError with the server's message otherwise, or when the
+    body is not JSON."""
+    if status != 200:
+        raise RuntimeError(f"{what}: {status} {_message(body)}")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise RuntimeError(f"{what}: an answer that is not JSON") from None
 
 
 def _message(body: bytes) -> str:

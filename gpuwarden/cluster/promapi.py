@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import math
 import ssl
-import threading
 from dataclasses import dataclass, field
-from time import monotonic
 from typing import Any, Protocol
 
 import httpx
 import ijson  # type: ignore[import-untyped]
 
+from gpuwarden.cluster.bounds import AnswerTooLarge, Deadline, DeadlineExceeded, decoded
 from gpuwarden.terminal import redacted, visible, why
 
 
@@ -103,20 +102,23 @@ class Prometheus:
     """Instant and range queries against ``url`` (``http://HOST:9090``, or a Thanos/Mimir query front end with its
     path prefix, e.g. ``http://mimir/prometheus``; credentials as ``http://USER:PASSWORD@HOST``).
 
-    ``timeout`` (seconds) bounds all the queries of this client together, from its creation: a server that answers
-    slowly, or drips its answer a byte at a time, ends in PrometheusError once it is spent. ``headers`` are sent
-    with every request (e.g. ``X-Scope-OrgID`` for Mimir/Cortex tenants).
+    ``timeout`` (seconds) bounds all the queries of this client together, from its creation, or ``deadline`` those of
+    a whole command (gpuwarden.cluster.bounds.Deadline: ``drain`` asks Prometheus and the API server within one): a
+    server that answers slowly, or drips its answer a byte at a time, ends in PrometheusError once it is spent. An
+    answer is inflated in bounded steps, never past MAX_ANSWER_BYTES (gzip is asked for; a gzip bomb is refused at
+    the bound). ``headers`` are sent with every request (e.g. ``X-Scope-OrgID`` for Mimir/Cortex tenants).
     """
 
     def __init__(
-        self, url: str, timeout: float = 30.0, headers: dict[str, str] | None = None, tls: ClientTls | None = None
-    ) -> None:
+        self, url: str, timeout: float = 30.0, headers: dict[str, str] | None = None, tls: ClientTls | None = None,
+        deadline: Deadline | None = None,
+    ) -> None:  # fmt: skip
         base = url if "://" in url else f"http://{url}"
         self.base = base.rstrip("/")
-        self.timeout = timeout
-        self._deadline = monotonic() + timeout
+        self.deadline = deadline or Deadline(timeout)
+        self.timeout = self.deadline.seconds
         tls = tls or ClientTls()
-        sent = dict(headers or {})
+        sent = {"Accept-Encoding": "gzip", **(headers or {})}
         if tls.bearer_token_file:
             sent["Authorization"] = f"Bearer {_token(tls.bearer_token_file)}"
         try:
@@ -187,33 +189,15 @@ class Prometheus:
 
     def _post(self, target: str, path: str, params: dict[str, str]) -> tuple[int, Answer]:
         """POST the query; return (HTTP status, the answer parsed as read) within the deadline, MAX_ANSWER_BYTES and
-        MAX_SAMPLES. The exchange
-        runs in a thread the caller waits on until the deadline: httpx's timeouts bound each read, not the whole
-        request, so a server that drips its status line and headers a byte at a time would outlast them."""
-        left = self._deadline - monotonic()
-        if left <= 0:
-            raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
-        answer: list[tuple[int, Answer] | BaseException] = []
-
-        def exchange() -> None:
-            try:
-                answer.append(self._exchange(target, path, params, left))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
-                answer.append(exc)
-
-        worker = threading.Thread(target=exchange, name="gpuwarden-prometheus-query", daemon=True)
-        worker.start()
-        worker.join(left)
-        if not answer:  # still reading: left behind (a daemon thread), the command ends with the error
-            raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
-        if isinstance(answer[0], BaseException):
-            raise answer[0]
-        return answer[0]
+        MAX_SAMPLES (gpuwarden.cluster.bounds.Deadline: the exchange runs in a thread waited on until the deadline)."""
+        try:
+            return self.deadline.call(lambda left: self._exchange(target, path, params, left), target)
+        except DeadlineExceeded as exc:
+            raise PrometheusError(str(exc)) from None
 
     def _exchange(self, target: str, path: str, params: dict[str, str], left: float) -> tuple[int, Answer]:
-        """The request itself: (HTTP status, the answer parsed chunk by chunk as it is read); raises PrometheusError
-        (one line)."""
-        size = 0
+        """The request itself: (HTTP status, the answer parsed chunk by chunk as it is read and inflated); raises
+        PrometheusError (one line)."""
         try:
             with self._client.stream("POST", path, data=params, timeout=left) as resp:
                 if resp.status_code in (401, 403):
@@ -221,18 +205,18 @@ class Prometheus:
                         f"{target} refused the request (HTTP {resp.status_code}): credentials in the URL?"
                     )
                 parser = AnswerParser()
-                for chunk in resp.iter_bytes():
-                    size += len(chunk)
-                    if size > MAX_ANSWER_BYTES:
-                        raise PrometheusError(f"{target} answered more than {MAX_ANSWER_BYTES} bytes")
-                    if monotonic() > self._deadline:
-                        raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s")
+                body = decoded(resp.iter_raw(), resp.headers.get("content-encoding"), MAX_ANSWER_BYTES, target)
+                for chunk in body:
+                    if self.deadline.left() <= 0:
+                        raise PrometheusError(self.deadline.message(target))
                     if not parser.feed(chunk):
                         what = "samples" if parser.answer.kind == "matrix" else "series"
                         raise TooManySamples(f"{target} answered more than {MAX_SAMPLES} {what}")
                 return resp.status_code, parser.close()
+        except AnswerTooLarge as exc:
+            raise PrometheusError(str(exc)) from None
         except httpx.TimeoutException:
-            raise PrometheusError(f"{target}: no answer within --timeout {self.timeout:g} s") from None
+            raise PrometheusError(self.deadline.message(target)) from None
         except httpx.HTTPError as exc:
             raise PrometheusError(f"cannot reach {target}: {visible(exc) or type(exc).__name__}") from None
 

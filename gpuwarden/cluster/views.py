@@ -28,6 +28,7 @@ from gpuwarden.cluster.usage import (
 from gpuwarden.terminal import SHOWN_CHARS, brief, listed, plain, redacted, visible
 
 if TYPE_CHECKING:
+    from gpuwarden.cluster.bounds import Deadline
     from gpuwarden.cluster.promapi import Prometheus
 
 T = TypeVar("T")
@@ -117,11 +118,11 @@ def _job_label(key: JobKey, names: Names) -> str:
     return f"{key.job_id}{where}" + (f" [{'/'.join(key.cluster)}]" if any(key.cluster) else "")
 
 
-def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
+def _open(args: argparse.Namespace, deadline: Deadline | None = None) -> tuple[Prometheus, Accounting]:
     from gpuwarden.cluster.promapi import ClientTls, Prometheus  # httpx: only for the commands that ask Prometheus
 
     tls = ClientTls(args.ca_file, args.cert_file, args.key_file, args.bearer_token_file)
-    prom = Prometheus(args.prometheus, timeout=args.timeout, headers=dict(args.header), tls=tls)
+    prom = Prometheus(args.prometheus, timeout=args.timeout, headers=dict(args.header), tls=tls, deadline=deadline)
     # every query at one moment: the jobs and GPU tables (and a report's parts) cover the same range
     at = time.time() if getattr(args, "at", None) is None else args.at
     labels = tuple(getattr(args, "cluster_labels", ("cluster",)))
@@ -131,13 +132,15 @@ def _open(args: argparse.Namespace) -> tuple[Prometheus, Accounting]:
                             attribution=resolution)  # fmt: skip
 
 
-def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T]) -> T | None:
+def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T], deadline: Deadline | None = None
+         ) -> T | None:  # fmt: skip
     """``work(accounting)`` against the Prometheus of ``args``, the client closed after it; None after printing one
-    line ``gpuwarden COMMAND: why`` when Prometheus cannot answer or the arguments are refused."""
+    line ``gpuwarden COMMAND: why`` when Prometheus cannot answer or the arguments are refused. ``deadline``: the
+    command's, when it asks more than Prometheus within its --timeout (None: --timeout from now)."""
     from gpuwarden.cluster.promapi import PrometheusError  # httpx: only for the commands that ask Prometheus
 
     try:
-        prom, acc = _open(args)
+        prom, acc = _open(args, deadline)
         try:
             return work(acc)
         finally:

@@ -15,6 +15,7 @@ from gpuwarden.commands import COMMANDS, EXIT_RUNTIME, Subparsers, die
 from gpuwarden.commands._prometheus import add_common
 
 if TYPE_CHECKING:
+    from gpuwarden.cluster.bounds import Deadline
     from gpuwarden.cluster.kube import KubeApi
 
 
@@ -88,12 +89,14 @@ def run(args: argparse.Namespace) -> int:
     with one line when Prometheus cannot answer, the scheduler cannot with ``--apply`` or at a given ``--kube-api``,
     or an action failed. A dry run with no scheduler to ask (sinfo failing: no slurmctld; outside a pod without
     --kube-api) plans from Prometheus alone, said in one line."""
+    from gpuwarden.cluster.bounds import Deadline
     from gpuwarden.cluster.drain import plan, reason_text
     from gpuwarden.cluster.quality import quality
     from gpuwarden.cluster.views import _ask
     from gpuwarden.terminal import brief
 
-    got = _ask(args, "drain", lambda acc: (quality(acc), acc.node_names(), acc.seen_throughout()))
+    deadline = Deadline(args.timeout)  # Prometheus and the API server answer within one --timeout together
+    got = _ask(args, "drain", lambda acc: (quality(acc), acc.node_names(), acc.seen_throughout()), deadline)
     if got is None:
         return EXIT_RUNTIME
     found, names, seen_instances = got
@@ -109,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             service.setdefault(node(q.cluster, q.instance), {})[q.gpu] = reasons
     scheduler: _Slurm | KubeApi | None = None
     try:
-        scheduler = _scheduler(args)
+        scheduler = _scheduler(args, deadline)
         nodes = scheduler.nodes()
     except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
         if scheduler is not None:
@@ -184,23 +187,23 @@ class _Slurm:
         """Nothing to close."""
 
 
-def _scheduler(args: argparse.Namespace) -> _Slurm | KubeApi:
-    """The scheduler ``--scheduler`` names. Raises ValueError (not in a pod without --kube-api) or OSError (a token
-    file that cannot be read)."""
+def _scheduler(args: argparse.Namespace, deadline: Deadline) -> _Slurm | KubeApi:
+    """The scheduler ``--scheduler`` names (the API server answering within ``deadline``). Raises ValueError (not in
+    a pod without --kube-api) or OSError (a token file that cannot be read)."""
     if args.scheduler == "slurm":
         return _Slurm()
     from gpuwarden.cluster.kube import KubeApi
     from gpuwarden.kubelet.apiserver import SERVICE_ACCOUNT, in_cluster_address
 
     if args.kube_api:
-        return KubeApi(args.kube_api, args.kube_token_file, args.kube_ca_file)
+        return KubeApi(args.kube_api, args.kube_token_file, args.kube_ca_file, deadline)
     try:
         address = in_cluster_address()
     except ValueError as exc:
         raise ValueError(f"{exc}: give the API server with --kube-api (e.g. kubectl proxy's http://127.0.0.1:8001)"
                          ) from None  # fmt: skip
     return KubeApi(address, args.kube_token_file or str(SERVICE_ACCOUNT / "token"),
-                   args.kube_ca_file or str(SERVICE_ACCOUNT / "ca.crt"))  # fmt: skip
+                   args.kube_ca_file or str(SERVICE_ACCOUNT / "ca.crt"), deadline)  # fmt: skip
 
 
 def _write_textfile(path: str, scheduler: str, rows: list[dict[str, Any]], nodes: Mapping[str, SchedulerNode]) -> None:
