@@ -267,6 +267,8 @@ NOT_READ = {
     "GpuThermalSlowdown": "a job's own heat over minutes: nothing to read before it starts",
     "GpuCriticalXid": "an event within a job, not a state: --prometheus reads the history",
     "GpuXidErrors": "an event within a job, not a state: --prometheus reads the history",
+    "GpuJobApplicationXid": "a job's code across its GPUs, for its owner",
+    "GpuApplicationXidOutlier": "a GPU against the other GPUs of its job: --prometheus reads them",
     "GpuNvlinkLinkDown": "fewer links up than in the last day (check compares the links of one read: "
     "GpuNvlinkLinksInactive)",
     "GpuNvlinkLinkRecovering": "a count over time: --prometheus reads the history",

@@ -457,6 +457,8 @@ def params(path: Path | None = None, overrides: Mapping[str, str] | None = None)
     _check_urls(values)
     _cluster_values(values)
     _check_memory_windows(values)
+    if not re.fullmatch(r"\d+(\|\d+)*", str(values["xid_application"])):
+        raise ValueError(f"xid_application must be XID codes separated by |, got {values['xid_application']!r}")
     values["memory_full_percent"] = f"{float(values['memory_full_ratio']) * 100:g}"
     return _derived({k: str(v) for k, v in values.items()})
 
@@ -538,6 +540,8 @@ def _derived(out: dict[str, str]) -> dict[str, str]:
     out["gpu_job"] = GPU_JOB
     out["holder_text"] = HOLDER_TEXT
     out["starved_percent"] = f"{float(out['starved_ratio']) * 100:g}"
+    codes = [c for c in out["xid_application"].split("|") if c]
+    out["xid_application_text"] = ", ".join(codes[:-1]) + (" or " if len(codes) > 1 else "") + codes[-1]
     out["starved_text"] = STARVED_TEXT.replace("CLUSTERMATCH", out["cluster_match"]).replace(
         "CLUSTERARGS", out["cluster_args"]
     )
