@@ -40,9 +40,6 @@ from gpuwarden.snapshot import NodeSnapshot, SnapshotHolder
 
 log = logging.getLogger(__name__)
 
-_OPENMETRICS_EOF = b"# EOF\n"
-
-
 @dataclass(frozen=True)
 class Format:
     """A negotiated exposition format: its ``content_type`` (prometheus_client's name for it)."""

@@ -269,6 +269,7 @@ NOT_READ = {
     "GpuXidErrors": "an event within a job, not a state: --prometheus reads the history",
     "GpuJobApplicationXid": "a job's code across its GPUs, for its owner",
     "GpuApplicationXidOutlier": "a GPU against the other GPUs of its job: --prometheus reads them",
+    "GpuHotterThanItsJob": "a GPU against the other GPUs of its job, over minutes",
     "GpuNvlinkLinkDown": "fewer links up than in the last day (check compares the links of one read: "
     "GpuNvlinkLinksInactive)",
     "GpuNvlinkLinkRecovering": "a count over time: --prometheus reads the history",
