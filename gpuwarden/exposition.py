@@ -40,6 +40,7 @@ from gpuwarden.snapshot import NodeSnapshot, SnapshotHolder
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Format:
     """A negotiated exposition format: its ``content_type`` (prometheus_client's name for it)."""

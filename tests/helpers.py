@@ -267,3 +267,28 @@ def gzip_bomb(inflated: int) -> bytes:
     mib = b" " * (1 << 20)
     parts += [c.compress(mib) for _ in range(inflated >> 20)]
     return b"".join([*parts, c.compress(b"]}}"), c.flush()])
+
+
+def promtool_alerts(promtool: str, tmp: Path, rules: Path, series: list[dict[str, str]], names: list[str],
+                    eval_time: str = "5m") -> dict[str, list[dict[str, str]]]:  # fmt: skip
+    """The alerts ``names`` firing at ``eval_time`` over ``rules`` with ``series`` (promtool input series, a minute
+    apart), by name, each as its labels: a promtool unit test that expects none, its report of what it got read back
+    (promtool prints each alert's labels; a test that got nothing passes and prints none)."""
+    import yaml
+
+    cases = [{"eval_time": eval_time, "alertname": n, "exp_alerts": []} for n in names]
+    test = {"name": "scenario", "interval": "1m", "input_series": series, "alert_rule_test": cases}
+    doc = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [test]}
+    (tmp / "scenario.test.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "scenario.test.yml"], cwd=tmp, capture_output=True, text=True,
+                         timeout=600, check=False)  # fmt: skip
+    assert res.returncode in (0, 1), res.stderr
+    got: dict[str, list[dict[str, str]]] = {n: [] for n in names}
+    for block in (res.stdout + res.stderr).split("alertname: ")[1:]:
+        name = block.split(",", 1)[0]
+        for line in block.split("got:", 1)[1].splitlines() if "got:" in block else ():
+            line = line.strip()
+            if line.startswith("Labels:{"):
+                pairs = line.removeprefix("Labels:{").rstrip("}").split(", ")
+                got[name].append({k: v.strip('"') for k, v in (p.split("=", 1) for p in pairs)})
+    return got

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from helpers import REPO, alertmanager
+from helpers import REPO, alertmanager, promtool_alerts
 
 PROMTOOL = shutil.which("promtool")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -46,27 +45,9 @@ def _series(xids: dict[str, int]) -> list[dict[str, str]]:
 
 
 def _alerts(tmp: Path, xids: dict[str, int], names: list[str]) -> dict[str, list[dict[str, str]]]:
-    """The alerts ``names`` firing at 5m over the shipped rules, by name: promtool's unit test run with an expectation
-    of none, its report of what it got parsed back (promtool prints each alert's labels)."""
-    cases = [{"eval_time": "5m", "alertname": n, "exp_alerts": []} for n in names]
-    test = {"name": "job", "interval": "1m", "input_series": _series(xids), "alert_rule_test": cases}
-    doc = {"rule_files": [str(REPO / "alerts" / "tests" / "bare.rules.yml")], "evaluation_interval": "1m",
-           "tests": [test]}  # fmt: skip
-    (tmp / "job.test.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    """The alerts ``names`` firing at 5m over the shipped rules (bare.rules.yml), by name."""
     assert PROMTOOL is not None
-    res = subprocess.run([PROMTOOL, "test", "rules", "job.test.yml"], cwd=tmp, capture_output=True, text=True,
-                         timeout=300, check=False)  # fmt: skip
-    got: dict[str, list[dict[str, str]]] = {n: [] for n in names}
-    for block in (res.stdout + res.stderr).split("alertname: ")[1:]:
-        name = block.split(",", 1)[0]
-        got_part = block.split("got:", 1)[1] if "got:" in block else ""
-        for line in got_part.splitlines():
-            line = line.strip()
-            if line.startswith("Labels:{"):
-                pairs = line.removeprefix("Labels:{").rstrip("}").split(", ")
-                got[name].append({k: v.strip('"') for k, v in (p.split("=", 1) for p in pairs)})
-    assert res.returncode in (0, 1), res.stderr
-    return got
+    return promtool_alerts(PROMTOOL, tmp, REPO / "alerts" / "tests" / "bare.rules.yml", _series(xids), names)
 
 
 def test_every_gpu_of_a_144_gpu_job_reporting_xid_31_is_one_notice_to_its_owner(tmp_path: Path) -> None:

@@ -270,6 +270,8 @@ NOT_READ = {
     "GpuJobApplicationXid": "a job's code across its GPUs, for its owner",
     "GpuApplicationXidOutlier": "a GPU against the other GPUs of its job: --prometheus reads them",
     "GpuHotterThanItsJob": "a GPU against the other GPUs of its job, over minutes",
+    "GpuNvlinkDomainNotReady": "an NVLink domain's GPUs together (check reads its node's: GpuFabricNotReady)",
+    "GpuNvlinkDomainUnhealthy": "an NVLink domain's GPUs together (check reads its node's: GpuFabricUnhealthy)",
     "GpuNvlinkLinkDown": "fewer links up than in the last day (check compares the links of one read: "
     "GpuNvlinkLinksInactive)",
     "GpuNvlinkLinkRecovering": "a count over time: --prometheus reads the history",

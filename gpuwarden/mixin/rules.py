@@ -51,9 +51,20 @@ GPU_JOB_RECORD = (
     "topk by (instance, job, gpu, uuid) (1, gpu_job_info{SEL})) + 1 "
     "or on (instance, job, gpu, uuid) 0 * max by (CLUSTERinstance, job, gpu, uuid) (gpu_up{SEL}) + 1"
 )
-#: Joined to a per-GPU expression (value kept): the GPU's job and user as labels, from the record above (each alert
-#: joined the expression itself before: 25 joins over 15 minutes of job info an evaluation).
-GPU_JOB = "* on (instance, job, gpu, uuid) group_left (job_id, job_kind, user) uuid:gpu_job_holder:info"
+#: The record's NVLink domain of each GPU in one (``nvlink_domain``: its fabric's cluster UUID and clique id,
+#: ``gpu_fabric_info``; a GPU without an NVLink fabric, whose cluster UUID is all zeros or empty, has none): joined to
+#: the record above, so every alert that names a GPU's job names its domain too, and a domain's alert can mute its
+#: GPUs' (gpuwarden/mixin/alertmanager.yml).
+GPU_DOMAIN_JOIN = (
+    "* on (instance, job, gpu, uuid) group_left (nvlink_domain) (0 * ("
+    "max by (CLUSTERinstance, job, gpu, uuid, nvlink_domain) (label_join(gpu_fabric_info{SELcluster_uuid!~"
+    '"|0{8}-0{4}-0{4}-0{4}-0{12}"}, "nvlink_domain", "/", "cluster_uuid", "clique_id")) '
+    "or on (instance, job, gpu, uuid) max by (CLUSTERinstance, job, gpu, uuid) (gpu_up{SEL})) + 1)"
+)
+#: Joined to a per-GPU expression (value kept): the GPU's job and user, and its NVLink domain where it has one, as
+#: labels, from the record above (each alert joined the expression itself before: 25 joins over 15 minutes of job
+#: info an evaluation).
+GPU_JOB = "* on (instance, job, gpu, uuid) group_left (job_id, job_kind, user, nvlink_domain) uuid:gpu_job_holder:info"
 #: The job and user of the process whose memory now is furthest above the most it held over ``memory_grower_history``
 #: (an hour) before the last ``memory_grower_window`` (10 minutes), on each GPU (value 1), recorded each memory
 #: evaluation as ``uuid:gpu_memory_grower:info``: GpuMemoryFillingUp names the job that grows, not the largest holder
@@ -532,7 +543,8 @@ def _derived(out: dict[str, str]) -> dict[str, str]:
     out["usage_heartbeat"] = USAGE_HEARTBEAT
     out["usage_evaluations_30m"] = f"{1800 / seconds(out['usage_interval']):g}"
     known = out["selector"] + 'job_id!~"[?]/.*"'  # a process /proc does not know (exited: "?/?") names no job
-    for key, record in (("gpu_job_record", GPU_JOB_RECORD), ("gpu_grower_record", GPU_GROWER_RECORD)):
+    for key, record in (("gpu_job_record", f"({GPU_JOB_RECORD}) {GPU_DOMAIN_JOIN}"),
+                        ("gpu_grower_record", GPU_GROWER_RECORD)):  # fmt: skip
         named = record.replace("SELKNOWN", known).replace("SEL", out["selector"])
         out[key] = _grower(named.replace("CLUSTER", out["cluster_by"]), out)
     out["grower_text"] = _grower(GROWER_TEXT, out)

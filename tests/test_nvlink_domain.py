@@ -1,0 +1,107 @@
+"""One incident for what fails together: an NVL72-shaped NVLink domain (18 nodes x 4 GPUs, one fabric cluster UUID and
+clique) whose fabric reports a health problem on every GPU. The shipped rules (promtool) give the domain's alert and,
+as before, each GPU's (every one carrying its domain); the shipped routes and inhibitions (a real Alertmanager, its
+receivers one local webhook) turn them into one notification, where the GPUs' alerts alone are one per node (18)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from helpers import REPO, alertmanager, promtool_alerts
+
+PROMTOOL = shutil.which("promtool")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(PROMTOOL is None or ALERTMANAGER is None, reason="promtool/alertmanager not installed"),
+]
+DOMAIN = "c0ffee00-0000-4000-8000-000000000072"
+
+
+def _series() -> list[dict[str, str]]:
+    out = []
+    for n in range(18):
+        for g in range(4):
+            labels = f'instance="nvl-{n:02d}:10400",job="gpuwarden",gpu="{g}",uuid="GPU-{n:02d}{g}"'
+            out += [
+                {"series": f"gpu_up{{{labels}}}", "values": "1+0x25"},
+                {
+                    "series": f'gpu_fabric_info{{{labels},clique_id="3",cluster_uuid="{DOMAIN}",'
+                    'health_summary="unhealthy",status="success"}',
+                    "values": "1+0x25",
+                },  # fmt: skip
+                {"series": f'gpu_fabric_health_problem{{{labels},check="route_unhealthy"}}', "values": "1+0x25"},
+            ]
+    return out
+
+
+class _Hook(BaseHTTPRequestHandler):
+    got: list[tuple[str, dict]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        _Hook.got.append((self.path.strip("/"), json.loads(body)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def hook() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_port
+    server.shutdown()
+
+
+def _notifications(tmp: Path, hook: int, alerts: list[dict[str, str]]) -> list[tuple[str, list[str]]]:
+    """What a real Alertmanager with the shipped routes and inhibitions (group waits shortened to a second) sends for
+    ``alerts``, posted at once: (receiver, the alert names of each notification)."""
+    assert ALERTMANAGER is not None
+    cfg = yaml.safe_load((REPO / "gpuwarden" / "mixin" / "alertmanager.yml").read_text())
+    cfg["route"]["group_wait"] = "1s"
+    for route in cfg["route"]["routes"]:
+        route["group_wait"] = "1s"
+    for r in cfg["receivers"]:
+        r["webhook_configs"] = [{"url": f"http://127.0.0.1:{hook}/{r['name']}", "send_resolved": False}]
+    _Hook.got.clear()
+    tmp.mkdir()
+    end = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    with alertmanager(ALERTMANAGER, tmp, cfg) as am:
+        body = [{"labels": a, "annotations": {}, "endsAt": end} for a in alerts]
+        assert httpx.post(f"{am}/api/v2/alerts", json=body, timeout=10).status_code == 200
+        deadline = time.monotonic() + 60
+        while True:  # every alert processed (inhibited or not), then the groups' waits and a margin
+            states = [a["status"]["state"] for a in httpx.get(f"{am}/api/v2/alerts", timeout=10).json()]
+            if len(states) == len(alerts) and "unprocessed" not in states:
+                break
+            assert time.monotonic() < deadline, states
+            time.sleep(0.2)
+        time.sleep(4)
+    return [(recv, sorted({a["labels"]["alertname"] for a in b["alerts"]})) for recv, b in _Hook.got]
+
+
+def test_a_domain_wide_fabric_problem_is_one_notification_not_one_per_node(tmp_path: Path, hook: int) -> None:
+    assert PROMTOOL is not None
+    got = promtool_alerts(PROMTOOL, tmp_path, REPO / "alerts" / "gpuwarden.rules.yml", _series(),
+                          ["GpuFabricUnhealthy", "GpuNvlinkDomainUnhealthy"], eval_time="17m")  # fmt: skip
+    gpus, domain = got["GpuFabricUnhealthy"], got["GpuNvlinkDomainUnhealthy"]
+    assert len(gpus) == 72 and {a["nvlink_domain"] for a in gpus} == {f"{DOMAIN}/3"}
+    assert [(a["nvlink_domain"], a["severity"]) for a in domain] == [(f"{DOMAIN}/3", "warning")]
+    before = _notifications(tmp_path / "before", hook, gpus)  # the GPUs' alerts alone, as the rules gave before
+    after = _notifications(tmp_path / "after", hook, gpus + domain)
+    print(f"notifications: {len(before)} without the domain's alert, {len(after)} with it")
+    assert len(before) == 18 and all(recv == "tickets" for recv, _ in before)
+    assert after == [("tickets", ["GpuNvlinkDomainUnhealthy"])]
