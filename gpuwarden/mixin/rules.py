@@ -468,6 +468,11 @@ def params(path: Path | None = None, overrides: Mapping[str, str] | None = None)
     _check_urls(values)
     _cluster_values(values)
     _check_memory_windows(values)
+    units = [x.strip() for x in str(values["site_unit_labels"] or "").split(",") if x.strip()]
+    if not all(re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", x) for x in units):
+        given = values["site_unit_labels"]
+        raise ValueError(f"site_unit_labels must be label names separated by commas, got {given!r}")
+    values["site_unit_labels"] = ", ".join(units)
     if not re.fullmatch(r"\d+(\|\d+)*", str(values["xid_application"])):
         raise ValueError(f"xid_application must be XID codes separated by |, got {values['xid_application']!r}")
     values["memory_full_percent"] = f"{float(values['memory_full_ratio']) * 100:g}"
@@ -533,9 +538,70 @@ def _check_memory_windows(values: dict[str, Any]) -> None:
                          f"windows, or the warm-up and two) a whole multiple of memory_long_interval")  # fmt: skip
 
 
+#: A GPU hot in the sense of GpuThermalSlowdown or GpuOverheating, per GPU with its site unit label (LABEL): a thermal
+#: clock event reason active, or within hot_margin_celsius of the card's own slowdown temperature.
+SITE_UNIT_HOT = (
+    "max by (CLUSTERinstance, job, gpu, uuid, LABEL) ("
+    'gpu_clock_event_reason_active{SELreason=~"sw_thermal_slowdown|hw_thermal_slowdown", LABEL!=""} == 1 '
+    'or on (instance, job, gpu, uuid) gpu_temperature_celsius{SELLABEL!=""} >= ignoring (threshold) '
+    'gpu_temperature_threshold_celsius{SELthreshold="slowdown"} - MARGIN)'
+)
+
+
+def site_unit_rules(values: dict[str, str]) -> tuple[str, str]:
+    """The records and the alert of each site unit label (``site_unit_labels``: target labels a scrape configuration
+    gives, such as ``row`` and ``rack``), as rule entries: per unit, its GPUs (``LABEL:gpus:count``) and those hot
+    (``LABEL:gpu_hot:count``, SITE_UNIT_HOT), and GpuSiteUnitHot for a unit with ``domain_ratio`` of its GPUs hot,
+    and at least two, for 5 minutes (labelled ``unit``: the label's name). A GPU without the label is in no unit.
+    ("", "") where no label is given."""
+    labels = [x.strip() for x in values["site_unit_labels"].split(",") if x.strip()]
+    records, alerts = [], []
+    for label in labels:
+        hot = SITE_UNIT_HOT.replace("CLUSTER", values["cluster_by"]).replace("SEL", values["selector"])
+        hot = hot.replace("LABEL", label).replace("MARGIN", values["hot_margin_celsius"])
+        by = f"{values['cluster_by']}{label}"
+        records += [
+            f"      - record: {label}:gpus:count",
+            f'        expr: count by ({by}) (gpu_up{{{values["selector"]}{label}!=""}})',
+            f"      - record: {label}:gpu_hot:count",
+            f"        expr: count by ({by}) ({hot})",
+        ]
+        alerts += [
+            "      - alert: GpuSiteUnitHot",
+            "        expr: >",
+            f"          {label}:gpu_hot:count >= 2",
+            f"          and on ({by}) {label}:gpu_hot:count >= on ({by}) {values['domain_ratio']} * {label}:gpus:count",
+            "        for: 5m",
+            "        labels:",
+            "          severity: critical",
+            f"          unit: {label}",
+            "        annotations:",
+            "          summary: Most GPUs of a rack or row are hot or slow their clocks for heat, which is its "
+            "cooling.",
+            "          description: >-",
+            *textwrap.wrap(
+                f'{{{{ $value }}}} of the {{{{ with printf "{label}:gpus:count{{{label}=%q}}" $labels.{label} | '
+                f"query }}}}{{{{ . | first | value }}}}{{{{ end }}}} GPUs of {label} {{{{ $labels.{label} }}}} are "
+                "within "
+                f"{values['hot_margin_celsius']} °C of their slowdown temperature or slow their clocks for heat: the "
+                f"{label}'s cooling (its CRAH, chilled water or doors), one incident; its GPUs' heat alerts are muted "
+                "while this fires.",
+                118,
+                initial_indent=" " * 12,
+                subsequent_indent=" " * 12,
+                break_long_words=False,
+                break_on_hyphens=False,
+            ),
+            f"          runbook_url: {values['runbook_url']}#gpusiteunithot",
+            f"          dashboard_url: {values['grafana_url']}{values['dashboard_path_fleet']}",
+        ]
+    return "\n".join(records), "\n".join(alerts)
+
+
 def _derived(out: dict[str, str]) -> dict[str, str]:
     """``out`` with the rule texts made from the parameters (the memory records and detectors, the usage records,
     the job and grower records, the annotations' texts)."""
+    out["site_unit_records"], out["site_unit_alerts"] = site_unit_rules(out)
     out["memory_leak"] = memory_leak(out)
     out["memory_window_records"] = memory_window_records(out)
     out["memory_long_records"] = memory_long_records(out)
