@@ -2,7 +2,7 @@
 """How long ``gpuwarden reclaim --report`` takes with the shipped example policy over hours of history in a real
 Prometheus, and how many queries it sends, for the tree and for git revisions side by side.
 
-    python3 bench/reclaim_report.py [--hours 26] [--range 1d] [--rev REV ...]
+    python3 bench/reclaim_report.py [--hours 26] [--range 1d] [--rev REV ...] [--demo]
 
 Three nodes' real exposition (tests/backfill.py: the recorded H100 traces h100-held_idle, h100-starved_dataloader and
 h100-compute_bound replayed through the poller, analyzer and collectors for 30 minutes of recorded time, their jobs
@@ -10,7 +10,9 @@ labelled Slurm jobs as the example policy selects), repeated end to end over ``-
 one copy to the next, so they grow as a daemon's do), backfilled with promtool. Then, for each tree, ``reclaim
 --report --json --range RANGE`` with deploy/reclaim-policy.example.yml ending at the backfill's end, through a
 counting proxy in front of Prometheus: the wall time, the requests by API path, and the decisions (which must be the
-same for every tree). Needs prometheus and promtool on PATH. Prints figures; asserts nothing.
+same for every tree). ``--demo``: one node replaying the ``serve --demo`` trace instead (its job labelled a Slurm job;
+its scenes last 44 s, so nothing climbs: the figures are the report's cost). Needs prometheus and promtool on PATH.
+Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -55,14 +57,17 @@ def tiled(points: list[tuple[float, str]], counter: bool, copies: int) -> list[t
     return out
 
 
-def history(hours: float, end: float) -> str:
-    """The three nodes' series over ``hours`` ending at ``end``, as OpenMetrics."""
+def history(hours: float, end: float, demo: bool = False) -> str:
+    """The three nodes' series (``demo``: the demo's node) over ``hours`` ending at ``end``, as OpenMetrics."""
+    from gpuwarden.replay import demo_trace_path
+
     copies = max(1, round(hours * 3600 / COPY_SECONDS))
     start = end - copies * COPY_SECONDS
     parts = []
-    for inst, name in NODES.items():
-        one = replayed(REPO / "tests" / "data" / "traces" / f"{name}.jsonl.gz", {"instance": inst, "job": "gpuwarden"},
-                       start, COPY_SECONDS - 15)  # fmt: skip
+    traces = {"demo:10400": demo_trace_path()} if demo else {
+        inst: REPO / "tests" / "data" / "traces" / f"{name}.jsonl.gz" for inst, name in NODES.items()}  # fmt: skip
+    for inst, path in traces.items():
+        one = replayed(path, {"instance": inst, "job": "gpuwarden"}, start, COPY_SECONDS - 15)
         part = {}
         for (metric, labels), points in one.items():
             if inst != "node-c:10400":
@@ -127,6 +132,7 @@ def main() -> int:
     ap.add_argument("--hours", type=float, default=26.0, help="hours of history backfilled (default 26)")
     ap.add_argument("--range", default="1d", help="the report's --range (default 1d)")
     ap.add_argument("--rev", action="append", default=[], help="a git revision to run beside the tree")
+    ap.add_argument("--demo", action="store_true", help="the demo's node instead of three recorded nodes")
     args = ap.parse_args()
     prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if prometheus is None or promtool is None:
@@ -136,8 +142,9 @@ def main() -> int:
         tmp = Path(tmp_name)
         end = (time.time() - 60) // 60 * 60  # a whole minute: the old trees' ticks fall where the tree's do
         began = time.monotonic()
-        text = history(args.hours, end)
-        print(f"history: {args.hours:g} h of 3 nodes, {text.count(chr(10)):,} samples, "
+        text = history(args.hours, end, args.demo)
+        what = "the demo" if args.demo else "3 nodes"
+        print(f"history: {args.hours:g} h of {what}, {text.count(chr(10)):,} samples, "
               f"made in {time.monotonic() - began:.0f} s")  # fmt: skip
         trees = [("tree", REPO)]
         for rev in args.rev:

@@ -138,11 +138,13 @@ def _ask(args: argparse.Namespace, command: str, work: Callable[[Accounting], T]
     line ``gpuwarden COMMAND: why`` when Prometheus cannot answer or the arguments are refused. ``deadline``: the
     command's, when it asks more than Prometheus within its --timeout (None: --timeout from now)."""
     from gpuwarden.cluster.promapi import PrometheusError  # httpx: only for the commands that ask Prometheus
+    from gpuwarden.terminal import progress
 
     try:
         prom, acc = _open(args, deadline)
         try:
-            return work(acc)
+            with progress(f"gpuwarden {command}: asking {redacted(args.prometheus)}"):  # a terminal sees it work
+                return work(acc)
         finally:
             prom.close()
     except (PrometheusError, ValueError) as exc:
@@ -544,23 +546,26 @@ def report(args: argparse.Namespace) -> int:
     Prometheus cannot answer, 2 when a node-local id, or a Slurm job number given for SLUID-keyed jobs, is
     ambiguous."""
     from gpuwarden.cluster.promapi import PrometheusError
+    from gpuwarden.terminal import progress
 
     try:
         prom, acc = _open(args)
         try:
             job = args.job
-            found = acc.job_details(job, args.instance)
-            if not found and args.job.isascii() and args.job.isdigit():
-                # Slurm 26.05+: the series carry the SLUID; the numeric id is a label where a daemon could read it
-                sluids = acc.slurm_jobs(args.job)
-                if len(sluids) > 1:  # the number was reused in the range (another cluster, a wrapped counter)
-                    named = listed(JobKey(x, None, c).label() for x, c in sluids)
-                    print(f"gpuwarden report: Slurm job {args.job} is {len(sluids)} jobs in the range ({named}): "
-                          "give the SLUID", file=sys.stderr)  # fmt: skip
-                    return 2
-                if sluids:
-                    job = sluids[0][0]
-                    found = acc.job_details(job, args.instance)
+            sluids: list[tuple[str, Cluster]] = []
+            with progress(f"gpuwarden report: asking {redacted(args.prometheus)}"):  # a terminal sees it work
+                found = acc.job_details(job, args.instance)
+                if not found and args.job.isascii() and args.job.isdigit():
+                    # Slurm 26.05+: the series carry the SLUID; the numeric id is a label where a daemon could read it
+                    sluids = acc.slurm_jobs(args.job)
+                    if len(sluids) == 1:
+                        job = sluids[0][0]
+                        found = acc.job_details(job, args.instance)
+            if len(sluids) > 1:  # the number was reused in the range (another cluster, a wrapped counter)
+                named = listed(JobKey(x, None, c).label() for x, c in sluids)
+                print(f"gpuwarden report: Slurm job {args.job} is {len(sluids)} jobs in the range ({named}): "
+                      "give the SLUID", file=sys.stderr)  # fmt: skip
+                return 2
             clusters = {k.cluster for k in found}
             if len(clusters) > 1:
                 where = listed(sorted("/".join(c) for c in clusters))
