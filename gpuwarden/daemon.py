@@ -140,6 +140,24 @@ def _listener(web: Any) -> tuple[Any, ...]:
     return (tls, web.http_server_config.headers)
 
 
+def listener_change(old: Any, new: Any) -> str | None:
+    """What a reload of the web config would change that the running listener holds (TLS on or off, its settings,
+    the response headers), in words, naming what changed; None when nothing does. ``old`` and ``new``: the web
+    configs (None: no web config). A file caught half written reads as TLS turned off or settings gone, and says so."""
+    (old_tls, old_headers), (new_tls, new_headers) = _listener(old), _listener(new)
+    if old_tls is not None and new_tls is None:
+        return ("the web config no longer turns TLS on (no tls_server_config: a file caught half written? write it "
+                "whole, to a temporary file renamed over it); TLS on or off applies after a restart")  # fmt: skip
+    if old_tls is None and new_tls is not None:
+        return "the web config now turns TLS on; TLS on or off applies after a restart"
+    if old_tls != new_tls:
+        keys = sorted(k for k in {*old_tls, *new_tls} if old_tls.get(k) != new_tls.get(k))
+        return f"the web config's TLS settings changed ({', '.join(keys)}); they apply after a restart"
+    if old_headers != new_headers:
+        return "the web config's response headers changed; they apply after a restart"
+    return None
+
+
 class Daemon:
     """The running daemon: poller + exposition + app. ``start()`` raises SourceError or StartupError."""
 
@@ -276,11 +294,9 @@ class Daemon:
             from gpuwarden.web.config import load_web_config
 
             fresh = load_web_config(new.web_config_file)
-        if _listener(fresh) != _listener(self.web):
-            raise ConfigError(
-                "the web config's TLS settings or response headers changed; they apply after a restart "
-                "(users apply on reload)"
-            )
+        change = listener_change(self.web, fresh)
+        if change is not None:
+            raise ConfigError(f"{change} (users apply on reload)")
         return fresh
 
     @property

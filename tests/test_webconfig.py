@@ -710,3 +710,24 @@ def test_a_fifo_as_certificate_and_a_non_ascii_header_value_are_refused_in_one_l
     )
     with pytest.raises(WebConfigError, match="must be ASCII text"):  # HTTP field values are bytes
         load_web_config(path)
+
+
+def test_a_reload_names_what_of_the_listener_it_would_change(pki: PKI, tmp_path: Path, hashed: str) -> None:
+    """A reload that would change what the running listener holds is refused by name: TLS turned off (as a file caught
+    half written reads), turned on, which TLS settings, the response headers; users alone change nothing of it."""
+    from gpuwarden.daemon import listener_change
+    from gpuwarden.web.config import load_web_config
+
+    tls = f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n"
+    on = load_web_config(write_config(tmp_path, tls, "on.yml"))
+    half = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  a: '{hashed}'\n", "half.yml"))
+    change = listener_change(on, half)
+    assert change is not None and "no longer turns TLS on" in change and "half written" in change
+    assert listener_change(None, on) == "the web config now turns TLS on; TLS on or off applies after a restart"
+    tls13 = load_web_config(write_config(tmp_path, tls + "  min_version: TLS13\n", "tls13.yml"))
+    settings = "the web config's TLS settings changed (min_version); they apply after a restart"
+    assert listener_change(on, tls13) == settings
+    headers = load_web_config(write_config(tmp_path, tls + "http_server_config:\n  headers:\n    X-Frame-Options: deny\n", "h.yml"))
+    assert listener_change(on, headers) == "the web config's response headers changed; they apply after a restart"
+    users = load_web_config(write_config(tmp_path, tls + f"basic_auth_users:\n  a: '{hashed}'\n", "users.yml"))
+    assert listener_change(on, users) is None and listener_change(None, None) is None
