@@ -727,7 +727,8 @@ def test_a_reload_names_what_of_the_listener_it_would_change(pki: PKI, tmp_path:
     tls13 = load_web_config(write_config(tmp_path, tls + "  min_version: TLS13\n", "tls13.yml"))
     settings = "the web config's TLS settings changed (min_version); they apply after a restart"
     assert listener_change(on, tls13) == settings
-    headers = load_web_config(write_config(tmp_path, tls + "http_server_config:\n  headers:\n    X-Frame-Options: deny\n", "h.yml"))
+    framed = tls + "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+    headers = load_web_config(write_config(tmp_path, framed, "h.yml"))
     assert listener_change(on, headers) == "the web config's response headers changed; they apply after a restart"
     users = load_web_config(write_config(tmp_path, tls + f"basic_auth_users:\n  a: '{hashed}'\n", "users.yml"))
     assert listener_change(on, users) is None and listener_change(None, None) is None
