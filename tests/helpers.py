@@ -6,9 +6,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +294,54 @@ def promtool_alerts(promtool: str, tmp: Path, rules: Path, series: list[dict[str
                 pairs = line.removeprefix("Labels:{").rstrip("}").split(", ")
                 got[name].append({k: v.strip('"') for k, v in (p.split("=", 1) for p in pairs)})
     return got
+
+
+@dataclass
+class Webhook:
+    """A local stand-in for Alertmanager's receivers (``webhook()``): its ``port``, and each notification it got as
+    (receiver: the path without slashes, monotonic time it came, its JSON body)."""
+
+    port: int
+    got: list[tuple[str, float, Any]] = field(default_factory=list)
+
+
+@contextmanager
+def webhook() -> Iterator[Webhook]:
+    """A webhook receiver on a free port of 127.0.0.1 for the block (``Webhook``); every POST is answered 200."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    hook = Webhook(0)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            hook.got.append((self.path.strip("/"), time.monotonic(), json.loads(body)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    hook.port = server.server_port
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield hook
+    finally:
+        server.shutdown()
+
+
+def shipped_routes(port: int, group_wait: str | None = None) -> dict[str, Any]:
+    """gpuwarden/mixin/alertmanager.yml as shipped, every receiver a webhook at ``/RECEIVER`` on 127.0.0.1:``port``
+    (no resolved notices), and where ``group_wait`` is given, every route's wait set to it (a test's minute)."""
+    import yaml
+
+    cfg: dict[str, Any] = yaml.safe_load((REPO / "gpuwarden" / "mixin" / "alertmanager.yml").read_text())
+    if group_wait is not None:
+        cfg["route"]["group_wait"] = group_wait
+        for route in cfg["route"]["routes"]:
+            route["group_wait"] = group_wait
+    for r in cfg["receivers"]:
+        r["webhook_configs"] = [{"url": f"http://127.0.0.1:{port}/{r['name']}", "send_resolved": False}]
+    return cfg

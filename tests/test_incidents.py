@@ -6,19 +6,14 @@ one carrying its unit); the routes turn them into one notification, where the GP
 
 from __future__ import annotations
 
-import json
 import shutil
-import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
-from helpers import REPO, alertmanager, promtool_alerts
+from helpers import REPO, alertmanager, promtool_alerts, shipped_routes, webhook
 
 PROMTOOL = shutil.which("promtool")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -46,41 +41,13 @@ def _domain() -> list[dict[str, str]]:
     return out
 
 
-class _Hook(BaseHTTPRequestHandler):
-    got: list[tuple[str, dict]] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers.get("content-length", 0)))
-        _Hook.got.append((self.path.strip("/"), json.loads(body)))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def hook() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_port
-    server.shutdown()
-
-
-def _notifications(tmp: Path, hook: int, alerts: list[dict[str, str]]) -> list[tuple[str, list[str]]]:
+def _notifications(tmp: Path, alerts: list[dict[str, str]]) -> list[tuple[str, list[str]]]:
     """What a real Alertmanager with the shipped routes and inhibitions (group waits shortened to a second) sends for
     ``alerts``, posted at once: (receiver, the alert names of each notification)."""
     assert ALERTMANAGER is not None
-    cfg = yaml.safe_load((REPO / "gpuwarden" / "mixin" / "alertmanager.yml").read_text())
-    cfg["route"]["group_wait"] = "1s"
-    for route in cfg["route"]["routes"]:
-        route["group_wait"] = "1s"
-    for r in cfg["receivers"]:
-        r["webhook_configs"] = [{"url": f"http://127.0.0.1:{hook}/{r['name']}", "send_resolved": False}]
-    _Hook.got.clear()
     tmp.mkdir()
     end = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-    with alertmanager(ALERTMANAGER, tmp, cfg) as am:
+    with webhook() as hook, alertmanager(ALERTMANAGER, tmp, shipped_routes(hook.port, "1s")) as am:
         body = [{"labels": a, "annotations": {}, "endsAt": end} for a in alerts]
         assert httpx.post(f"{am}/api/v2/alerts", json=body, timeout=10).status_code == 200
         deadline = time.monotonic() + 60
@@ -91,18 +58,18 @@ def _notifications(tmp: Path, hook: int, alerts: list[dict[str, str]]) -> list[t
             assert time.monotonic() < deadline, states
             time.sleep(0.2)
         time.sleep(4)
-    return [(recv, sorted({a["labels"]["alertname"] for a in b["alerts"]})) for recv, b in _Hook.got]
+    return [(recv, sorted({a["labels"]["alertname"] for a in b["alerts"]})) for recv, _, b in hook.got]
 
 
-def test_a_domain_wide_fabric_problem_is_one_notification_not_one_per_node(tmp_path: Path, hook: int) -> None:
+def test_a_domain_wide_fabric_problem_is_one_notification_not_one_per_node(tmp_path: Path) -> None:
     assert PROMTOOL is not None
     got = promtool_alerts(PROMTOOL, tmp_path, REPO / "alerts" / "gpuwarden.rules.yml", _domain(),
                           ["GpuFabricUnhealthy", "GpuNvlinkDomainUnhealthy"], eval_time="17m")  # fmt: skip
     gpus, domain = got["GpuFabricUnhealthy"], got["GpuNvlinkDomainUnhealthy"]
     assert len(gpus) == 72 and {a["nvlink_domain"] for a in gpus} == {f"{DOMAIN}/3"}
     assert [(a["nvlink_domain"], a["severity"]) for a in domain] == [(f"{DOMAIN}/3", "warning")]
-    before = _notifications(tmp_path / "before", hook, gpus)  # the GPUs' alerts alone, as the rules gave before
-    after = _notifications(tmp_path / "after", hook, gpus + domain)
+    before = _notifications(tmp_path / "before", gpus)  # the GPUs' alerts alone, as the rules gave before
+    after = _notifications(tmp_path / "after", gpus + domain)
     print(f"notifications: {len(before)} without the domain's alert, {len(after)} with it")
     assert len(before) == 18 and all(recv == "tickets" for recv, _ in before)
     assert after == [("tickets", ["GpuNvlinkDomainUnhealthy"])]
@@ -123,15 +90,15 @@ def _row() -> list[dict[str, str]]:
     return out
 
 
-def test_a_row_slowing_for_heat_together_is_one_page_not_one_ticket_per_node(tmp_path: Path, hook: int) -> None:
+def test_a_row_slowing_for_heat_together_is_one_page_not_one_ticket_per_node(tmp_path: Path) -> None:
     assert PROMTOOL is not None
     got = promtool_alerts(PROMTOOL, tmp_path, REPO / "alerts" / "gpuwarden.rules.yml", _row(),
                           ["GpuThermalSlowdown", "GpuSiteUnitHot"], eval_time="12m")  # fmt: skip
     gpus, row = got["GpuThermalSlowdown"], got["GpuSiteUnitHot"]
     assert len(gpus) == 32 and {a["row"] for a in gpus} == {"r7"}
     assert [(a["row"], a["unit"], a["severity"]) for a in row] == [("r7", "row", "critical")]
-    before = _notifications(tmp_path / "before", hook, gpus)
-    after = _notifications(tmp_path / "after", hook, gpus + row)
+    before = _notifications(tmp_path / "before", gpus)
+    after = _notifications(tmp_path / "after", gpus + row)
     print(f"notifications: {len(before)} without the row's alert, {len(after)} with it")
     assert len(before) == 8 and all(recv == "tickets" for recv, _ in before)
     assert after == [("pager", ["GpuSiteUnitHot"])]

@@ -5,19 +5,14 @@ comparison; the same GPU reporting XID 48 besides pages (GpuCriticalXid), a faul
 
 from __future__ import annotations
 
-import json
 import shutil
-import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
-from helpers import REPO, alertmanager, promtool_alerts
+from helpers import REPO, alertmanager, promtool_alerts, shipped_routes, webhook
 
 PROMTOOL = shutil.which("promtool")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -70,49 +65,21 @@ def test_one_gpu_of_the_144_reporting_xid_13_is_one_ticket_for_it_and_xid_48_a_p
     assert got["GpuApplicationXidOutlier"] == []  # 48 is the GPU's (critical), not an application's
 
 
-class _Hook(BaseHTTPRequestHandler):
-    got: list[tuple[str, dict]] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers.get("content-length", 0)))
-        _Hook.got.append((self.path.strip("/"), json.loads(body)))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def hook() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_port
-    server.shutdown()
-
-
 @pytest.mark.skipif(ALERTMANAGER is None, reason="alertmanager not installed")
-def test_the_shipped_routes_send_the_jobs_notice_once_to_its_owner(tmp_path: Path, hook: int) -> None:
+def test_the_shipped_routes_send_the_jobs_notice_once_to_its_owner(tmp_path: Path) -> None:
     """The notice the rules give (above) posted to a real Alertmanager with the shipped routes, beside what a per-node
     alert of the same job would have been (36 of them, one per node): the owner's receiver gets one notification."""
     assert ALERTMANAGER is not None
-    cfg = yaml.safe_load((REPO / "gpuwarden" / "mixin" / "alertmanager.yml").read_text())
-    cfg["route"]["group_wait"] = "1s"
-    for route in cfg["route"]["routes"]:
-        route["group_wait"] = "1s"
-    for r in cfg["receivers"]:
-        r["webhook_configs"] = [{"url": f"http://127.0.0.1:{hook}/{r['name']}", "send_resolved": False}]
-    _Hook.got.clear()
     end = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     notice = {"alertname": "GpuJobApplicationXid", "severity": "info", "notify": "owner", "job_id": "9001",
               "job_kind": "slurm", "user": "alice"}  # fmt: skip
-    with alertmanager(ALERTMANAGER, tmp_path, cfg) as am:
+    with webhook() as hook, alertmanager(ALERTMANAGER, tmp_path, shipped_routes(hook.port, "1s")) as am:
         posted = httpx.post(f"{am}/api/v2/alerts", json=[{"labels": notice, "annotations": {}, "endsAt": end}],
                             timeout=10)  # fmt: skip
         assert posted.status_code == 200
         deadline = time.monotonic() + 60
-        while not _Hook.got:
+        while not hook.got:
             assert time.monotonic() < deadline, "no notification"
             time.sleep(0.2)
         time.sleep(3)  # a second notification would come within the group's wait: none does
-    assert [(recv, len(body["alerts"])) for recv, body in _Hook.got] == [("owners", 1)]
+    assert [(recv, len(body["alerts"])) for recv, _, body in hook.got] == [("owners", 1)]
