@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 
 from gpuwarden.mixin.rules import (
-    LARGEST_START,
     LEAKING_LONG,
+    NEWEST_START,
     NO_GRAFANA,
     STARTUP_SEEN,
     WINDOW_MAX,
@@ -63,7 +63,7 @@ def memory_only(text: str) -> str:
     values = params()
     windows = trend_windows(values) + trend_windows(values, "memory_long_trend_windows")
     names |= {f"{n}{w}" for n in (WINDOW_MEAN, WINDOW_VARIANCE, WINDOW_RISE) for w in windows}
-    names |= {WINDOW_MIN, WINDOW_MAX, LARGEST_START, LEAKING_LONG, STARTUP_SEEN}
+    names |= {WINDOW_MIN, WINDOW_MAX, NEWEST_START, LEAKING_LONG, STARTUP_SEEN}
     groups = yaml.safe_load(bare(text).split("\n", 1)[1])["groups"]
     kept = [{**g, "rules": [r for r in g["rules"] if (r.get("record") or r.get("alert")) in names]} for g in groups]
     # promtool evaluates every group at every step: the leak record reads the long group's result as Prometheus may

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,27 @@ def promtool_alerts(promtool: str, tmp: Path, rules: Path, series: list[dict[str
                 pairs = line.removeprefix("Labels:{").rstrip("}").split(", ")
                 got[name].append({k: v.strip('"') for k, v in (p.split("=", 1) for p in pairs)})
     return got
+
+
+def notifications(alertmanager_bin: str | None, tmp: Path, alerts: list[dict[str, str]]) -> list[tuple[str, list[str]]]:
+    """What a real Alertmanager (``alertmanager_bin``) with the shipped routes and inhibitions (group waits shortened
+    to a second) sends for ``alerts`` (each its labels), posted at once: (receiver, the alert names of each
+    notification), in the order they came."""
+    assert alertmanager_bin is not None
+    tmp.mkdir()
+    end = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    with webhook() as hook, alertmanager(alertmanager_bin, tmp, shipped_routes(hook.port, "1s")) as am:
+        body = [{"labels": a, "annotations": {}, "endsAt": end} for a in alerts]
+        assert httpx.post(f"{am}/api/v2/alerts", json=body, timeout=10).status_code == 200
+        deadline = time.monotonic() + 60
+        while True:  # every alert processed (inhibited or not), then the groups' waits and a margin
+            states = [a["status"]["state"] for a in httpx.get(f"{am}/api/v2/alerts", timeout=10).json()]
+            if len(states) == len(alerts) and "unprocessed" not in states:
+                break
+            assert time.monotonic() < deadline, states
+            time.sleep(0.2)
+        time.sleep(4)
+    return [(recv, sorted({a["labels"]["alertname"] for a in b["alerts"]})) for recv, _, b in hook.got]
 
 
 @dataclass

@@ -7,13 +7,10 @@ one carrying its unit); the routes turn them into one notification, where the GP
 from __future__ import annotations
 
 import shutil
-import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 import pytest
-from helpers import REPO, alertmanager, promtool_alerts, shipped_routes, webhook
+from helpers import REPO, notifications, promtool_alerts
 
 PROMTOOL = shutil.which("promtool")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -41,26 +38,6 @@ def _domain() -> list[dict[str, str]]:
     return out
 
 
-def _notifications(tmp: Path, alerts: list[dict[str, str]]) -> list[tuple[str, list[str]]]:
-    """What a real Alertmanager with the shipped routes and inhibitions (group waits shortened to a second) sends for
-    ``alerts``, posted at once: (receiver, the alert names of each notification)."""
-    assert ALERTMANAGER is not None
-    tmp.mkdir()
-    end = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-    with webhook() as hook, alertmanager(ALERTMANAGER, tmp, shipped_routes(hook.port, "1s")) as am:
-        body = [{"labels": a, "annotations": {}, "endsAt": end} for a in alerts]
-        assert httpx.post(f"{am}/api/v2/alerts", json=body, timeout=10).status_code == 200
-        deadline = time.monotonic() + 60
-        while True:  # every alert processed (inhibited or not), then the groups' waits and a margin
-            states = [a["status"]["state"] for a in httpx.get(f"{am}/api/v2/alerts", timeout=10).json()]
-            if len(states) == len(alerts) and "unprocessed" not in states:
-                break
-            assert time.monotonic() < deadline, states
-            time.sleep(0.2)
-        time.sleep(4)
-    return [(recv, sorted({a["labels"]["alertname"] for a in b["alerts"]})) for recv, _, b in hook.got]
-
-
 def test_a_domain_wide_fabric_problem_is_one_notification_not_one_per_node(tmp_path: Path) -> None:
     assert PROMTOOL is not None
     got = promtool_alerts(PROMTOOL, tmp_path, REPO / "alerts" / "gpuwarden.rules.yml", _domain(),
@@ -68,8 +45,8 @@ def test_a_domain_wide_fabric_problem_is_one_notification_not_one_per_node(tmp_p
     gpus, domain = got["GpuFabricUnhealthy"], got["GpuNvlinkDomainUnhealthy"]
     assert len(gpus) == 72 and {a["nvlink_domain"] for a in gpus} == {f"{DOMAIN}/3"}
     assert [(a["nvlink_domain"], a["severity"]) for a in domain] == [(f"{DOMAIN}/3", "warning")]
-    before = _notifications(tmp_path / "before", gpus)  # the GPUs' alerts alone, as the rules gave before
-    after = _notifications(tmp_path / "after", gpus + domain)
+    before = notifications(ALERTMANAGER, tmp_path / "before", gpus)  # the GPUs' alerts alone, as the rules gave before
+    after = notifications(ALERTMANAGER, tmp_path / "after", gpus + domain)
     print(f"notifications: {len(before)} without the domain's alert, {len(after)} with it")
     assert len(before) == 18 and all(recv == "tickets" for recv, _ in before)
     assert after == [("tickets", ["GpuNvlinkDomainUnhealthy"])]
@@ -97,8 +74,8 @@ def test_a_row_slowing_for_heat_together_is_one_page_not_one_ticket_per_node(tmp
     gpus, row = got["GpuThermalSlowdown"], got["GpuSiteUnitHot"]
     assert len(gpus) == 32 and {a["row"] for a in gpus} == {"r7"}
     assert [(a["row"], a["unit"], a["severity"]) for a in row] == [("r7", "row", "critical")]
-    before = _notifications(tmp_path / "before", gpus)
-    after = _notifications(tmp_path / "after", gpus + row)
+    before = notifications(ALERTMANAGER, tmp_path / "before", gpus)
+    after = notifications(ALERTMANAGER, tmp_path / "after", gpus + row)
     print(f"notifications: {len(before)} without the row's alert, {len(after)} with it")
     assert len(before) == 8 and all(recv == "tickets" for recv, _ in before)
     assert after == [("pager", ["GpuSiteUnitHot"])]

@@ -35,6 +35,10 @@ IDLE = 0.6  # an H100 with no process reads 0.5-0.6 GiB of 80 "used" (the driver
 #: A leak full before its job is this old is inside the warm-up the rules assume (memory_warmup, 30 minutes, plus
 #: the ramp's five): growth that young cannot be told from a warm-up, so it is reported apart, not as a miss.
 YOUNG = 35.0
+#: A leak full within this many minutes of the start of its growth after a plateau grows no longer than an evaluation
+#: phase the ramp waits out (four one-minute windows and ``for:``): it cannot be told from that phase's first minutes,
+#: so it is reported apart, not as a miss.
+FAST = 8.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,9 @@ class Shape:
     start_age: float | None = None
     job_start: float = 0.0  # the minute the leaking job started (its warm-up began)
     guarantee: float = 0.0  # minutes of warning before full that the rules promise this shape (docs/runbook.md)
+    growth_start: float | None = None  # the minute a leak after a plateau starts to grow
+    #: a second job on the GPU: the minute it starts and its own memory (percent) from then, part of ``level``
+    second: tuple[float, Callable[[float], float]] | None = None
 
     def values(self, step: float) -> list[float | None]:
         """Samples every ``step`` minutes from minute 0 to ``minutes``, clipped to [0, 100]."""
@@ -99,6 +106,15 @@ def _ramp(start: float, end: float, t0: float, duration: float, kind: str = "lin
     return f
 
 
+def _phase(t: float, first: float, period: float, plateau: float, rate: float, rise: float, hold: float) -> float:
+    """An evaluation phase every ``period`` minutes from minute ``first``: ``rate`` percent a minute for ``rise``
+    minutes above ``plateau``, held for ``hold`` minutes, then released to the plateau."""
+    if t < first:
+        return plateau
+    x = (t - first) % period
+    return plateau + rate * min(x, rise) if x < rise + hold else plateau
+
+
 def _with_prefix(idle_minutes: float, f: Callable[[float], float]) -> Callable[[float], float]:
     """An idle GPU for ``idle_minutes``, then the job (``f`` in the job's own minutes)."""
     return lambda t: IDLE if t < idle_minutes else f(t - idle_minutes)
@@ -113,10 +129,10 @@ def from_start_guarantee(to_full: float) -> float:
 
 def after_plateau_guarantee(to_full: float) -> float:
     """Minutes of warning promised to a smooth leak that starts after its job held a steady level past its
-    warm-up and is full ``to_full`` minutes later: paged 6 minutes into the ramp at the latest (four one-minute
-    windows and ``for:``), and 12 minutes ahead when it takes 18 minutes or more; 55 minutes ahead when it takes
+    warm-up and is full ``to_full`` minutes later: paged 7 minutes into the ramp at the latest (five one-minute
+    windows and ``for:``), and 12 minutes ahead when it takes 19 minutes or more; 55 minutes ahead when it takes
     90 or more."""
-    return max(min(12.0, to_full - 6), min(55.0, to_full - 35), 0.0)
+    return max(min(12.0, to_full - 7), min(55.0, to_full - 35), 0.0)
 
 
 def leaks() -> list[Shape]:
@@ -140,7 +156,7 @@ def leaks() -> list[Shape]:
             rate = (TOTAL - plateau) / to_full
             out.append(Shape(f"after-plateau-{plateau}-full-{to_full}m", True,
                              lambda t, p=plateau, r=rate: p if t < 60 else p + r * (t - 60), 60 + to_full + 20,
-                             guarantee=after_plateau_guarantee(to_full)))  # fmt: skip
+                             guarantee=after_plateau_guarantee(to_full), growth_start=60))  # fmt: skip
     # per-epoch staircases from a job's start: step sizes and periods
     for start, step, period in ((60, 4, 8), (60, 2, 5), (50, 8, 15), (70, 1, 2), (40, 5, 10), (60, 10, 30),
                                 (80, 2, 8), (50, 3, 20)):  # fmt: skip
@@ -206,6 +222,21 @@ def healthy() -> list[Shape]:
     for tau, end in ((8, 95), (12, 92), (20, 90)):
         out.append(Shape(f"warmup-exp-tau{tau}m-10-{end}", False,
                          lambda t, e=end, k=tau: e - (e - 10) * math.exp(-t / k), 200))  # fmt: skip
+    # a job's first evaluation phases past its warm-up (nothing in its history above the plateau): +2-3% a minute
+    # for 3-5 minutes from 80%, held 6-20 minutes, released; every 30 minutes from minute 40
+    for rate, rise, hold in ((2, 5, 8), (3, 4, 6), (2.5, 4, 20), (3, 3, 12)):
+        out.append(Shape(f"eval-phases-first-at-40-80-+{rate}pm-{rise}m-held-{hold}m-every-30m", False,
+                         lambda t, r=rate, d=rise, h=hold: _phase(t, 40, 30, 80, r, d, h), 200))  # fmt: skip
+        out.append(Shape(f"eval-phases-first-at-40-80-+{rate}pm-{rise}m-held-{hold}m-every-30m-old-job", False,
+                         lambda t, r=rate, d=rise, h=hold: _phase(t, 40, 30, 80, r, d, h), 200,
+                         start_age=600))  # fmt: skip
+    # a second job that starts beside a steady one and warms up (linear, exponential, stepped; 3-25 minutes)
+    for steady, add, duration, kind in ((40, 50, 15, "linear"), (60, 35, 25, "exp"), (30, 60, 5, "steps"),
+                                        (50, 45, 3, "linear")):  # fmt: skip
+        ramp = _ramp(2, add, 0, duration, kind)
+        out.append(Shape(f"second-job-warmup-{kind}-+{add}-in-{duration}m-beside-{steady}", False,
+                         lambda t, a=steady, g=ramp: a + (g(t - 60) if t >= 60 else 0), 180, start_age=600,
+                         second=(60, ramp)))  # fmt: skip
     # a warm-up that steps once more at the first evaluation, 20 minutes in
     out.append(Shape("warmup-then-one-eval-step", False,
                      lambda t: _ramp(30, 80, 0, 10)(t) + (8 if t >= 20 else 0), 150))  # fmt: skip
@@ -339,10 +370,20 @@ def _series(step_minutes: float, shape: Shape, uuid: str) -> list[dict]:
     if shape.start_age is not None:
         start = -shape.start_age * 60
         pvals = " ".join("_" if v is None else f"{start:g}" for v in vals)
+        first = text
+        if shape.second is not None:
+            at, own = shape.second
+            minutes = [i * step_minutes for i in range(len(vals))]
+            mine = [None if v is None or m < at else min(v, own(m - at)) for v, m in zip(vals, minutes, strict=True)]
+            first = " ".join("_" if v is None else f"{v - (o or 0):.2f}" for v, o in zip(vals, mine, strict=True))
+            out.append({"series": f'gpu_process_start_time_seconds{{{labels},pid="8",process_name="python3"}}',
+                        "values": " ".join("_" if o is None else f"{at * 60:g}" for o in mine)})  # fmt: skip
+            out.append({"series": f'gpu_process_memory_used_bytes{{{labels},pid="8",process_name="python3"}}',
+                        "values": " ".join("_" if o is None else f"{o:.2f}" for o in mine)})  # fmt: skip
         out.append({"series": f'gpu_process_start_time_seconds{{{labels},pid="7",process_name="python3"}}',
                     "values": pvals})  # fmt: skip
         out.append({"series": f'gpu_process_memory_used_bytes{{{labels},pid="7",process_name="python3"}}',
-                    "values": text})  # fmt: skip
+                    "values": first})  # fmt: skip
     return out
 
 
@@ -389,9 +430,22 @@ def run(shapes: Iterable[Shape], rules: Path = RULES, interval_s: int = 60) -> d
     return fired
 
 
+def apart(shape: Shape) -> str:
+    """Why a leak is reported apart rather than held to "paged before full" (empty: it is held to it): full within
+    ``YOUNG`` minutes of its job's start (inside the warm-up), or within ``FAST`` minutes of the start of its growth
+    after a plateau (as fast as an evaluation phase rises)."""
+    full = shape.full_at
+    if full is None:
+        return ""
+    if shape.growth_start is not None and full - shape.growth_start < FAST:
+        return "full as fast as an evaluation phase rises"
+    return "full inside its job's warm-up" if full - shape.job_start < YOUNG else ""
+
+
 def report(shapes: list[Shape], fired: dict[str, list[float]]) -> tuple[list[str], list[str], list[float]]:
     """Table lines, failures (a leak not paged before full, a healthy shape paged) and the minutes of warning of
-    every leak paged. A leak full within ``YOUNG`` minutes of its job's start is listed as such, not a failure."""
+    every leak paged. A leak full within ``YOUNG`` minutes of its job's start, or within ``FAST`` minutes of the start
+    of its growth after a plateau, is listed as such, not a failure."""
     lines = [f"{'shape':58} {'full at':>8} {'paged at':>9} {'warning':>8}  minutes firing"]
     failures, leads = [], []
     for s in shapes:
@@ -400,11 +454,12 @@ def report(shapes: list[Shape], fired: dict[str, list[float]]) -> tuple[list[str
         full = s.full_at
         paged = "never" if first is None else f"{first:g}"
         if s.leak:
-            young = full is not None and full - s.job_start < YOUNG
+            note = apart(s)
+            young = bool(note)
             lead = None if first is None or full is None else full - first
             if lead is not None and lead > 0:
                 leads.append(lead)
-            note = "  (full inside its job's warm-up)" if young else ""
+            note = f"  ({note})" if note else ""
             lines.append(
                 f"{s.name:58} {full or '-':>8} {paged:>9} {'' if lead is None else f'{lead:.0f} min':>8}{note}"
             )

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gpuwarden.catalog import THROTTLE_REASONS
 from gpuwarden.health.rules import RULES, TICKET_FOR_SECONDS, HealthRule
 from gpuwarden.insight.states import IDLE_CAUSES
 
@@ -144,15 +145,21 @@ WINDOW_MAX = "uuid:gpu_memory_used_bytes:max_interval"
 #: errors of that difference. A detector reads it now and one and two windows back: records that exist only where
 #: memory grew, so its checks cost what the growing GPUs are, not what the fleet is.
 WINDOW_RISE = "uuid:gpu_memory_used_bytes:rise"
-#: The start time of each GPU's largest process (the most memory), recorded once an evaluation for the detectors'
-#: warm-up (five detectors read it).
-LARGEST_START = "uuid:gpu_process_start_time_seconds:largest"
+#: The start time of each GPU's newest process among those holding more than ``memory_idle_ratio`` of its memory (a
+#: job on the GPU, not a helper), recorded once an evaluation for the detectors' warm-up (five detectors read it): a
+#: second job that starts and warms up beside a steady one is as young as that second job.
+NEWEST_START = "uuid:gpu_process_start_time_seconds:newest"
 #: The GPUs the long trend windows' detectors find leaking (memory_long_records), recorded by their own group.
 LEAKING_LONG = "uuid:gpu_memory_used_bytes:leaking_long"
 #: The GPUs whose job was in its start-up phase (``gpu_idle_seconds_total{cause="startup"}`` grew: from its start to
 #: its first sustained kernels, gpuwarden.insight.startup) over the last interval of the memory group (value 1; no
 #: series otherwise): a detector counts a job's warm-up from the end of that phase, not only from its process's start.
 STARTUP_SEEN = "uuid:gpu_startup_phase:interval"
+#: The ramp detector's windows (``memory_ramp_window`` each) that must each rise at a rate that fills the GPU within
+#: the horizon: four, so a job's first evaluation phase past its warm-up that rises for up to five minutes (at 2-3% a
+#: minute from 80%, then held: a fast leak until it levels off) ends before the page would fire; a leak that fills
+#: within about 8 minutes after a plateau is paged at full at best (docs/runbook.md).
+RAMP_WINDOWS = 4
 
 
 def trend_windows(values: dict[str, str], key: str = "memory_trend_windows") -> list[str]:
@@ -189,7 +196,7 @@ def memory_window_records(values: dict[str, str]) -> str:
     compares, so an idle GPU needs none), and each window's significant rise (WINDOW_RISE). In the group of the leak
     record, evaluated every ``memory_interval``: a detector reads a window's record ``k`` windows back (whole
     intervals), which is what the same evaluation computed then from the raw samples. Each window is read from the raw
-    samples once an evaluation instead of about twenty times. Then LARGEST_START and STARTUP_SEEN, the detectors'
+    samples once an evaluation instead of about twenty times. Then NEWEST_START and STARTUP_SEEN, the detectors'
     warm-up."""
     sel = values["selector"]
     used = f"gpu_memory_used_bytes{{{sel}}}"
@@ -197,12 +204,13 @@ def memory_window_records(values: dict[str, str]) -> str:
     out = [f"      - record: {WINDOW_MIN}\n        expr: min_over_time({used}[{step}])\n",
            f"      - record: {WINDOW_MAX}\n        expr: max_over_time({used}[{step}])\n"]  # fmt: skip
     out += _window_records(values, trend_windows(values))
-    largest = (
+    holding = (f"gpu_process_memory_used_bytes{{{sel}}} > on (instance, job, gpu, uuid) group_left "
+               f"{values['memory_idle_ratio']} * gpu_memory_total_bytes{{{sel}}}")  # fmt: skip
+    newest = (
         f"max by ({values['cluster_by']}instance, job, gpu, uuid) (gpu_process_start_time_seconds{{{sel}}} "
-        f"and on (instance, job, "
-        f"gpu, uuid, pid) topk by (instance, job, gpu, uuid) (1, gpu_process_memory_used_bytes{{{sel}}}))"
+        f"and on (instance, job, gpu, uuid, pid) {holding})"
     )
-    out.append(f"      - record: {LARGEST_START}\n        expr: >\n          {largest}\n")
+    out.append(f"      - record: {NEWEST_START}\n        expr: >\n          {newest}\n")
     startup = (f"0 * max by ({values['cluster_by']}instance, job, gpu, uuid) (increase(gpu_idle_seconds_total{{{sel}"
                f"cause=\"startup\"}}[{step}]) > 0) + 1")  # fmt: skip
     out.append(f"      - record: {STARTUP_SEEN}\n        expr: >\n          {startup}\n")
@@ -389,17 +397,20 @@ def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool
       reservation in two at most (steps at most a window apart, and noise, leave the means rising); the latest
       rise is at least ``memory_trend_keep_ratio`` of the one before (a warm-up levels off, a leak does not); and at
       the rate of the last two windows it is full within ``memory_trend_horizon_seconds``;
-    - ramp (fast leaks; with ``ramp``), with ``memory_ramp_window`` w: at the rate of each of its last three windows
-      alone (the mean of each against the one before: the slowest counts, so a step followed by noise is no ramp) it
-      is full within ``memory_ramp_horizon_seconds``, and its last 2 w are above everything of the 60 w before its
-      windows by ``memory_ramp_margin_ratio`` (noise on a plateau never is, nor a phase that grows and releases
-      again).
+    - ramp (fast leaks; with ``ramp``), with ``memory_ramp_window`` w: at the rate of each of its last four
+      windows (RAMP_WINDOWS) alone (the mean of each against the one before: the slowest counts, so a step followed
+      by noise is no ramp) it is full within ``memory_ramp_horizon_seconds``, and at the same rate from its newest
+      sample against the sample a window before (a ramp that has stopped - an evaluation phase that reached its
+      level - is no longer one, though its windows' means still lag behind it), and its last 2 w are above
+      everything of the 60 w before its windows by ``memory_ramp_margin_ratio`` (noise on a plateau never is, nor a
+      phase that grows and releases again).
 
     Each needs the used ratio above ``memory_filling_min_ratio`` (``memory_leak`` checks it once for all) and a job
     past its warm-up: a job held the GPU (above ``memory_idle_ratio``) throughout the windows the detector compares
     and for ``memory_warmup`` before the last two of them (so a job's start is never one of the rises, and the latest
-    rise lies after the warm-up), where gpuwarden knows the GPU's largest process (``gpu_process_start_time_seconds``)
-    that process is as old, and its job's start-up phase (STARTUP_SEEN: until its first sustained kernels) ended as
+    rise lies after the warm-up), where gpuwarden knows the GPU's processes (``gpu_process_start_time_seconds``) the
+    newest of those holding more than ``memory_idle_ratio`` of the memory is as old (a second job warming up beside
+    a steady one is young), and its job's start-up phase (STARTUP_SEEN: until its first sustained kernels) ended as
     long ago (a job that loads and compiles for an hour warms its allocator up after). Growth in a job's first
     ``memory_warmup`` is its allocator warming up, which nothing tells apart from a leak that young
     (docs/runbook.md).
@@ -412,7 +423,7 @@ def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool
     ind = "\n" + " " * 16
 
     def detector(checks: list[str], age: float) -> str:
-        young = f"time() - {LARGEST_START} < {age:g}"
+        young = f"time() - {NEWEST_START} < {age:g}"
         starting = f"count_over_time({STARTUP_SEEN}[{duration(age - step)}])"
         body = (ind + "and ").join([
             *checks,
@@ -427,7 +438,7 @@ def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool
         w = seconds(window)
         # each window's significant rise over the window before (m_k - m_k+1, recorded once a minute where it is
         # significant: memory_window_records) read at whole-window offsets, the values the group recorded at those
-        # earlier evaluations: a rise in each of the last three windows
+        # earlier evaluations: a rise in each of the last three windows (the four windows' three differences)
         d = [f"{WINDOW_RISE}{window}{f' offset {duration(k * w)}' if k else ''}" for k in range(3)]
         checks = list(d)
         checks.append(f"{d[0]} > {values['memory_trend_keep_ratio']} * {d[1]}")
@@ -442,14 +453,17 @@ def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool
         return parts
     window = values["memory_ramp_window"]
     w = seconds(window)
-    means = [_avg(used, window, k * w) for k in range(4)]
-    # at the rate of each of its last three windows alone - its slowest - full within the horizon: the means rise
+    means = [_avg(used, window, k * w) for k in range(RAMP_WINDOWS + 1)]
+    # at the rate of each of its last RAMP_WINDOWS windows alone - its slowest - full within the horizon: the means rise
     # in each, and a step followed by noise (one fast rise, then little) is no ramp
     per_window = float(values["memory_ramp_horizon_seconds"]) / w
-    checks = [f"{means[0]} + ({means[k]} - {means[k + 1]}) * {per_window:g} >= {total}" for k in range(3)]
-    checks.append(f"avg_over_time({used}[{duration(2 * w)}]) > max_over_time({WINDOW_MAX}[{duration(60 * w - step)}] "
-                  f"offset {duration(5 * w)}) + {values['memory_ramp_margin_ratio']} * {total}")  # fmt: skip
-    parts.append(detector(checks, warmup + 5 * w))
+    checks = [f"{means[0]} + ({means[k]} - {means[k + 1]}) * {per_window:g} >= {total}" for k in range(RAMP_WINDOWS)]
+    checks.append(f"{used} + ({used} - {used} offset {window}) * {per_window:g} >= {total}")
+    before = f"max_over_time({WINDOW_MAX}[{duration(60 * w - step)}] offset {duration((RAMP_WINDOWS + 2) * w)})"
+    checks.append(
+        f"avg_over_time({used}[{duration(2 * w)}]) > {before} + {values['memory_ramp_margin_ratio']} * {total}"
+    )
+    parts.append(detector(checks, warmup + (RAMP_WINDOWS + 2) * w))
     return parts
 
 
@@ -598,6 +612,33 @@ def site_unit_rules(values: dict[str, str]) -> tuple[str, str]:
     return "\n".join(records), "\n".join(alerts)
 
 
+#: A job's GPUs counted where its id names it cluster-wide (Slurm, Kubernetes: one count per job, no instance) and
+#: where it names it on its node alone (a count per job and node): (job_kind matcher, the labels of the count).
+_JOB_SCOPES = (
+    ('=~"slurm|kubernetes"', "job_id, job_kind"),
+    ('!~"slurm|kubernetes"', "instance, job, job_id, job_kind"),
+)
+
+
+def job_outlier(per_gpu: str, count: str, alone: str, values: dict[str, str]) -> str:
+    """A PromQL expression (indented for a rule's ``expr: >`` block) of the series of ``per_gpu`` (a per-GPU record
+    carrying the GPU's ``job_id``, ``job_kind`` and ``user``) whose job holds at least
+    ``xid_application_outlier_gpus`` GPUs (``job_id:gpu_holder:count``) and where ``alone`` holds: a comparison in
+    which ``COUNT`` stands for the job's ``count`` record (how many of its GPUs have the condition), ``HOLDERS`` for
+    its GPUs and ``ON`` for the matching of the two. Cluster-wide job ids are matched across nodes, node-local ones
+    within their node (the same id on another node is another job)."""
+    cl = values["cluster_by"]
+    branches = []
+    for kinds, by in _JOB_SCOPES:
+        sel = '{instance=""}' if "instance" not in by else '{instance!=""}'
+        holders = f"job_id:gpu_holder:count{sel}"
+        cond = alone.replace("COUNT", f"{count}{sel}").replace("HOLDERS", holders).replace("ON", f"on ({cl}{by}, user)")
+        branches.append(f"(\n            {per_gpu}{{job_kind{kinds}}}\n            and on ({cl}{by}) ({cond})\n"
+                        f"            and on ({cl}{by}) {holders} >= {values['xid_application_outlier_gpus']}\n"
+                        f"          )")  # fmt: skip
+    return "\n          or\n          ".join(branches)
+
+
 def _derived(out: dict[str, str]) -> dict[str, str]:
     """``out`` with the rule texts made from the parameters (the memory records and detectors, the usage records,
     the job and grower records, the annotations' texts)."""
@@ -618,6 +659,13 @@ def _derived(out: dict[str, str]) -> dict[str, str]:
     out["gpu_job"] = GPU_JOB
     out["holder_text"] = HOLDER_TEXT
     out["starved_percent"] = f"{float(out['starved_ratio']) * 100:g}"
+    out["xid_application_outlier"] = job_outlier(
+        "uuid:gpu_application_xid:recent", "job_id:gpu_application_xid:count",
+        f"COUNT < ON {out['xid_application_job_ratio']} * HOLDERS", out)  # fmt: skip
+    out["throttled_alone"] = job_outlier(
+        "uuid:gpu_clock_throttled:ratio", "job_id:gpu_clock_throttled:count",
+        f"COUNT <= 1 or COUNT < ON {out['outlier_ratio']} * HOLDERS", out)  # fmt: skip
+    out["throttle_reasons"] = "|".join(THROTTLE_REASONS)
     codes = [c for c in out["xid_application"].split("|") if c]
     out["xid_application_text"] = ", ".join(codes[:-1]) + (" or " if len(codes) > 1 else "") + codes[-1]
     out["starved_text"] = STARVED_TEXT.replace("CLUSTERMATCH", out["cluster_match"]).replace(

@@ -1,0 +1,81 @@
+"""The GPU that is different from the rest of its job, at a job's scale: a 144-GPU Slurm job on 36 nodes (4 GPUs
+each) through the shipped rules (promtool) and the shipped routes and inhibitions (a real Alertmanager). One GPU
+whose clocks are held down while the other 143 run at full speed is one page naming it (GpuThrottledAloneInJob),
+and its own slowdown and heat tickets are muted by it; a job whose GPUs are all held down (a power-capped job) gets
+no such page, nor does a job of three GPUs, nor a GPU among more than a few held down at once."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import REPO, notifications, promtool_alerts
+
+PROMTOOL = shutil.which("promtool")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")]
+NODES, PER_NODE = 36, 4
+MINUTES = 25
+NAMES = ["GpuThrottledAloneInJob", "GpuHotterThanItsJob", "GpuHardwareSlowdown", "GpuThermalSlowdown"]
+
+
+def _gpus(nodes: int = NODES) -> list[tuple[str, str, str]]:
+    return [(f"gpu-node-{n:02d}:10400", str(g), f"GPU-{n:02d}{g}") for n in range(nodes) for g in range(PER_NODE)]
+
+
+def _series(throttled: dict[str, str], hot: set[str], nodes: int = NODES) -> list[dict[str, str]]:
+    """Every GPU held by Slurm job 9001 of alice, up, at 50-53 °C; ``throttled``: uuid -> the clock event reason
+    active on that GPU from minute 0 on (its seconds counter grows 60 a minute, the flag reads 1); ``hot``: GPUs at
+    72 °C."""
+    out = []
+    for i, (inst, gpu, uuid) in enumerate(_gpus(nodes)):
+        labels = f'instance="{inst}",job="gpuwarden",gpu="{gpu}",uuid="{uuid}"'
+        out.append({"series": f'gpu_process_job_info{{{labels},pid="{1000 + i}",job_id="9001",job_kind="slurm",'
+                              f'job_scope="cluster",container_id="",user="alice",process_name="python3"}}',
+                    "values": f"1+0x{MINUTES}"})  # fmt: skip
+        out.append({"series": f"gpu_up{{{labels}}}", "values": f"1+0x{MINUTES}"})
+        temp = 72 if uuid in hot else 50 + i % 4
+        out.append({"series": f"gpu_temperature_celsius{{{labels}}}", "values": f"{temp}+0x{MINUTES}"})
+        if uuid in throttled:
+            reason = f'{labels},reason="{throttled[uuid]}"'
+            out.append({"series": f"gpu_clock_event_reason_seconds_total{{{reason}}}", "values": f"0+60x{MINUTES}"})
+            out.append({"series": f"gpu_clock_event_reason_active{{{reason}}}", "values": f"1+0x{MINUTES}"})
+    return out
+
+
+def _alerts(tmp: Path, series: list[dict[str, str]]) -> dict[str, list[dict[str, str]]]:
+    assert PROMTOOL is not None
+    tmp.mkdir(exist_ok=True)
+    rules = REPO / "alerts" / "tests" / "bare.rules.yml"
+    return promtool_alerts(PROMTOOL, tmp, rules, series, NAMES, eval_time=f"{MINUTES - 1}m")
+
+
+def test_one_gpu_of_144_held_down_for_heat_pages_once_and_its_tickets_are_muted(tmp_path: Path) -> None:
+    lone = _gpus()[77][2]
+    got = _alerts(tmp_path, _series({lone: "hw_thermal_slowdown"}, {lone}))
+    assert [(a["uuid"], a["severity"], a["job_id"], a["user"]) for a in got["GpuThrottledAloneInJob"]] == [
+        (lone, "critical", "9001", "alice")]  # fmt: skip
+    # the GPU's own alerts fire as before: each a ticket of its own
+    assert {n: [a["uuid"] for a in got[n]] for n in NAMES[1:]} == {
+        "GpuHotterThanItsJob": [lone], "GpuHardwareSlowdown": [], "GpuThermalSlowdown": [lone]}  # fmt: skip
+    if ALERTMANAGER is None:
+        pytest.skip("alertmanager not installed")
+    fired = [a for n in NAMES for a in got[n]]
+    before = notifications(ALERTMANAGER, tmp_path / "before", [a for a in fired if a["severity"] != "critical"])
+    after = notifications(ALERTMANAGER, tmp_path / "after", fired)
+    assert [recv for recv, _ in before] == ["tickets"]  # one ticket for the node, its two alerts
+    assert after == [("pager", ["GpuThrottledAloneInJob"])]
+
+
+def test_a_power_capped_job_a_small_job_and_a_throttled_few_get_no_outlier_page(tmp_path: Path) -> None:
+    every = {uuid: "sw_power_cap" for *_, uuid in _gpus()}
+    assert _alerts(tmp_path / "every", _series(every, set()))["GpuThrottledAloneInJob"] == []
+    small = [s for s in _series({"GPU-000": "hw_slowdown"}, set(), nodes=1) if 'uuid="GPU-003"' not in s["series"]]
+    assert _alerts(tmp_path / "small", small)["GpuThrottledAloneInJob"] == []
+    # 15 of 144 (over a tenth) held down: the job's load or the site's power, not one GPU
+    few = {uuid: "sw_power_cap" for *_, uuid in _gpus()[::10]}
+    assert len(few) == 15 and _alerts(tmp_path / "few", _series(few, set()))["GpuThrottledAloneInJob"] == []
+    # 14 of 144 (under a tenth): each its job's straggler
+    fewer = dict(list(few.items())[:14])
+    assert len(_alerts(tmp_path / "fewer", _series(fewer, set()))["GpuThrottledAloneInJob"]) == 14
