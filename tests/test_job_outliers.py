@@ -6,11 +6,15 @@ no such page, nor does a job of three GPUs, nor a GPU among more than a few held
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, notifications, promtool_alerts
+from helpers import REPO, backfilled_prometheus, notifications, promtool_alerts
 
 PROMTOOL = shutil.which("promtool")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -79,3 +83,49 @@ def test_a_power_capped_job_a_small_job_and_a_throttled_few_get_no_outlier_page(
     # 14 of 144 (under a tenth): each its job's straggler
     fewer = dict(list(few.items())[:14])
     assert len(_alerts(tmp_path / "fewer", _series(fewer, set()))["GpuThrottledAloneInJob"]) == 14
+
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed")
+def test_top_quality_names_the_gpu_apart_from_its_job(tmp_path: Path) -> None:
+    """An hour of an 8-GPU Slurm job on two nodes (synthetic series, every 15 s) whose GPU 1 of node b is held down for
+    heat and runs 25 °C above the others for its last 30 minutes, beside a 4-GPU job whose GPUs are all power
+    capped: ``top --quality`` gives that GPU the two outlier reasons (watch), and no GPU of the capped job either."""
+    assert PROMETHEUS is not None and PROMTOOL is not None
+    end = time.time() - 60
+    start = end - 3600
+    series: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    gpus = [(f"node-{n}:10400", str(g), f"GPU-{n}{g}", "9001") for n in "ab" for g in range(4)]
+    gpus += [("node-c:10400", str(g), f"GPU-c{g}", "9002") for g in range(4)]
+    for inst, gpu, uuid, job in gpus:
+        labels = f'instance="{inst}",job="gpuwarden",gpu="{gpu}",uuid="{uuid}"'
+        info = f'{labels},pid="1{gpu}",job_id="{job}",job_kind="slurm",job_scope="cluster",user="alice"'
+        lone, capped = uuid == "GPU-b1", job == "9002"
+        for i in range(241):
+            t = start + 15 * i
+            late = t >= start + 1800
+            series.setdefault(("gpu_up", labels), []).append((t, "1"))
+            series.setdefault(("gpu_process_job_info", info), []).append((t, "1"))
+            series.setdefault(("gpu_temperature_celsius", labels), []).append((t, "75" if lone and late else "50"))
+            if lone or capped:
+                reason = "sw_power_cap" if capped else "hw_thermal_slowdown"
+                held = 15 * i if capped else max(0.0, t - start - 1800)
+                series.setdefault(("gpu_clock_event_reason_seconds_total", f'{labels},reason="{reason}"'), []).append(
+                    (t, f"{held:g}"))  # fmt: skip
+    om = "\n".join(f"{n}{{{lab}}} {v} {t:.3f}" for (n, lab), pts in sorted(series.items()) for t, v in pts)
+    with backfilled_prometheus(PROMETHEUS, PROMTOOL, tmp_path, om + "\n# EOF\n") as url:
+        res = subprocess.run([sys.executable, "-m", "gpuwarden", "top", "--quality", "--json", "--prometheus", url,
+                              "--range", "55m", "--at", f"{end:.3f}"], capture_output=True, text=True, cwd=REPO,
+                             timeout=300, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    got = {g["uuid"]: g for g in json.loads(res.stdout)["gpus"]}
+    said = [r["reason"] for r in got["GPU-b1"]["reasons"]]
+    assert got["GPU-b1"]["tier"] == "watch", said
+    # beside the node-peer reason the clock events give (the other GPUs of node b: 0 s), the job's two, 25-30 min each
+    assert said[0] == "1800 s of clock event hw_thermal_slowdown (the node's other GPUs: 0 s)"
+    assert said[1].startswith("clocks held down while the other GPUs of its job ran at full speed: 2")
+    assert said[2].startswith("15 °C or more above the median of its job's GPUs: 30m")
+    assert len(said) == 3
+    assert {u: g["tier"] for u, g in got.items() if u != "GPU-b1"} == {u: "good" for *_, u, _ in gpus if u != "GPU-b1"}

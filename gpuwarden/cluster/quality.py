@@ -14,7 +14,14 @@ Two tiers of reasons, each grounded in what its signal means:
   faults) and an NVLink link that went down after being up; **watch** for the sustained straggler of at least
   ``min_jobs`` distinct jobs (the fail-slow suspects, gpuwarden.cluster.suspects), NVLink link recoveries, PCIe replays
   (at least REPLAYS over the range), hardware slowdown or power brake clock events at least CLOCK_EVENT_SECONDS beyond
-  the node's other GPUs' mean, and an XID outside the critical set.
+  the node's other GPUs' mean, and an XID outside the critical set;
+- the GPU set against the other GPUs of its jobs (**watch**, each where it held at least OUTLIER_SECONDS in total over
+  the range, at the accounting's steps, in Slurm or Kubernetes jobs of at least ``xid_application_outlier_gpus``
+  GPUs: the alerts' GpuThrottledAloneInJob and GpuHotterThanItsJob, from the raw series, no recording rule needed):
+  its clocks held down (a throttling clock event reason active at least half of 5 minutes) while at most one of its
+  job's GPUs, or fewer than ``outlier_ratio`` of them, were; and ``outlier_temperature_celsius`` above the median of
+  its job's GPUs. A job's GPUs run the same code, so a GPU apart from them is the GPU's (docs/runbook.md says what
+  it cannot tell).
 
 ``score`` orders GPUs, it is not a probability: 1 / (1 + 3 x service reasons + watch reasons) - 1.0 for a GPU with
 no reason, 0.5 with one watch reason, 0.25 with one service reason.
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import TYPE_CHECKING
 
+from gpuwarden.catalog import THROTTLE_REASONS
 from gpuwarden.cluster.suspects import CLOCK_EVENT_SECONDS, suspects
 from gpuwarden.health.conditions import number, shipped
 from gpuwarden.health.rules import RULES, HealthRule
@@ -44,6 +52,8 @@ REPLAYS = 100
 #: Hardware clock events (not power capping, which is the workload's) compared with the node's other GPUs.
 HW_EVENTS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 TIERS = ("service", "watch", "good")
+#: Seconds a GPU must have been apart from its job's GPUs over the range to be a reason (the alerts' ``for``, 10m).
+OUTLIER_SECONDS = 600.0
 
 
 @dataclass
@@ -95,6 +105,7 @@ def quality(acc: Accounting, straggler_for: str = "5m", min_jobs: int = 3) -> li
             q.reasons.append((tier, f"XID {labels['xid']} ({n:.0f}x)"))
     _nvlink(acc, each)
     _pcie_and_clocks(acc, each, gpus)
+    _job_outliers(acc, each)
     for s in suspects(acc, straggler_for, min_jobs):
         q = gpus.setdefault((s.cluster, s.instance, s.gpu), GpuQuality(s.instance, s.gpu, s.uuid, s.cluster))
         q.reasons.append(("watch", f"the sustained straggler of {s.jobs} jobs (fail-slow)"))
@@ -166,3 +177,33 @@ def _pcie_and_clocks(acc: Accounting, each: Each, gpus: dict[GpuKey, GpuQuality]
             if s - base >= CLOCK_EVENT_SECONDS:
                 gpus[key].reasons.append(("watch", f"{s:.0f} s of clock event {reason} (the node's other GPUs: "
                                                    f"{base:.0f} s)"))  # fmt: skip
+
+
+def _job_outliers(acc: Accounting, each: Each) -> None:
+    """The GPU apart from the other GPUs of its jobs (the module's third tier): clocks held down alone, and hotter
+    than the job's median, each counted at the accounting's steps over the range (a subquery), one reason each."""
+    c, p = acc.cluster_by, ALERT_PARAMS
+    # each GPU's job (cluster-wide ids only: a node-local id names another job on another node) and each job's size
+    info = acc.metric("gpu_process_job_info", 'job_kind=~"slurm|kubernetes"')
+    held = f"max by ({c}instance, gpu, uuid, job_id) ({info})"
+    big = f"count by ({c}job_id) ({held}) >= {p['xid_application_outlier_gpus']}"
+    throttles = acc.metric("gpu_clock_event_reason_seconds_total", 'reason=~"' + "|".join(THROTTLE_REASONS) + '"')
+    down = (f"(0 * (max by ({c}instance, gpu, uuid) (rate({throttles}[5m])) >= 0.5) + 1)"
+            f" * on ({c}instance, gpu, uuid) group_right () {held}")  # fmt: skip
+    few = f"count by ({c}job_id) ({down})"
+    alone = (f"{down} and on ({c}job_id) ({few} <= 1 or {few} < {p['outlier_ratio']} * count by ({c}job_id) "
+             f"({held})) and on ({c}job_id) ({big})")  # fmt: skip
+    temp = f"max by ({c}instance, gpu, uuid) ({acc.metric('gpu_temperature_celsius')})"
+    job_temp = f"{temp} * on ({c}instance, gpu, uuid) group_right () (0 * {held} + 1)"
+    median = f"quantile by ({c}job_id) (0.5, {job_temp})"
+    above = f"{job_temp} - on ({c}job_id) group_left () {median} >= {p['outlier_temperature_celsius']}"
+    hot = f"({above}) and on ({c}job_id) ({big})"
+    said = (
+        (alone, "clocks held down while the other GPUs of its job ran at full speed"),
+        (hot, f"{p['outlier_temperature_celsius']} °C or more above the median of its job's GPUs"),
+    )
+    for cond, text in said:
+        steps = f"count_over_time((max by ({c}instance, gpu, uuid) ({cond}))[{acc.range}:{acc.step}])"
+        for q, _, n in each(f"{steps} * {acc.step_s:g}"):
+            if n >= OUTLIER_SECONDS:
+                q.reasons.append(("watch", f"{text}: {duration(n)} of the range"))
