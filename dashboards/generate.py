@@ -31,6 +31,7 @@ from grafana_foundation_sdk.models import dashboard as md
 from grafana_foundation_sdk.models import prometheus as mp
 
 from gpuwarden.catalog import THROTTLE_REASONS
+from gpuwarden.insight.thresholds import ALERT_PARAMS
 
 OUT = Path(__file__).parent.parent / "gpuwarden" / "mixin" / "dashboards"
 DS = md.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -100,12 +101,15 @@ def common(p: Panel, title: str, unit: str, desc: str) -> Panel:
 
 
 def ts(title: str, exprs: Sequence[tuple[str, str]], unit: str, desc: str = "", **kw: Any) -> Panel:
-    """A time series panel; ``limits`` (thresholds drawn as lines), ``min``/``max`` and ``stack`` are optional."""
+    """A time series panel; ``limits`` (thresholds drawn as lines; with ``mark``, each line coloured by the
+    threshold its values pass, so the series past a limit stands out), ``min``/``max`` and ``stack`` are optional."""
     p = common(timeseries.Panel(), title, unit, desc)
     queries(p, exprs)
     if "limits" in kw:
         p.thresholds(kw["limits"])
         p.thresholds_style(gc.GraphThresholdsStyleConfig().mode(mc.GraphThresholdsStyleMode.LINE))
+        if kw.get("mark"):
+            p.color_scheme(gd.FieldColor().mode(md.FieldColorModeId.THRESHOLDS))
     if "min" in kw:
         p.min(kw["min"])
     if "max" in kw:
@@ -606,6 +610,26 @@ def job() -> gd.Dashboard:
            [(f'count((max by (instance, gpu, uuid) (gpu_clock_event_reason_active{{reason=~"{THROTTLE}"}}) == 1)'
              f" {on} {gpus}) or vector(0)", "throttled GPUs")],
            "short", "The job's GPUs whose clocks a power cap, heat or a hardware signal holds down."),
+        12, 8,
+    )  # fmt: skip
+    # each GPU set against its job's: the outlier alerts' conditions (GpuHotterThanItsJob, GpuThrottledAloneInJob),
+    # the GPU past the line drawn red
+    lay.add(
+        ts("Temperature above the job's median, each GPU",
+           [(f"gpu_temperature_celsius {on} {gpus} - scalar(quantile(0.5, gpu_temperature_celsius {on} {gpus}))",
+             leg)],
+           "celsius", f"Each GPU's temperature less the median of the job's GPUs, which run the same code: a GPU "
+           f"{ALERT_PARAMS['outlier_temperature_celsius']} °C above it for 10 minutes is GpuHotterThanItsJob (red).",
+           limits=steps((None, GREEN), (float(ALERT_PARAMS["outlier_temperature_celsius"]), RED)), mark=True),
+        12, 8,
+    )  # fmt: skip
+    lay.add(
+        ts("Clocks held down, each GPU",
+           [(f'max by (instance, gpu, uuid) (rate(gpu_clock_event_reason_seconds_total{{job=~"$job", '
+             f'reason=~"{THROTTLE}"}}[$__rate_interval])) {on} {gpus}', leg)],
+           "percentunit", "The largest share of the time one throttling clock event reason was active: a GPU at "
+           "half or more while its peers are not is GpuThrottledAloneInJob (red), and the job runs at its pace.",
+           limits=steps((None, GREEN), (0.5, RED)), mark=True, min=0, max=1),
         12, 8,
     )  # fmt: skip
     lay.add(
