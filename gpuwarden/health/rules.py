@@ -270,6 +270,7 @@ NOT_READ = {
     "GpuJobApplicationXid": "a job's code across its GPUs, for its owner",
     "GpuApplicationXidOutlier": "a GPU against the other GPUs of its job: --prometheus reads them",
     "GpuHotterThanItsJob": "a GPU against the other GPUs of its job, over minutes",
+    "GpuThrottledAloneInJob": "a GPU's clock events against the other GPUs of its job, over minutes",
     "GpuSiteUnitHot": "a rack's or row's GPUs together (check reads its node's: GpuOverheating)",
     "GpuNvlinkDomainNotReady": "an NVLink domain's GPUs together (check reads its node's: GpuFabricNotReady)",
     "GpuNvlinkDomainUnhealthy": "an NVLink domain's GPUs together (check reads its node's: GpuFabricUnhealthy)",
