@@ -33,12 +33,12 @@ ALERT = "GpuMemoryFillingUp"
 TOTAL = 100.0  # the shapes are in percent of the memory: promtool's numbers need no unit
 IDLE = 0.6  # an H100 with no process reads 0.5-0.6 GiB of 80 "used" (the driver's own)
 #: A leak full before its job is this old is inside the warm-up the rules assume (memory_warmup, 30 minutes, plus
-#: the ramp's five): growth that young cannot be told from a warm-up, so it is reported apart, not as a miss.
-YOUNG = 35.0
+#: the ramp's seven): growth that young cannot be told from a warm-up, so it is reported apart, not as a miss.
+YOUNG = 37.0
 #: A leak full within this many minutes of the start of its growth after a plateau grows no longer than an evaluation
-#: phase the ramp waits out (four one-minute windows and ``for:``): it cannot be told from that phase's first minutes,
+#: phase the ramp waits out (five one-minute windows and ``for:``): it cannot be told from that phase's first minutes,
 #: so it is reported apart, not as a miss.
-FAST = 8.0
+FAST = 9.0
 
 
 @dataclass(frozen=True)
@@ -129,10 +129,10 @@ def from_start_guarantee(to_full: float) -> float:
 
 def after_plateau_guarantee(to_full: float) -> float:
     """Minutes of warning promised to a smooth leak that starts after its job held a steady level past its
-    warm-up and is full ``to_full`` minutes later: paged 7 minutes into the ramp at the latest (five one-minute
-    windows and ``for:``), and 12 minutes ahead when it takes 19 minutes or more; 55 minutes ahead when it takes
+    warm-up and is full ``to_full`` minutes later: paged 8 minutes into the ramp at the latest (six one-minute
+    windows and ``for:``), and 12 minutes ahead when it takes 20 minutes or more; 55 minutes ahead when it takes
     90 or more."""
-    return max(min(12.0, to_full - 7), min(55.0, to_full - 35), 0.0)
+    return max(min(12.0, to_full - 8), min(55.0, to_full - 35), 0.0)
 
 
 def leaks() -> list[Shape]:

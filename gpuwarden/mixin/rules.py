@@ -155,11 +155,12 @@ LEAKING_LONG = "uuid:gpu_memory_used_bytes:leaking_long"
 #: its first sustained kernels, gpuwarden.insight.startup) over the last interval of the memory group (value 1; no
 #: series otherwise): a detector counts a job's warm-up from the end of that phase, not only from its process's start.
 STARTUP_SEEN = "uuid:gpu_startup_phase:interval"
-#: The ramp detector's windows (``memory_ramp_window`` each) that must each rise at a rate that fills the GPU within
-#: the horizon: four, so a job's first evaluation phase past its warm-up that rises for up to five minutes (at 2-3% a
-#: minute from 80%, then held: a fast leak until it levels off) ends before the page would fire; a leak that fills
-#: within about 8 minutes after a plateau is paged at full at best (docs/runbook.md).
-RAMP_WINDOWS = 4
+#: The ramp detector's windows (``memory_ramp_window`` each) that must each rise, against the window before, at a
+#: rate that fills the GPU within the horizon: five, so a job's first evaluation phase past its warm-up that rises
+#: for up to five minutes (at 2-3% a minute from 80%, then held: a fast leak until it levels off) has levelled off
+#: before the page would fire (``for:``); a leak that fills within about 9 minutes after a plateau is paged at full at
+#: best (docs/runbook.md).
+RAMP_WINDOWS = 5
 
 
 def trend_windows(values: dict[str, str], key: str = "memory_trend_windows") -> list[str]:
@@ -397,11 +398,9 @@ def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool
       reservation in two at most (steps at most a window apart, and noise, leave the means rising); the latest
       rise is at least ``memory_trend_keep_ratio`` of the one before (a warm-up levels off, a leak does not); and at
       the rate of the last two windows it is full within ``memory_trend_horizon_seconds``;
-    - ramp (fast leaks; with ``ramp``), with ``memory_ramp_window`` w: at the rate of each of its last four
+    - ramp (fast leaks; with ``ramp``), with ``memory_ramp_window`` w: at the rate of each of its last five
       windows (RAMP_WINDOWS) alone (the mean of each against the one before: the slowest counts, so a step followed
-      by noise is no ramp) it is full within ``memory_ramp_horizon_seconds``, and at the same rate from its newest
-      sample against the sample a window before (a ramp that has stopped - an evaluation phase that reached its
-      level - is no longer one, though its windows' means still lag behind it), and its last 2 w are above
+      by noise is no ramp) it is full within ``memory_ramp_horizon_seconds``, and its last 2 w are above
       everything of the 60 w before its windows by ``memory_ramp_margin_ratio`` (noise on a plateau never is, nor a
       phase that grows and releases again).
 
@@ -458,7 +457,6 @@ def memory_leak_detectors(values: dict[str, str], windows: list[str], ramp: bool
     # in each, and a step followed by noise (one fast rise, then little) is no ramp
     per_window = float(values["memory_ramp_horizon_seconds"]) / w
     checks = [f"{means[0]} + ({means[k]} - {means[k + 1]}) * {per_window:g} >= {total}" for k in range(RAMP_WINDOWS)]
-    checks.append(f"{used} + ({used} - {used} offset {window}) * {per_window:g} >= {total}")
     before = f"max_over_time({WINDOW_MAX}[{duration(60 * w - step)}] offset {duration((RAMP_WINDOWS + 2) * w)})"
     checks.append(
         f"avg_over_time({used}[{duration(2 * w)}]) > {before} + {values['memory_ramp_margin_ratio']} * {total}"
