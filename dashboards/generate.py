@@ -626,7 +626,9 @@ def job() -> gd.Dashboard:
     lay.add(
         ts("Clocks held down, each GPU",
            [(f'max by (instance, gpu, uuid) (rate(gpu_clock_event_reason_seconds_total{{job=~"$job", '
-             f'reason=~"{THROTTLE}"}}[$__rate_interval])) {on} {gpus}', leg)],
+             f'reason=~"{THROTTLE}"}}[$__rate_interval])) {on} {gpus}'
+             # a reason's counter appears once it counted: a GPU read (gpu_up) without one was never held down
+             f" or 0 * max by (instance, gpu, uuid) (gpu_up {on} {gpus})", leg)],
            "percentunit", "The largest share of the time one throttling clock event reason was active: a GPU at "
            "half or more while its peers are not is GpuThrottledAloneInJob (red), and the job runs at its pace.",
            limits=steps((None, GREEN), (0.5, RED)), mark=True, min=0, max=1),

@@ -291,13 +291,15 @@ PORTS: dict[str, int] = {}
 
 
 #: Records that hold a series only while their condition does (a leak: the leak test asks for it; a job in its
-#: start-up phase; an application XID of the last 15 minutes: these recordings have none), or only for what this
+#: start-up phase; an application XID of the last 15 minutes; a GPU whose clocks were held down for half of 10
+#: minutes: these recordings have none), or only for what this
 #: stack's recordings and targets lack: GPUs with NVLink links, an NVLink fabric domain (the recorded NVLink GPUs have
 #: none: an all-zero cluster UUID), the rack and row target labels, and the energy held idle (the opt-in idle_energy
 #: collector, which these daemons do not run); promtool's cases (alerts/tests) give each of them data.
 CONDITIONAL = {"uuid:gpu_memory_used_ratio:leaking", "uuid:gpu_memory_used_bytes:leaking_long",
                "uuid:gpu_startup_phase:interval",
                "uuid:gpu_application_xid:recent", "job_id:gpu_application_xid:count",
+               "uuid:gpu_clock_throttled:ratio", "job_id:gpu_clock_throttled:count",
                "nvlink_domain:gpus:count", "nvlink_domain:gpu_fabric_unhealthy:count",
                "nvlink_domain:gpu_fabric_not_ready:count",
                "rack:gpus:count", "rack:gpu_hot:count", "row:gpus:count", "row:gpu_hot:count",
