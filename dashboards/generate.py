@@ -30,7 +30,7 @@ from grafana_foundation_sdk.models import common as mc
 from grafana_foundation_sdk.models import dashboard as md
 from grafana_foundation_sdk.models import prometheus as mp
 
-from gpuwarden.catalog import THROTTLE_REASONS
+from gpuwarden.catalog import CONDITION_REASONS, THROTTLE_REASONS
 from gpuwarden.insight.thresholds import ALERT_PARAMS
 
 OUT = Path(__file__).parent.parent / "gpuwarden" / "mixin" / "dashboards"
@@ -626,10 +626,12 @@ def job() -> gd.Dashboard:
     lay.add(
         ts("Clocks held down, each GPU",
            [(f'max by (instance, gpu, uuid) (rate(gpu_clock_event_reason_seconds_total{{job=~"$job", '
-             f'reason=~"{THROTTLE}"}}[$__rate_interval])) {on} {gpus}'
+             f'reason=~"{"|".join(CONDITION_REASONS)}"}}[$__rate_interval])) {on} {gpus}'
              # a reason's counter appears once it counted: a GPU read (gpu_up) without one was never held down
              f" or 0 * max by (instance, gpu, uuid) (gpu_up {on} {gpus})", leg)],
-           "percentunit", "The largest share of the time one throttling clock event reason was active: a GPU at "
+           "percentunit",
+           "The largest share of the time one thermal or hardware clock event reason (not the power cap: the "
+           "workload's) was active: a GPU at "
            "half or more while its peers are not is GpuThrottledAloneInJob (red), and the job runs at its pace.",
            limits=steps((None, GREEN), (0.5, RED)), mark=True, min=0, max=1),
         12, 8,

@@ -115,6 +115,10 @@ def clock_event_reasons(*groups: str) -> tuple[str, ...]:
 
 #: Reasons that hold the clocks down: NVML's "throttle" reasons.
 THROTTLE_REASONS = clock_event_reasons("power", "thermal", "hardware")
+#: Reasons that hold the clocks down for the GPU's own condition (heat, a hardware slowdown or power brake signal),
+#: not the workload's power cap: a compute-bound job's GPUs run at their cap (sw_power_cap most of the time), and GPUs
+#: of one model draw different power for the same work, so one GPU capped more than its peers is its silicon.
+CONDITION_REASONS = clock_event_reasons("thermal", "hardware")
 
 
 #: ECC counters: key of GpuReading.ecc_errors_total ("<type>_<counter>") -> (error type, counter type).

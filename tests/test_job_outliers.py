@@ -1,8 +1,9 @@
 """The GPU that is different from the rest of its job, at a job's scale: a 144-GPU Slurm job on 36 nodes (4 GPUs
 each) through the shipped rules (promtool) and the shipped routes and inhibitions (a real Alertmanager). One GPU
 whose clocks are held down while the other 143 run at full speed is one page naming it (GpuThrottledAloneInJob),
-and its own slowdown and heat tickets are muted by it; a job whose GPUs are all held down (a power-capped job) gets
-no such page, nor does a job of three GPUs, nor a GPU among more than a few held down at once."""
+and its own slowdown and heat tickets are muted by it; a job whose GPUs are all held down (a hot room) gets no such
+page, nor a GPU at its power cap alone (the workload's), nor a job of three GPUs, nor a GPU among more than a few
+held down at once."""
 
 from __future__ import annotations
 
@@ -72,13 +73,16 @@ def test_one_gpu_of_144_held_down_for_heat_pages_once_and_its_tickets_are_muted(
     assert after == [("pager", ["GpuThrottledAloneInJob"])]
 
 
-def test_a_power_capped_job_a_small_job_and_a_throttled_few_get_no_outlier_page(tmp_path: Path) -> None:
-    every = {uuid: "sw_power_cap" for *_, uuid in _gpus()}
+def test_a_hot_room_a_power_cap_a_small_job_and_a_throttled_few_get_no_outlier_page(tmp_path: Path) -> None:
+    every = {uuid: "hw_thermal_slowdown" for *_, uuid in _gpus()}
     assert _alerts(tmp_path / "every", _series(every, set()))["GpuThrottledAloneInJob"] == []
+    # one GPU at its power cap while the others are not: the workload's power, and its silicon, not a fault
+    capped = {_gpus()[77][2]: "sw_power_cap"}
+    assert _alerts(tmp_path / "capped", _series(capped, set()))["GpuThrottledAloneInJob"] == []
     small = [s for s in _series({"GPU-000": "hw_slowdown"}, set(), nodes=1) if 'uuid="GPU-003"' not in s["series"]]
     assert _alerts(tmp_path / "small", small)["GpuThrottledAloneInJob"] == []
     # 15 of 144 (over a tenth) held down: the job's load or the site's power, not one GPU
-    few = {uuid: "sw_power_cap" for *_, uuid in _gpus()[::10]}
+    few = {uuid: "hw_power_brake_slowdown" for *_, uuid in _gpus()[::10]}
     assert len(few) == 15 and _alerts(tmp_path / "few", _series(few, set()))["GpuThrottledAloneInJob"] == []
     # 14 of 144 (under a tenth): each its job's straggler
     fewer = dict(list(few.items())[:14])

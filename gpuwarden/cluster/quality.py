@@ -18,7 +18,8 @@ Two tiers of reasons, each grounded in what its signal means:
 - the GPU set against the other GPUs of its jobs (**watch**, each where it held at least OUTLIER_SECONDS in total over
   the range, at the accounting's steps, in Slurm or Kubernetes jobs of at least ``xid_application_outlier_gpus``
   GPUs: the alerts' GpuThrottledAloneInJob and GpuHotterThanItsJob, from the raw series, no recording rule needed):
-  its clocks held down (a throttling clock event reason active at least half of 5 minutes) while at most one of its
+  its clocks held down for its own condition (a thermal or hardware clock event reason, not the power cap, active
+  at least half of 5 minutes) while at most one of its
   job's GPUs, or fewer than ``outlier_ratio`` of them, were; and ``outlier_temperature_celsius`` above the median of
   its job's GPUs. A job's GPUs run the same code, so a GPU apart from them is the GPU's (docs/runbook.md says what
   it cannot tell).
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import TYPE_CHECKING
 
-from gpuwarden.catalog import THROTTLE_REASONS
+from gpuwarden.catalog import CONDITION_REASONS
 from gpuwarden.cluster.suspects import CLOCK_EVENT_SECONDS, suspects
 from gpuwarden.health.conditions import number, shipped
 from gpuwarden.health.rules import RULES, HealthRule
@@ -187,7 +188,7 @@ def _job_outliers(acc: Accounting, each: Each) -> None:
     info = acc.metric("gpu_process_job_info", 'job_kind=~"slurm|kubernetes"')
     held = f"max by ({c}instance, gpu, uuid, job_id) ({info})"
     big = f"count by ({c}job_id) ({held}) >= {p['xid_application_outlier_gpus']}"
-    throttles = acc.metric("gpu_clock_event_reason_seconds_total", 'reason=~"' + "|".join(THROTTLE_REASONS) + '"')
+    throttles = acc.metric("gpu_clock_event_reason_seconds_total", 'reason=~"' + "|".join(CONDITION_REASONS) + '"')
     down = (f"(0 * (max by ({c}instance, gpu, uuid) (rate({throttles}[5m])) >= 0.5) + 1)"
             f" * on ({c}instance, gpu, uuid) group_right () {held}")  # fmt: skip
     few = f"count by ({c}job_id) ({down})"

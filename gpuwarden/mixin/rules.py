@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gpuwarden.catalog import THROTTLE_REASONS
+from gpuwarden.catalog import CONDITION_REASONS
 from gpuwarden.health.rules import RULES, TICKET_FOR_SECONDS, HealthRule
 from gpuwarden.insight.states import IDLE_CAUSES
 
@@ -663,7 +663,7 @@ def _derived(out: dict[str, str]) -> dict[str, str]:
     out["throttled_alone"] = job_outlier(
         "uuid:gpu_clock_throttled:ratio", "job_id:gpu_clock_throttled:count",
         f"COUNT <= 1 or COUNT < ON {out['outlier_ratio']} * HOLDERS", out)  # fmt: skip
-    out["throttle_reasons"] = "|".join(THROTTLE_REASONS)
+    out["condition_reasons"] = "|".join(CONDITION_REASONS)
     codes = [c for c in out["xid_application"].split("|") if c]
     out["xid_application_text"] = ", ".join(codes[:-1]) + (" or " if len(codes) > 1 else "") + codes[-1]
     out["starved_text"] = STARVED_TEXT.replace("CLUSTERMATCH", out["cluster_match"]).replace(
