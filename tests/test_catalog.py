@@ -111,7 +111,13 @@ def test_every_counter_field_of_the_readings_is_declared_cumulative() -> None:
 def test_clock_event_groups_are_what_the_alerts_and_dashboards_match() -> None:
     import re
 
-    from gpuwarden.catalog import CLOCK_EVENT_GROUPS, CLOCK_EVENT_REASONS, THROTTLE_REASONS, clock_event_reasons
+    from gpuwarden.catalog import (
+        CLOCK_EVENT_GROUPS,
+        CLOCK_EVENT_REASONS,
+        CONDITION_REASONS,
+        THROTTLE_REASONS,
+        clock_event_reasons,
+    )
 
     assert {n for names in CLOCK_EVENT_GROUPS.values() for n in names} <= set(CLOCK_EVENT_REASONS.values())
     template = (Path(__file__).parent.parent / "alerts" / "gpuwarden.rules.yml").read_text()  # generated
@@ -119,11 +125,15 @@ def test_clock_event_groups_are_what_the_alerts_and_dashboards_match() -> None:
         block = template[template.index(f"alert: {alert}\n") :]
         regex = re.search(r'reason=~"([^"]+)"', block)
         assert regex and regex.group(1) == "|".join(clock_event_reasons(group)), alert
+    # the GPU's own condition, not the workload's power cap: the outlier record and its alert's description
+    block = template[template.index("record: uuid:gpu_clock_throttled:ratio\n") :]
+    regex = re.search(r'reason=~"([^"]+)"', block)
+    assert regex and regex.group(1) == "|".join(CONDITION_REASONS) and "sw_power_cap" not in CONDITION_REASONS
     dashboards = Path(__file__).parent.parent / "gpuwarden" / "mixin" / "dashboards"
-    throttle = "|".join(THROTTLE_REASONS)
+    either = {"|".join(THROTTLE_REASONS), "|".join(CONDITION_REASONS)}
     for board in dashboards.glob("*.json"):
         for regex in re.findall(r'reason=~\\"([^"\\]+)\\"', board.read_text()):
-            assert regex == throttle, (board.name, regex)
+            assert regex in either, (board.name, regex)
 
 
 def test_every_family_is_in_a_golden_exposition_or_named_by_a_test() -> None:
