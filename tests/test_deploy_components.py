@@ -1,5 +1,6 @@
 """The kustomize components of deploy/kubernetes/components (the usual choices of a site: TLS, basic auth, the
-kubelet's pod-resources socket, DRA, the Grafana dashboards, no Prometheus Operator), built with ``kubectl kustomize``
+kubelet's pod-resources socket, DRA, the Grafana dashboards, no Prometheus Operator, a NetworkPolicy, the port
+behind kube-rbac-proxy), built with ``kubectl kustomize``
 over the base as a site's kustomization lists them, each result valid for the Kubernetes versions of test_deploy, and
 each component doing what its comment says."""
 
@@ -72,7 +73,9 @@ def env(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 ALL = ["tls", "basic-auth", "pod-resources", "dra", "grafana-dashboards"]
 SETS = [[], ["tls"], ["tls", "basic-auth"], ["pod-resources"], ["pod-resources", "dra"], ["grafana-dashboards"],
-        ["without-prometheus-operator"], ALL, [*ALL, "without-prometheus-operator"]]  # fmt: skip
+        ["without-prometheus-operator"], ALL, [*ALL, "without-prometheus-operator"], ["network-policy"],
+        ["kube-rbac-proxy", "network-policy"], ["kube-rbac-proxy", "network-policy", "pod-resources", "dra",
+                                                "grafana-dashboards"]]  # fmt: skip
 
 
 def test_every_component_is_tested() -> None:
@@ -136,3 +139,67 @@ def test_the_dashboards_configmap_is_labelled_for_grafanas_sidecar(kustomize: st
     [cm] = [d for d in named(docs, "ConfigMap") if d["metadata"]["name"] == "gpuwarden-dashboards"]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert sorted(cm["data"]) == ["gpuwarden-fleet.json", "gpuwarden-job.json", "gpuwarden-node.json"]
+
+
+def test_network_policy_admits_only_prometheus_to_the_metrics_port(kustomize: str, tmp_path: Path) -> None:
+    docs = build(kustomize, tmp_path / "s", ["network-policy"])
+    [policy] = named(docs, "NetworkPolicy")
+    [ds] = named(docs, "DaemonSet")
+    assert policy["metadata"]["namespace"] == "gpuwarden"
+    assert policy["spec"]["podSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]
+    # one peer with both selectors: Prometheus pods of the monitoring namespace, not every pod of it nor every
+    # namespace's Prometheus
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]  # fmt: skip
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert [p["name"] for p in container(docs)["ports"]] == ["metrics"]  # the port the rule names
+
+
+def test_kube_rbac_proxy_fronts_the_port_and_alone_holds_a_token(kustomize: str, tmp_path: Path) -> None:
+    docs = build(kustomize, tmp_path / "s", ["kube-rbac-proxy", "network-policy"])
+    [ds] = named(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    daemon, proxy = pod["containers"]
+    assert proxy["name"] == "kube-rbac-proxy"
+    # the daemon on loopback only, with no port, no probe and no token of its own
+    listen = env(docs)["GPUWARDEN_LISTEN_ADDRESS"]
+    assert listen == "127.0.0.1:10401" and "listen_address" in Config.model_fields
+    assert "ports" not in daemon and not {"startupProbe", "livenessProbe", "readinessProbe"} & set(daemon)
+    assert pod["automountServiceAccountToken"] is False
+    assert all(m["name"] != "kube-rbac-proxy-token" for m in daemon.get("volumeMounts", []))
+    # the proxy: TLS on the port the Service, the ServiceMonitor and the NetworkPolicy name, forwarding to the daemon
+    args = dict(a.removeprefix("--").split("=", 1) for a in proxy["args"] if "=" in a)
+    assert args["upstream"] == f"http://{listen}/" and args["secure-listen-address"] == ":10400"
+    assert proxy["ports"] == [{"name": "metrics", "containerPort": 10400, "protocol": "TCP"}]
+    [svc] = named(docs, "Service")
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    # the probes carry no token: only the paths it lets through unchecked, over HTTPS
+    unchecked = set(args["ignore-paths"].split(","))
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = proxy[probe]["httpGet"]
+        assert get["scheme"] == "HTTPS" and get["port"] == "metrics" and get["path"] in unchecked
+    assert unchecked == {"/healthz", "/readyz"}
+    # its token: a projected one, in its container alone, where client-go's in-cluster config reads it
+    [vol] = [v for v in pod["volumes"] if v["name"] == "kube-rbac-proxy-token"]
+    sources = {next(iter(s)) for s in vol["projected"]["sources"]}
+    assert sources == {"serviceAccountToken", "configMap", "downwardAPI"}
+    assert {m["mountPath"] for m in proxy["volumeMounts"]} == {"/var/run/secrets/kubernetes.io/serviceaccount"}
+    assert proxy["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    # RBAC: the proxy may ask the two reviews; the scraper may GET /metrics
+    roles = {r["metadata"]["name"]: r["rules"] for r in named(docs, "ClusterRole")}
+    assert roles["gpuwarden-kube-rbac-proxy"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+    ]
+    assert roles["gpuwarden-metrics-reader"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    bindings = {b["roleRef"]["name"]: b["subjects"] for b in named(docs, "ClusterRoleBinding")}
+    assert bindings["gpuwarden-kube-rbac-proxy"] == [
+        {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": "gpuwarden"}
+    ]
+    # Prometheus scrapes over HTTPS with its token
+    [sm] = named(docs, "ServiceMonitor")
+    endpoint = sm["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https" and endpoint["bearerTokenFile"].endswith("/serviceaccount/token")
+    assert endpoint["port"] == "metrics" and endpoint["relabelings"]
