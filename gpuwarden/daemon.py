@@ -216,7 +216,7 @@ class Daemon:
         )
         # the users' hashes are checked (and the dummy hash made) here, before the daemon says it is ready
         self.gate = AuthGate(self.app)
-        self.gate.set_users(self.web.users if self.web is not None else {})
+        self._gate_from(self.web)
 
     def start(self) -> None:
         """Open the source and take the first poll (raises SourceError).
@@ -280,11 +280,17 @@ class Daemon:
             if getattr(new, key) != getattr(self.cfg, key):
                 log.warning("reload: %s changed; it takes effect after a restart", key)
         self.cfg = new
-        self.gate.set_users(web.users if web is not None else {})
+        self._gate_from(web)
         self.poller.reload_successful = True
         self.poller.reload_success_timestamp = time.time()
         log.info("configuration reloaded")
         return True
+
+    def _gate_from(self, web: WebConfigLike | None) -> None:
+        """Give the gate the users and the rate limit of ``web`` (None: no web config, neither)."""
+        self.gate.set_users(web.users if web is not None else {})
+        limit = web.rate_limit if web is not None else None
+        self.gate.set_rate_limit(limit.interval_seconds if limit else 0.0, limit.burst if limit else 0)
 
     def _reload_web(self, new: Config) -> WebConfigLike | None:
         """Load the web config ``new`` names; raise ConfigError (the reload is refused whole) when it is invalid or

@@ -518,7 +518,6 @@ def _error(path: Path) -> str:
         ("tls_server_config:\n  min_version: TLS14\n", "min_version"),
         ("tls_server_config:\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "cipher_suites is not supported"),
         ("tls_server_config:\n  client_allowed_sans: [a]\n", "client_allowed_sans is not supported"),
-        ("rate_limit:\n  interval: 1s\n  burst: 5\n", "rate_limit is not supported"),
         ("http_server_config:\n  headers:\n    X-Powered-By: me\n", "X-Powered-By"),
         ("basic_auth_users:\n  alice: hunter2\n", "not a bcrypt hash"),
         ("basic_auth_users:\n  alice: $2b$12$short\n", "not a bcrypt hash"),

@@ -23,7 +23,10 @@ start-up rather than a setting that is silently not enforced):
   ``ssl`` module cannot require a client certificate without verifying it. Use RequireAndVerifyClientCert.
 * ``RequestClientCert`` asks for a certificate that is never checked; the exporter does not use the client's
   identity, so it is served as ``NoClientCert`` (``ssl.CERT_NONE``): the same access decision.
-* ``client_allowed_sans``, ``cipher_suites``, ``curve_preferences``, ``rate_limit`` and inline ``cert``/``key``/
+* ``rate_limit`` is served as the toolkit does (one token bucket for every request the server answers, a refused
+  request answered 429), but ``burst: 0`` with an interval, which refuses every request (the probes' and the
+  scrapes' too), is refused at start-up.
+* ``client_allowed_sans``, ``cipher_suites``, ``curve_preferences`` and inline ``cert``/``key``/
   ``client_ca`` are refused: they restrict access or need features Python's ssl module does not offer, and ignoring them
   would be weaker than what the file asks for.
 * ``http_server_config.http2`` is accepted and has no effect (gpuwarden serves HTTP/1.1).
@@ -39,7 +42,7 @@ import os
 import re
 import ssl
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
@@ -161,6 +164,50 @@ class HTTPServerConfig(_Strict):
         return value
 
 
+#: The units of Go's time.ParseDuration, which the exporter-toolkit reads ``rate_limit.interval`` with; durationpy
+#: reads Go's syntax and a few units more (d, w, mm, y), which the toolkit would refuse.
+_GO_UNITS = frozenset({"ns", "us", "\u00b5s", "\u03bcs", "ms", "s", "m", "h"})
+
+
+class RateLimit(_Strict):
+    """``rate_limit``: one token bucket for every request the server answers (golang.org/x/time/rate, as the
+    exporter-toolkit's handler uses it): ``burst`` tokens at first, one more every ``interval`` up to ``burst``; a
+    request that finds no token is answered 429 Too Many Requests, before authentication. ``interval`` is a Go
+    duration (``1s``, ``100ms``, ``1m30s``); 0 or absent turns the limit off."""
+
+    interval: str | int = 0
+    burst: int = Field(default=0, ge=0)
+
+    @field_validator("interval")
+    @classmethod
+    def _go_duration(cls, value: str | int) -> str | int:
+        if isinstance(value, int):
+            if value != 0:
+                raise ValueError("a bare number is not a duration; write it with its unit (1s, 500ms)")
+            return value
+        import durationpy
+
+        try:
+            durationpy.from_str(value)
+        except durationpy.DurationError:
+            raise ValueError(f"{value!r} is not a duration (1s, 500ms, 1m30s)") from None
+        units = set(re.findall(r"[^\d.+-]+", value))
+        if not units <= _GO_UNITS:
+            raise ValueError(f"{value!r}: {', '.join(sorted(units - _GO_UNITS))} is not a unit of Go's durations")
+        if value.startswith("-"):
+            raise ValueError(f"{value!r} is negative")
+        return value
+
+    @property
+    def interval_seconds(self) -> float:
+        """The interval in seconds (0: no limit)."""
+        if isinstance(self.interval, int):
+            return 0.0
+        import durationpy
+
+        return float(durationpy.from_str(self.interval).total_seconds())
+
+
 class WebConfig(_Strict):
     """A parsed, validated web config. The default instance (an empty file) means plain HTTP, no auth.
 
@@ -171,7 +218,7 @@ class WebConfig(_Strict):
     tls_server_config: TLSServerConfig = Field(default_factory=TLSServerConfig)
     http_server_config: HTTPServerConfig = Field(default_factory=HTTPServerConfig)
     basic_auth_users: dict[str, str] = Field(default_factory=dict)
-    rate_limit: dict[str, Any] | None = None
+    rate_limit: RateLimit = Field(default_factory=RateLimit)
 
     # The SSL contexts the server handshakes with (listener_context), for reload_certificates().
     _contexts: list[ssl.SSLContext] = PrivateAttr(default_factory=list)
@@ -321,8 +368,9 @@ def _check(cfg: WebConfig) -> None:
     for key, why in unsupported.items():
         if getattr(tls, key) is not None:
             raise WebConfigError(f"tls_server_config.{key}: {why}")
-    if cfg.rate_limit is not None:
-        raise WebConfigError("rate_limit is not supported; rate-limit in the scraper or a proxy")
+    if cfg.rate_limit.interval_seconds > 0 and cfg.rate_limit.burst == 0:
+        raise WebConfigError("rate_limit: burst 0 with an interval refuses every request (the probes' and scrapes' "
+                             "too); give a burst of at least 1")  # fmt: skip
     if tls.enabled:
         if tls.cert_file is None:
             raise WebConfigError("tls_server_config: missing cert_file")
