@@ -41,7 +41,7 @@ from gpuwarden.collectors.registry import (
 from gpuwarden.families import MetricFamily
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.reasons import REASONS
-from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, snapshot_core
+from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, ProcessJob, snapshot_core
 from gpuwarden.insight.states import IDLE_CAUSES, STATES
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -214,16 +214,10 @@ def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
             [str(p.gpu), p.uuid],
             {
                 "pid": str(p.pid),
-                "job_id": p.job,
-                "job_kind": p.job_kind,
-                "job_scope": job_scope(p.job_kind),
+                **_job_labels(p),
                 "container_id": p.container_id,
                 "user": p.user,
                 "process_name": p.command,
-                "namespace": p.namespace,
-                "pod": p.pod,
-                "container": p.container,
-                "slurm_job_id": p.slurm_job_id,
                 "rank": "" if p.rank is None else str(p.rank),
                 "local_rank": "" if p.local_rank is None else str(p.local_rank),
             },
@@ -239,11 +233,7 @@ def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFam
         return None
     jobs: dict[tuple[int, str, str, str], dict[str, str]] = {}
     for p in sorted(res.processes, key=lambda p: (p.gpu, p.job_kind, p.job, p.pid)):
-        labels = jobs.setdefault(
-            (p.gpu, p.uuid, p.job_kind, p.job),
-            {"job_id": p.job, "job_kind": p.job_kind, "job_scope": job_scope(p.job_kind), "namespace": "", "pod": "",
-             "container": "", "slurm_job_id": ""},
-        )  # fmt: skip
+        labels = jobs.setdefault((p.gpu, p.uuid, p.job_kind, p.job), _job_labels(p))
         for k in ("namespace", "pod", "slurm_job_id"):
             labels[k] = labels[k] or getattr(p, k)
         if p.container and labels["container"] not in ("", p.container):
@@ -258,6 +248,13 @@ def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFam
     for (gpu, uuid, _, _), labels in jobs.items():
         info.add_metric([str(gpu), uuid], labels)
     return info if info else None
+
+
+def _job_labels(p: ProcessJob) -> dict[str, str]:
+    """The labels of a process's job, as gpu_process_job_info and gpu_job_info write them: its id, kind and scope,
+    Kubernetes names and Slurm job number."""
+    return {"job_id": p.job, "job_kind": p.job_kind, "job_scope": job_scope(p.job_kind), "namespace": p.namespace,
+            "pod": p.pod, "container": p.container, "slurm_job_id": p.slurm_job_id}  # fmt: skip
 
 
 def _same_job(a: dict[str, str], b: dict[str, str]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Callable
 
 from gpuwarden.cluster.durations import seconds
 from gpuwarden.terminal import visible
@@ -94,12 +95,21 @@ def duration(text: str) -> str:
     return text
 
 
-def positive_seconds(text: str) -> float:
-    """Return ``text`` as a number of seconds above 0 (finite); raises argparse.ArgumentTypeError if it is not."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0: {text!r}")
-    return value
+def bounded(kind: Callable[[str], float], says: str, high: float = math.inf) -> Callable[[str], float]:
+    """An argparse ``type``: the text read as ``kind`` (int or float), finite, above 0 and at most ``high``; anything
+    else raises argparse.ArgumentTypeError "must be SAYS: 'TEXT'" (argparse prints it with the flag, exit 2)."""
+
+    def convert(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and 0 < value <= high):
+            raise argparse.ArgumentTypeError(f"must be {says}: {text!r}")
+        return value
+
+    return convert
+
+
+#: ``--timeout``: seconds above 0.
+positive_seconds = bounded(float, "a number of seconds above 0")

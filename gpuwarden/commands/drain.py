@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuwarden.cluster.drain import Action, SchedulerNode
 from gpuwarden.commands import COMMANDS, EXIT_RUNTIME, Subparsers, die
-from gpuwarden.commands._prometheus import add_common
+from gpuwarden.commands._prometheus import add_common, bounded
 
 if TYPE_CHECKING:
     from gpuwarden.cluster.bounds import Deadline
@@ -73,15 +72,7 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
     return p
 
 
-def _ratio(text: str) -> float:
-    """``text`` as a ratio in (0, 1]; raises argparse.ArgumentTypeError otherwise."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number above 0 and at most 1: {text!r}")
-    return value
+_ratio = bounded(float, "a number above 0 and at most 1", high=1.0)
 
 
 def run(args: argparse.Namespace) -> int:

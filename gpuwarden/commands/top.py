@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpuwarden.commands import COMMANDS, Subparsers
-from gpuwarden.commands._prometheus import add_common, duration
+from gpuwarden.commands._prometheus import add_common, bounded, duration
 
 
 def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -42,15 +42,7 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
     return p
 
 
-def _positive_int(text: str) -> int:
-    """``text`` as an integer >= 1; raises argparse.ArgumentTypeError otherwise."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more: {text!r}")
-    return n
+_positive_int = bounded(int, "a whole number of 1 or more")
 
 
 def run(args: argparse.Namespace) -> int:
