@@ -272,11 +272,37 @@ def gzip_bomb(inflated: int) -> bytes:
     return b"".join([*parts, c.compress(b"]}}"), c.flush()])
 
 
+_FRESH: dict[str, bool] = {}
+
+
+def generated(path: Path) -> Path:
+    """``path``, a file tools/generate.py writes (the rules, their promtool copies, the memory cases), after checking
+    that it is what its generator makes from the tree now: a test that reads a generated file fails, naming it and the
+    command, when the template or a parameter changed and the generator was not run (it would test what was last
+    generated). Each artefact is made once a session."""
+    import importlib.util
+
+    rel = str(path.resolve().relative_to(REPO))
+    if rel not in _FRESH:
+        spec = importlib.util.spec_from_file_location("tools_generate", REPO / "tools" / "generate.py")
+        assert spec is not None and spec.loader is not None
+        gen = sys.modules.setdefault("tools_generate", importlib.util.module_from_spec(spec))
+        if not hasattr(gen, "ARTEFACTS"):
+            spec.loader.exec_module(gen)  # registered first: dataclasses look their module up by name
+        for artefact in gen.ARTEFACTS[:2]:  # the rules, then the memory promtool cases
+            for made, text in artefact.make().items():
+                _FRESH[made] = (REPO / made).read_text() == text
+    assert rel in _FRESH, f"{rel}: not a file tools/generate.py writes"
+    assert _FRESH[rel], f"{rel} is stale: run python3 tools/generate.py"
+    return path
+
+
 def promtool_alerts(promtool: str, tmp: Path, rules: Path, series: list[dict[str, str]], names: list[str],
                     eval_time: str = "5m") -> dict[str, list[dict[str, str]]]:  # fmt: skip
     """The alerts ``names`` firing at ``eval_time`` over ``rules`` with ``series`` (promtool input series, a minute
     apart), by name, each as its labels: a promtool unit test that expects none, its report of what it got read back
     (promtool prints each alert's labels; a test that got nothing passes and prints none)."""
+    generated(rules)
     import yaml
 
     cases = [{"eval_time": eval_time, "alertname": n, "exp_alerts": []} for n in names]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import generated
 
 REPO = Path(__file__).parent.parent
 RULES = [REPO / "alerts" / "gpuwarden.rules.yml"]  # the shipped rules; dcgm-compat.rules.yml is optional, apart
@@ -17,7 +18,7 @@ RUNBOOK = (REPO / "docs" / "runbook.md").read_text()
 
 
 def rules() -> list[dict]:
-    return [r for f in RULES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
+    return [r for f in map(generated, RULES) for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
 
 
 @pytest.mark.e2e
@@ -32,6 +33,8 @@ def test_promtool_test_rules(promtool: str) -> None:
     """Each test file run exactly as its header says: promtool test rules FILE, from alerts/tests. memory.test.yml is
     generated from the memory shapes, and test_memory_shapes.py runs every one of them through promtool on the same
     rules (and checks the committed file is the generator's): not run twice."""
+    for f in REPO / "alerts" / "gpuwarden.rules.yml", REPO / "alerts" / "tests" / "bare.rules.yml":
+        generated(f)  # what the test files read: the rules as the template and parameters make them now
     for f in (t for t in TESTS if t.name != "memory.test.yml"):
         res = subprocess.run([promtool, "test", "rules", f.name], capture_output=True, text=True, timeout=600,
                              cwd=f.parent)  # fmt: skip
@@ -252,3 +255,22 @@ def test_the_usage_records_are_those_top_reads() -> None:
             usage.RECORDED_HEARTBEAT} <= records  # fmt: skip
     lost = [r for r in rules() if r.get("record") == usage.RECORDED["lost"]]
     assert sorted(r["labels"]["cause"] for r in lost) == sorted(usage.LOST_CAUSES)
+
+
+def test_a_test_reading_a_generated_file_checks_it_is_fresh(tmp_path: Path) -> None:
+    """The rules the promtool tests read are checked against their generator first (helpers.generated): a template
+    changed without running tools/generate.py fails the test that reads it, not only test_generated."""
+    import helpers
+
+    for f in (*RULES, REPO / "alerts" / "tests" / "bare.rules.yml", REPO / "alerts" / "tests" / "memory.test.yml"):
+        assert generated(f) == f
+    with pytest.raises(AssertionError, match="not a file tools/generate.py writes"):
+        generated(REPO / "docs" / "runbook.md")
+    rel = "alerts/tests/bare.rules.yml"
+    was = helpers._FRESH[rel]
+    try:
+        helpers._FRESH[rel] = False  # as the comparison finds a file the template no longer makes
+        with pytest.raises(AssertionError, match=r"^alerts/tests/bare.rules.yml is stale: run python3 tools/generate"):
+            generated(REPO / rel)
+    finally:
+        helpers._FRESH[rel] = was

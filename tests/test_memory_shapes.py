@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import generated
 
 REPO = Path(__file__).parent.parent
 _spec = importlib.util.spec_from_file_location("memory_shapes", REPO / "tools" / "memory_shapes.py")
@@ -19,7 +20,7 @@ _spec.loader.exec_module(shapes)
 
 
 def test_each_leak_class_is_in_the_promtool_cases_with_a_promise() -> None:
-    doc = yaml.safe_load((REPO / "alerts" / "tests" / "memory.test.yml").read_text())
+    doc = yaml.safe_load(generated(REPO / "alerts" / "tests" / "memory.test.yml").read_text())
     names = [t["name"] for t in doc["tests"]]
     for prefix in ("linear-from-start", "linear-after-idle", "after-plateau", "staircase", "noisy", "accelerating"):
         assert any(n.startswith(prefix) for n in names), prefix
@@ -59,7 +60,7 @@ def test_every_shape_keeps_its_promise_through_promtool(promtool: str, interval:
     pool = shapes.leaks() + shapes.healthy()
     if interval != 60:
         pool = [s for s in pool if s.name in shapes.REPRESENTATIVES or s.name.startswith("warmup-")]
-    fired = shapes.run(pool, interval_s=interval)
+    fired = shapes.run(pool, rules=generated(shapes.RULES), interval_s=interval)
     _, failures, leads = shapes.report(pool, fired)
     assert failures == []
     assert len(leads) == sum(s.leak and not shapes.apart(s) for s in pool)
