@@ -156,7 +156,7 @@ def test_every_family_is_in_a_golden_exposition_or_named_by_a_test() -> None:
 def test_the_layers_under_the_analysis_import_none_of_it() -> None:
     """Data flows NVML -> readings -> snapshot -> analysis -> collectors -> exposition: the modules of the readings
     and the snapshot import nothing from gpuwarden.insight (the one upward arrow there was, snapshot -> insight, is
-    gone), and only gpuwarden.nvml imports pynvml."""
+    gone), the analysis nothing above it, and only gpuwarden.nvml imports pynvml."""
     import ast
     from pathlib import Path
 
@@ -168,6 +168,15 @@ def test_the_layers_under_the_analysis_import_none_of_it() -> None:
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert not [n for n in names if n.startswith("gpuwarden.insight")], path.name
+    # and the analysis imports only the layers under it (the documents the HTTP routes serve live with the routes,
+    # gpuwarden.web: the one arrow up from the analysis there was, insight.idleness -> allocation, is gone)
+    under = ("gpuwarden.insight", "gpuwarden.model", "gpuwarden.snapshot", "gpuwarden.catalog", "gpuwarden.trace")
+    for path in sorted((pkg / "insight").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        froms = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        froms += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        up = [m for m in froms if m.startswith("gpuwarden") and not m.startswith(under)]
+        assert up == [], f"{path.name} imports {up}"
     for path in pkg.rglob("*.py"):
         tree = ast.parse(path.read_text())
         uses = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name == "pynvml"]

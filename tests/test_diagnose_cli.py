@@ -12,9 +12,9 @@ from test_insight_helpers import DDP, h100, run_trace, snap_of
 
 from gpuwarden.cli import build_parser
 from gpuwarden.commands import diagnose
-from gpuwarden.insight.document import diagnosis_document
 from gpuwarden.replay import demo_trace_path
 from gpuwarden.snapshot import NodeSnapshot
+from gpuwarden.web.diagnosis import diagnosis_document
 
 
 def cli(argv: list[str]) -> int:

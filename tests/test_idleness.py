@@ -1,4 +1,4 @@
-"""/api/v1/idleness (gpuwarden.insight.idleness): active, idle with its cause and for how long, or unknown, per GPU
+"""/api/v1/idleness (gpuwarden.web.idleness): active, idle with its cause and for how long, or unknown, per GPU
 and per job, on real recordings: a GPU whose job waits on its input is active (the mean-utilization trap a culler
 falls into), a held-idle one and one allocated and never opened are idle, and an allocated job using one of its two
 GPUs is active."""
@@ -15,10 +15,10 @@ from gpuwarden.allocation import JobMapping
 from gpuwarden.config import load_config
 from gpuwarden.daemon import Daemon
 from gpuwarden.insight.analyzer import InsightAnalyzer
-from gpuwarden.insight.idleness import gpu_status, idleness_document
 from gpuwarden.insight.result import GpuInsight, StateRun
 from gpuwarden.poller import Poller
 from gpuwarden.replay import ReplaySource
+from gpuwarden.web.idleness import gpu_status, idleness_document
 
 
 def _document(name: str, polls: int = 30, annotate: object = None) -> dict:

@@ -19,10 +19,10 @@ from conftest import TRACES
 
 from gpuwarden import server_requests as sr
 from gpuwarden.insight.analyzer import InsightAnalyzer
-from gpuwarden.insight.idleness import idleness_document
 from gpuwarden.model import GpuReading
 from gpuwarden.poller import Poller
 from gpuwarden.replay import ReplaySource
+from gpuwarden.web.idleness import idleness_document
 
 VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

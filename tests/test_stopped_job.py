@@ -8,9 +8,9 @@ from __future__ import annotations
 from conftest import TRACES
 
 from gpuwarden.insight.analyzer import InsightAnalyzer
-from gpuwarden.insight.idleness import gpu_status
 from gpuwarden.insight.result import InsightResult
 from gpuwarden.replay import ReplaySource
+from gpuwarden.web.idleness import gpu_status
 
 STOPPED = TRACES / "h100-stopped.jsonl.gz"
 

@@ -20,11 +20,11 @@ from pydantic import BaseModel, Field
 
 from gpuwarden.commands import COMMANDS, Subparsers
 from gpuwarden.insight.analyzer import InsightAnalyzer, InsightResult
-from gpuwarden.insight.document import DiagnosisDocument, GpuDiagnosisDocument, diagnosis_document
 from gpuwarden.model import NodeStatic, PollResult
 from gpuwarden.snapshot import NodeSnapshot
 from gpuwarden.source import SourceError
 from gpuwarden.terminal import plain, visible, why
+from gpuwarden.web.diagnosis import DiagnosisDocument, GpuDiagnosisDocument, diagnosis_document
 
 
 class VerdictSpan(BaseModel):

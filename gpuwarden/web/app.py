@@ -398,7 +398,7 @@ def add_docs(app: FastAPI) -> None:
 
 def diagnosis_route(holder: SnapshotHolder) -> JsonRoute:
     """The ``GET /api/v1/diagnosis`` route (a DiagnosisDocument), for ``create_app(extra=...)``."""
-    from gpuwarden.insight.document import DiagnosisDocument, diagnosis_document
+    from gpuwarden.web.diagnosis import DiagnosisDocument, diagnosis_document
 
     def answer() -> DiagnosisDocument | None:
         snap = holder.snapshot
@@ -410,7 +410,7 @@ def diagnosis_route(holder: SnapshotHolder) -> JsonRoute:
 def idleness_route(holder: SnapshotHolder) -> JsonRoute:
     """The ``GET /api/v1/idleness`` route (an IdlenessDocument: each GPU and job active, idle with its cause and for
     how long, or unknown), for ``create_app(extra=...)``."""
-    from gpuwarden.insight.idleness import IdlenessDocument, idleness_document
+    from gpuwarden.web.idleness import IdlenessDocument, idleness_document
 
     def answer() -> IdlenessDocument | None:
         snap = holder.snapshot
