@@ -474,3 +474,36 @@ def test_requests_at_http_edges_get_a_clean_status_and_the_server_serves_on() ->
             if name == "HEAD":
                 assert answer.endswith(b"\r\n\r\n") and b"content-length: 655360" in answer.lower(), answer
         assert _get(port).startswith(b"HTTP/1.1 200")
+
+
+def test_a_flood_gone_hands_its_memory_back_while_a_scraper_keeps_its_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The C heap is trimmed once a flood (FLOOD_CONNECTIONS or more) is gone, though the scraper's kept-alive
+    connection stays open (trimming only at none open never trimmed a daemon Prometheus scrapes)."""
+    from gpuwarden.web import limits as limits_module
+
+    trims: list[float] = []
+    monkeypatch.setattr(limits_module, "release_free_heap", lambda: trims.append(time.monotonic()) or True)
+    limits, flood_size = HttpLimits(), limits_module.FLOOD_CONNECTIONS
+    with server(limits) as (port, _):
+        scraper = socket.create_connection(("127.0.0.1", port), timeout=5)
+
+        def scrape() -> bytes:
+            scraper.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+            data = b""
+            while not data.endswith(b"\r\n\r\nok\n"):
+                data += scraper.recv(65536)
+            return data
+
+        assert scrape().startswith(b"HTTP/1.1 200")  # kept alive
+        flood = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(flood_size)]
+        _wait(lambda: limits.open >= flood_size + 1)
+        assert trims == []
+        for s in flood:
+            s.close()
+        _wait(lambda: limits.open == 1)
+        _wait(lambda: len(trims) == 1)  # a second after the flood is gone
+        assert scrape().startswith(b"HTTP/1.1 200")  # the scraper's connection was never touched
+        scraper.close()
+    assert len(trims) == 1

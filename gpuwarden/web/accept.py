@@ -131,14 +131,15 @@ class Listener:
 
     def released(self) -> None:
         """A connection this listener accepted is closed: its descriptor is free; accept again if paused there.
-        Once a flood of FLOOD_CONNECTIONS or more is gone, its memory is handed back to the system."""
-        from gpuwarden.web.limits import FLOOD_CONNECTIONS, release_free_heap
+        Once a flood of FLOOD_CONNECTIONS or more is gone (QUIET_CONNECTIONS or fewer left open: the scrapers'), its
+        memory is handed back to the system."""
+        from gpuwarden.web.limits import FLOOD_CONNECTIONS, QUIET_CONNECTIONS, release_free_heap
 
         limits = self.limits
         limits.open -= 1
         if limits.open < limits.max_connections:
             self._resume()
-        if limits.open == 0 and limits.peak >= FLOOD_CONNECTIONS:
+        if limits.open <= QUIET_CONNECTIONS and limits.peak >= FLOOD_CONNECTIONS:
             limits.peak = 0
             self.loop.call_later(1.0, release_free_heap)  # after the loop has freed the transports
 

@@ -127,8 +127,11 @@ def connection_cap(wanted: int) -> tuple[int, int, str | None]:
     )
 
 
-#: Connections open at once past which, once they are all gone, the freed memory is handed back to the system.
+#: Connections open at once past which, once they are gone, the freed memory is handed back to the system.
 FLOOD_CONNECTIONS = 100
+#: A flood is gone once no more than this many connections stay open: the scrapers' own, kept alive (Prometheus
+#: keeps its connection between scrapes, two replicas two), so waiting for none would never trim while scraped.
+QUIET_CONNECTIONS = 8
 
 
 def release_free_heap() -> bool:
