@@ -484,7 +484,12 @@ def test_a_flood_gone_hands_its_memory_back_while_a_scraper_keeps_its_connection
     from gpuwarden.web import limits as limits_module
 
     trims: list[float] = []
-    monkeypatch.setattr(limits_module, "release_free_heap", lambda: trims.append(time.monotonic()) or True)
+
+    def trim() -> bool:
+        trims.append(time.monotonic())
+        return True
+
+    monkeypatch.setattr(limits_module, "release_free_heap", trim)
     limits, flood_size = HttpLimits(), limits_module.FLOOD_CONNECTIONS
     with server(limits) as (port, _):
         scraper = socket.create_connection(("127.0.0.1", port), timeout=5)
