@@ -618,6 +618,17 @@ _JOB_SCOPES = (
 )
 
 
+def job_count(per_gpu: str, values: dict[str, str], local: str = "") -> str:
+    """A PromQL expression (indented for a rule's ``expr: >`` block) counting the series of ``per_gpu`` (a per-GPU
+    record carrying the GPU's ``job_id``, ``job_kind`` and ``user``) per job: per cluster-wide job id, and per
+    node-local id and node (``local``: more matchers for the node-local ids, each after a comma)."""
+    cl = values["cluster_by"]
+    return "\n          or ".join(
+        f"count by ({cl}{by}, user) ({per_gpu}{{job_kind{kinds}{local if 'instance' in by else ''}}})"
+        for kinds, by in _JOB_SCOPES
+    )
+
+
 def job_outlier(per_gpu: str, count: str, alone: str, values: dict[str, str]) -> str:
     """A PromQL expression (indented for a rule's ``expr: >`` block) of the series of ``per_gpu`` (a per-GPU record
     carrying the GPU's ``job_id``, ``job_kind`` and ``user``) whose job holds at least
@@ -657,6 +668,9 @@ def _derived(out: dict[str, str]) -> dict[str, str]:
     out["gpu_job"] = GPU_JOB
     out["holder_text"] = HOLDER_TEXT
     out["starved_percent"] = f"{float(out['starved_ratio']) * 100:g}"
+    out["application_xid_count"] = job_count("uuid:gpu_application_xid:recent", out)
+    out["clock_throttled_count"] = job_count("uuid:gpu_clock_throttled:ratio", out)
+    out["holder_count"] = job_count("uuid:gpu_job_holder:info", out, local=', job_id!=""')
     out["xid_application_outlier"] = job_outlier(
         "uuid:gpu_application_xid:recent", "job_id:gpu_application_xid:count",
         f"COUNT < ON {out['xid_application_job_ratio']} * HOLDERS", out)  # fmt: skip
