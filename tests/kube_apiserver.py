@@ -14,6 +14,16 @@ schema.
 - ``conflicts``: how many of the next PUTs to answer 409 after bumping the node's version, as the kubelet's own
   status writes do between a read and a write.
 
+DRA (``dra``: the resource.k8s.io version served, "v1" as Kubernetes 1.37 serves it, "v1beta2" as 1.36 does, None for
+a server without it, whose DRA paths answer 404): ``GET .../resourceslices`` (the ``slices`` given, filtered by a
+``spec.driver`` field selector) and ``GET``, ``POST``, ``PUT``, ``DELETE`` on ``.../devicetaintrules``, held in
+``rules`` (name -> DeviceTaintRule). A written rule is checked against that Kubernetes version's published schema,
+strict, then as the API server's validation does beyond it (pkg/apis/resource/validation): the name a DNS subdomain;
+the taint's key a label name, its value a label value, its effect None, NoSchedule or NoExecute; the selector's
+driver a DNS subdomain of at most 63 characters, its pool at most 253 in DNS-subdomain segments, its device a DNS
+label. A POST of a name held answers 409 AlreadyExists, a PUT with a stale ``resourceVersion`` 409 Conflict; the
+server sets ``timeAdded`` where it is missing or the effect changed, as the API server does.
+
 Every request is appended to ``requests`` as (method, path, body).
 """
 
@@ -23,13 +33,17 @@ import copy
 import json
 import re
 import threading
-from datetime import datetime
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 
 VERSION = "1.30"
+#: The Kubernetes version whose schema a DeviceTaintRule of each resource.k8s.io version is checked against.
+DRA_SCHEMAS = {"v1": "1.37", "v1beta2": "1.36"}
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 QUALIFIED = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")  # fmt: skip
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
@@ -68,6 +82,59 @@ def node(name: str, ready: bool = True, unschedulable: bool = False, taints: lis
     return obj
 
 
+def resource_slice(node_name: str, uuids: list[str], driver: str = "gpu.nvidia.com", version: str = "v1",
+                   taints: dict[int, list[dict]] | None = None) -> dict:  # fmt: skip
+    """A ResourceSlice as NVIDIA's DRA driver publishes one for a node: a pool named after the node, device ``gpu-i``
+    for GPU i with its ``uuid`` and ``index`` attributes (``taints``: the driver's own, by index). Checked against
+    the schema of its version before it is handed out."""
+    devices = []
+    for i, uuid in enumerate(uuids):
+        dev: dict[str, Any] = {"name": f"gpu-{i}", "attributes": {"uuid": {"string": uuid}, "index": {"int": i},
+                               "type": {"string": "gpu"}, "productName": {"string": "NVIDIA H200"}},
+                               "capacity": {"memory": {"value": "141Gi"}}}  # fmt: skip
+        if taints and i in taints:
+            dev["taints"] = taints[i]
+        devices.append(dev)
+    obj = {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node_name}-{driver}-x7k2p", "resourceVersion": "1"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },  # fmt: skip
+    }
+    kubernetes_validate.validate(obj, DRA_SCHEMAS[version], strict=True)
+    return obj
+
+
+def rule_errors(obj: dict) -> list[str]:
+    """What the API server's validation of a DeviceTaintRule rejects beyond the schema."""
+    errors = []
+    name = (obj.get("metadata") or {}).get("name") or ""
+    if not DNS_SUBDOMAIN.match(name):
+        errors.append(f"metadata.name: Invalid value {name!r}: not a DNS subdomain")
+    spec = obj.get("spec") or {}
+    taint = spec.get("taint") or {}
+    if not QUALIFIED.match(taint.get("key") or ""):
+        errors.append(f"spec.taint.key: Invalid value {taint.get('key')!r}: not a label name")
+    if not LABEL_VALUE.match(taint.get("value") or ""):
+        errors.append(f"spec.taint.value: Invalid value {taint.get('value')!r}: not a label value")
+    if taint.get("effect") not in ("None", "NoSchedule", "NoExecute"):
+        errors.append(f"spec.taint.effect: Unsupported value {taint.get('effect')!r}")
+    sel = spec.get("deviceSelector") or {}
+    if "driver" in sel and not (DNS_SUBDOMAIN.match(sel["driver"] or "") and len(sel["driver"]) <= 63):
+        errors.append(f"spec.deviceSelector.driver: Invalid value {sel['driver']!r}")
+    if "pool" in sel and not (all(DNS_SUBDOMAIN.match(p) for p in (sel["pool"] or "").split("/"))
+                              and len(sel["pool"]) <= 253):  # fmt: skip
+        errors.append(f"spec.deviceSelector.pool: Invalid value {sel['pool']!r}")
+    if "device" in sel and not DNS_LABEL.match(sel["device"] or ""):
+        errors.append(f"spec.deviceSelector.device: Invalid value {sel['device']!r}: not a DNS label")
+    return errors
+
+
 def semantic_errors(obj: dict) -> list[str]:
     """What the API server's validation rejects beyond the schema, for the fields gpuwarden writes."""
     errors = []
@@ -98,8 +165,13 @@ class ApiServer:
     """The stand-in on 127.0.0.1 (``url``), holding ``nodes`` (name -> Node); ``token``: the bearer token it asks
     for (None: none). Use as a context manager."""
 
-    def __init__(self, nodes: list[dict], token: str | None = None) -> None:
+    def __init__(self, nodes: list[dict], token: str | None = None, slices: list[dict] | None = None,
+                 dra: str | None = "v1") -> None:  # fmt: skip
         self.nodes = {n["metadata"]["name"]: copy.deepcopy(n) for n in nodes}
+        self.slices = copy.deepcopy(slices or [])
+        self.dra = dra
+        self.rules: dict[str, dict] = {}
+        self._version = 100
         self.token = token
         self.conflicts = 0
         self.requests: list[tuple[str, str, Any]] = []
@@ -129,6 +201,9 @@ class ApiServer:
                 server.requests.append(("GET", self.path, None))
                 if not self._allowed():
                     return
+                if self.path.startswith("/apis/"):
+                    self._answer(*server._dra("GET", self.path, None))
+                    return
                 with server._lock:
                     if self.path.split("?")[0] == "/api/v1/nodes":
                         items = [copy.deepcopy(n) for n in server.nodes.values()]
@@ -140,14 +215,29 @@ class ApiServer:
                         return
                 self._answer(404, _status(404, "NotFound", f"nodes {self.path.rsplit('/', 1)[-1]!r} not found"))
 
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                self._write("POST")
+
+            def do_DELETE(self) -> None:  # noqa: N802 - http.server's name
+                self._write("DELETE")
+
             def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+                self._write("PUT")
+
+            def _write(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 try:
-                    body = json.loads(self.rfile.read(length))
+                    body = json.loads(self.rfile.read(length)) if length else None
                 except ValueError:
                     body = None
-                server.requests.append(("PUT", self.path, body))
+                server.requests.append((method, self.path, body))
                 if not self._allowed():
+                    return
+                if self.path.startswith("/apis/"):
+                    self._answer(*server._dra(method, self.path, body))
+                    return
+                if method != "PUT":
+                    self._answer(405, _status(405, "MethodNotAllowed", "the server does not allow this method"))
                     return
                 m = re.fullmatch(r"/api/v1/nodes/([^/]+?)(/status)?", self.path)
                 if not m or not isinstance(body, dict):
@@ -191,6 +281,71 @@ class ApiServer:
             new["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 1)
             self.nodes[name] = new
             return 200, new
+
+    def _dra(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        """An answer to ``method path`` under /apis (DRA's resources; 404 for anything else)."""
+        m = re.fullmatch(r"/apis/resource\.k8s\.io/([^/]+)/(resourceslices|devicetaintrules)(?:/([^/?]+))?(\?.*)?",
+                         path)  # fmt: skip
+        if not m or m.group(1) != self.dra:
+            return 404, _status(404, "NotFound", "the server could not find the requested resource")
+        version, resource, name, query = m.groups()
+        with self._lock:
+            if resource == "resourceslices":
+                if method != "GET" or name:
+                    return 405, _status(405, "MethodNotAllowed", "read-only here")
+                driver = re.search(r"fieldSelector=spec\.driver%3D([^&]+)", query or "")
+                items = [s for s in self.slices if not driver or s["spec"]["driver"] == driver.group(1)]
+                listing = {"resourceVersion": str(self._version)}
+                return 200, {"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceSliceList",
+                             "metadata": listing, "items": copy.deepcopy(items)}  # fmt: skip
+            if method == "GET" and not name:
+                return 200, {"apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceTaintRuleList",
+                             "metadata": {"resourceVersion": str(self._version)},
+                             "items": copy.deepcopy(list(self.rules.values()))}  # fmt: skip
+            stored = self.rules.get(name) if name else None
+            if method in ("GET", "DELETE", "PUT") and stored is None:
+                return 404, _status(404, "NotFound", f'devicetaintrules.resource.k8s.io "{name}" not found')
+            if method == "GET":
+                return 200, copy.deepcopy(stored)
+            if method == "DELETE":
+                del self.rules[name]
+                return 200, stored
+            if not isinstance(body, dict):
+                return 400, _status(400, "BadRequest", "not a DeviceTaintRule")
+            new = copy.deepcopy(body)
+            meta = new.setdefault("metadata", {})
+            if method == "POST":
+                if name:
+                    return 405, _status(405, "MethodNotAllowed", "POST to the collection")
+                if meta.get("name") in self.rules:
+                    return 409, _status(
+                        409, "AlreadyExists", f'devicetaintrules.resource.k8s.io "{meta.get("name")}" already exists'
+                    )
+            else:
+                if meta.get("name") != name:
+                    return 400, _status(400, "BadRequest", "the name of the object does not match the name on the URL")
+                if meta.get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+                    return 409, _status(409, "Conflict", f'Operation cannot be fulfilled on devicetaintrules '
+                                        f'"{name}": the object has been modified')  # fmt: skip
+            errors = []
+            try:
+                kubernetes_validate.validate(new, DRA_SCHEMAS[version], strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                errors.append(f"{'.'.join(str(p) for p in exc.path)}: {exc.message}")
+            errors += rule_errors(new)
+            if errors:
+                self.rejected += errors
+                return 422, _status(422, "Invalid", f'DeviceTaintRule "{meta.get("name")}" is invalid: '
+                                    f'{"; ".join(errors)}')  # fmt: skip
+            taint = new["spec"]["taint"]
+            old_effect = stored["spec"]["taint"]["effect"] if stored else None
+            if "timeAdded" not in taint or old_effect != taint["effect"]:
+                taint["timeAdded"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self._version += 1
+            meta["resourceVersion"] = str(self._version)
+            meta.setdefault("uid", f"uid-{meta['name']}")
+            self.rules[meta["name"]] = new
+            return (201 if method == "POST" else 200), copy.deepcopy(new)
 
     def __enter__(self) -> ApiServer:
         self._thread.start()

@@ -431,10 +431,14 @@ def test_the_optional_manifests_validate_and_bind_their_accounts(kv, version: st
         return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
 
     namespace = kustomization()["namespace"]
-    # the drain CronJob: exactly the writes gpuwarden.cluster.kube makes, to its own account, a dry run as shipped
+    # the drain CronJob: exactly the reads and writes gpuwarden.cluster.kube (nodes) and gpuwarden.cluster.dra (DRA's
+    # devices and rules) make, to its own account, a dry run as shipped
     role = named("ClusterRole", "gpuwarden-drain")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "update"]},
-                             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["update"]}]  # fmt: skip
+                             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["update"]},
+                             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]},
+                             {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"],
+                              "verbs": ["get", "list", "create", "update", "delete"]}]  # fmt: skip
     binding = named("ClusterRoleBinding", "gpuwarden-drain")
     job = named("CronJob", "gpuwarden-drain")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": job["serviceAccountName"],

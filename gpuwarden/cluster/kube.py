@@ -62,7 +62,7 @@ def node_state(obj: Any) -> KubeNode | None:
     """The KubeNode of a Node object ``obj`` (a dict as the API answers), None for one without a valid name."""
     if not isinstance(obj, dict):
         return None
-    meta, spec, status = (_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
+    meta, spec, status = (as_dict(obj.get(k)) for k in ("metadata", "spec", "status"))
     name = meta.get("name")
     if not isinstance(name, str) or not K8S_NODE.match(name):
         return None
@@ -75,7 +75,7 @@ def node_state(obj: Any) -> KubeNode | None:
     return KubeNode(name, bool(spec.get("unschedulable")) or not ready or ours, ours)
 
 
-def _dict(value: Any) -> dict[str, Any]:
+def as_dict(value: Any) -> dict[str, Any]:
     """``value`` where it is a dict, else an empty one (a field the API left out or a hostile answer)."""
     return value if isinstance(value, dict) else {}
 
@@ -157,7 +157,7 @@ class KubeApi:
     def _get(self, path: str) -> Any:
         """The JSON object answered to ``GET path`` (a node: at most MAX_NODE_BYTES). Raises RuntimeError with the
         server's message on an HTTP error (see _request); httpx.HTTPError when it cannot be reached."""
-        return self._request("GET", path, lambda status, chunks: _json(f"GET {path}", status, b"".join(chunks)))
+        return self._request("GET", path, lambda status, chunks: answer_json(f"GET {path}", status, b"".join(chunks)))
 
     def nodes(self) -> dict[str, KubeNode]:
         """The cluster's nodes by name (``GET /api/v1/nodes``), read one node at a time (bounds.listed: a list of
@@ -167,7 +167,7 @@ class KubeApi:
 
         def read(status: int, chunks: Any) -> dict[str, KubeNode]:
             if status != 200:
-                _json(what, status, b"".join(chunks))
+                answer_json(what, status, b"".join(chunks))
             out: dict[str, KubeNode] = {}
             for item in listed(chunks, "items", MAX_NODE_BYTES, what):
                 node = node_state(item)
@@ -206,22 +206,22 @@ class KubeApi:
             status, answer = self._request("PUT", path + suffix, lambda st, chunks: (st, b"".join(chunks)), body=node)
             if status == 409:
                 continue
-            return None if status == 200 else f"PUT {path}{suffix}: {status} {_message(answer)}"
+            return None if status == 200 else f"PUT {path}{suffix}: {status} {status_message(answer)}"
         return f"PUT {path}{suffix}: the node kept changing ({CONFLICT_TRIES} conflicts)"
 
 
-def _json(what: str, status: int, body: bytes) -> Any:
+def answer_json(what: str, status: int, body: bytes) -> Any:
     """``body`` as JSON when ``status`` is 200. Raises RuntimeError with the server's message otherwise, or when the
     body is not JSON."""
     if status != 200:
-        raise RuntimeError(f"{what}: {status} {_message(body)}")
+        raise RuntimeError(f"{what}: {status} {status_message(body)}")
     try:
         return json.loads(body)
     except ValueError:
         raise RuntimeError(f"{what}: an answer that is not JSON") from None
 
 
-def _message(body: bytes) -> str:
+def status_message(body: bytes) -> str:
     """The ``message`` of a Kubernetes Status answer, else the body's first 200 characters, on one line."""
     try:
         doc = json.loads(body)
