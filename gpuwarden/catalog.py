@@ -864,10 +864,11 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpuwarden_gpu_hour_price",
         "gauge",
-        "Price of one GPU-hour of this node (configuration price_per_gpu_hour), in the currency of the label; absent "
-        "when not configured.",
+        "Price of one GPU-hour of a GPU model of this node (configuration gpu_hour_prices by model, else "
+        "price_per_gpu_hour), in the currency of the label; model: NVML's name, as gpu_info's; absent when not "
+        "configured.",
         "exporter",
-        labels=("currency",),
+        labels=("currency", "model"),
         per_gpu=False,
     ),
     Family(

@@ -124,6 +124,7 @@ def collect_options(cfg: Config, http_closed: Mapping[str, int] | None = None) -
         max_processes_per_gpu=cfg.processes.max_per_gpu if cfg.processes.enabled else 0,
         node_name=cfg.node_name,
         price_per_gpu_hour=cfg.price_per_gpu_hour,
+        gpu_hour_prices=dict(cfg.gpu_hour_prices),
         currency=cfg.currency,
         http_closed=http_closed,
     )

@@ -81,3 +81,43 @@ def test_a_jobs_queries_do_not_grow_with_the_job_and_name_each_gpu_once(gpus: in
     named = [u for part in parts for u in part.split("|")]
     assert len(named) == len(set(named)) == gpus
     assert all(len(part.split("|")) <= NARROW_GPUS for part in parts)
+
+
+class _Prices:
+    """Answers the accounting's two price queries as Prometheus would for three nodes: n1 of one model, n2 of two
+    (6 H200s, 2 of another), n3 from an older daemon (a price without a model); records what was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def query(self, promql: str, time: float | None = None) -> list:
+        from gpuwarden.cluster.promapi import Sample
+
+        self.asked.append(promql)
+        if "gpuwarden_gpu_hour_price" in promql:
+            return [Sample({"instance": "n1:9400", "model": "NVIDIA H200", "currency": "USD"}, 4.0),
+                    Sample({"instance": "n2:9400", "model": "NVIDIA H200", "currency": "USD"}, 4.0),
+                    Sample({"instance": "n2:9400", "model": "Tesla T4", "currency": "USD"}, 0.5),
+                    Sample({"instance": "n3:9400", "currency": "USD"}, 2.0)]  # fmt: skip
+        if "gpu_info" in promql:
+            return [Sample({"instance": "n2:9400", "name": "NVIDIA H200"}, 6.0),
+                    Sample({"instance": "n2:9400", "name": "Tesla T4"}, 2.0)]  # fmt: skip
+        return []
+
+
+def test_lost_hours_are_priced_by_the_nodes_gpu_models() -> None:
+    from gpuwarden.cluster.usage import Usage
+
+    prom = _Prices()
+    acc = Accounting(prom, "1h", "1m", at=1_800_000_000.0)  # type: ignore[arg-type]
+    where = acc.cluster_of({})  # the series name no cluster
+    usages = [Usage(instances={"n1:9400"}), Usage(instances={"n2:9400"}), Usage(instances={"n3:9400"}),
+              Usage(instances={"n1:9400", "n3:9400"}), Usage(instances={"n9:9400"})]  # fmt: skip
+    for u in usages:
+        u.lost_hours["input"], u.cluster = 10.0, where
+    acc._price(usages)  # noqa: SLF001 - the pricing step alone
+    assert [u.cost for u in usages] == pytest.approx([40.0, 10 * (6 * 4.0 + 2 * 0.5) / 8, 20.0, 10 * 3.0, None])
+    assert usages[0].currency == "USD" and usages[4].currency == ""
+    # the GPU counts are asked only of the node of several models
+    [counted] = [q for q in prom.asked if "gpu_info" in q]
+    assert 'instance=~"n2:9400"' in counted and "n1" not in counted

@@ -165,15 +165,28 @@ def test_gpu_hour_price_is_exported_only_when_configured() -> None:
     snap = snapshot(trace("h100-held_idle"), polls=3)
     priced = Exposition(Held(snap), select_collectors(), CollectOptions(price_per_gpu_hour=2.5, currency="EUR"))
     [price] = families(priced.render().decode())["gpuwarden_gpu_hour_price"]
-    assert price.labels == {"currency": "EUR"} and price.value == 2.5
+    assert price.labels == {"currency": "EUR", "model": "NVIDIA H100 80GB HBM3"} and price.value == 2.5
     assert "gpuwarden_gpu_hour_price" not in families(render(snap))
+
+
+def test_each_model_is_priced_from_the_table_and_any_other_at_the_default() -> None:
+    snap = snapshot(trace("h100-held_idle"), polls=3)
+    model = snap.static.gpus[0].name
+    table = CollectOptions(gpu_hour_prices={model: 3.25, "Tesla T4": 0.35}, currency="USD")
+    [price] = families(Exposition(Held(snap), select_collectors(), table).render().decode())["gpuwarden_gpu_hour_price"]
+    assert (price.labels["model"], price.value) == (model, 3.25)  # only the node's own models are exported
+    unlisted = CollectOptions(gpu_hour_prices={"Tesla T4": 0.35})  # and no default: the node's model is not priced
+    assert "gpuwarden_gpu_hour_price" not in families(Exposition(Held(snap), select_collectors(), unlisted)
+                                                      .render().decode())  # fmt: skip
 
 
 def test_a_price_that_is_not_a_positive_number_is_refused() -> None:
     from gpuwarden.config import Config
 
-    for bad in ({"price_per_gpu_hour": -1}, {"price_per_gpu_hour": "nan"}, {"currency": "dollars"}):
-        with pytest.raises(ValueError, match="price_per_gpu_hour|currency"):
+    for bad in ({"price_per_gpu_hour": -1}, {"price_per_gpu_hour": "nan"}, {"currency": "dollars"},
+                {"gpu_hour_prices": {"NVIDIA H200": 0}}, {"gpu_hour_prices": {"NVIDIA H200": "inf"}},
+                {"gpu_hour_prices": {"": 1.0}}):  # fmt: skip
+        with pytest.raises(ValueError, match="price_per_gpu_hour|currency|gpu_hour_prices"):
             Config(**bad)
 
 

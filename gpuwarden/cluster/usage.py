@@ -789,18 +789,38 @@ class Accounting:
                 for s in self.samples(q, "instance")}  # fmt: skip
 
     def _price(self, usages: Iterable[Usage]) -> None:
-        """Set each usage's cost: its lost GPU-hours on each node times that node's gpuwarden_gpu_hour_price (split
-        evenly over the nodes of a multi-node job; no price on any of its nodes: None). The price is the highest
-        each node exported in the range, so a node gone since is priced."""
-        q = (f"max by ({self._c}instance, currency) (max_over_time({self.metric('gpuwarden_gpu_hour_price')}"
-             f"[{self.range}]))")  # fmt: skip
-        prices = {(self.cluster_of(s.labels), s.labels["instance"]): (s.value, s.labels.get("currency", ""))
-                  for s in self.samples(q, "instance")}  # fmt: skip
+        """Set each usage's cost: its lost GPU-hours on each node times that node's price (split evenly over the
+        nodes of a multi-node job; no price on any of its nodes: None). A node's price is its GPU models' prices
+        (gpuwarden_gpu_hour_price{model}, the highest each node exported in the range, so a node gone since is
+        priced); on a node of several priced models, weighted by its GPUs of each (gpu_info's name, the accounting's
+        GPUs where it is narrowed to a job's). A price without a model (an older daemon's) is the node's for every
+        model."""
+        range_ = f"[{self.range}]"
+        q = (f"max by ({self._c}instance, model, currency) "
+             f"(max_over_time({self.metric('gpuwarden_gpu_hour_price')}{range_}))")  # fmt: skip
+        by_model: dict[tuple[Cluster, str], dict[str, tuple[float, str]]] = defaultdict(dict)
+        for s in self.samples(q, "instance"):
+            node = (self.cluster_of(s.labels), s.labels["instance"])
+            by_model[node][s.labels.get("model", "")] = (s.value, s.labels.get("currency", ""))
+        mixed = sorted({i for (_, i), models in by_model.items() if len(models) > 1})
+        counts: dict[tuple[Cluster, str], dict[str, float]] = defaultdict(dict)
+        if mixed:  # only a node of several priced models is weighted: the query grows with those, not the fleet
+            regex = promql_string("|".join(re.escape(i) for i in mixed))
+            info = self.metric("gpu_info", f"instance=~{regex}")
+            for s in self.samples(f"count by ({self._c}instance, name) (max_over_time({info}{range_}))", "instance"):
+                counts[(self.cluster_of(s.labels), s.labels["instance"])][s.labels.get("name", "")] = s.value
+        prices: dict[tuple[Cluster, str], tuple[float, str]] = {}
+        for node, models in by_model.items():
+            weighted = [(models.get(m, models.get("")), n) for m, n in counts.get(node, {}).items()]
+            known = [(p, n) for p, n in weighted if p is not None] or [(p, 1.0) for p in models.values()]
+            # (no count: one model, or GPUs gone from gpu_info; then each model's series weighs the same)
+            total = sum(n for _, n in known)
+            prices[node] = (sum(p[0] * n for p, n in known) / total, "/".join(sorted({p[1] for p, _ in known})))
         for u in usages:
-            known = [prices[(u.cluster, i)] for i in u.instances if (u.cluster, i) in prices]
-            if known:
-                u.cost = u.lost_total * sum(p for p, _ in known) / len(known)
-                u.currency = "/".join(sorted({c for _, c in known}))
+            priced = [prices[(u.cluster, i)] for i in u.instances if (u.cluster, i) in prices]
+            if priced:
+                u.cost = u.lost_total * sum(p for p, _ in priced) / len(priced)
+                u.currency = "/".join(sorted({c for _, c in priced}))
 
 
 def _job_filter(job_id: str | None, instance: str | None) -> str:

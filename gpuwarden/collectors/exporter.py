@@ -43,12 +43,15 @@ def build_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricF
 
 @builds("gpuwarden_gpu_hour_price")
 def gpu_hour_price(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
-    """Return the configured price of one GPU-hour with its currency, None when no price is configured."""
-    if opts.price_per_gpu_hour is None:
-        return None
+    """Return the price of one GPU-hour of each GPU model on the node (NVML's name, as gpu_info's), with its
+    currency: the model's in ``gpu_hour_prices``, else ``price_per_gpu_hour``; a model with neither left out, None
+    when no model is priced."""
     metric = new_values(fam)
-    metric.add_metric([opts.currency], opts.price_per_gpu_hour)
-    return metric
+    for model in sorted({g.name for g in snap.static.gpus}):
+        price = opts.gpu_hour_prices.get(model, opts.price_per_gpu_hour)
+        if price is not None:
+            metric.add_metric([opts.currency, model], price)
+    return metric if len(metric) else None
 
 
 @builds("gpuwarden_source_info")

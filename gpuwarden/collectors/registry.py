@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.catalog import COLLECTORS, FAMILIES, FAMILY, GPU_LABELS, Family
@@ -24,12 +24,14 @@ from gpuwarden.snapshot import NodeSnapshot
 @dataclass(frozen=True)
 class CollectOptions:
     """Knobs collectors read (from the configuration): the bound on per-process series per GPU, the node's name
-    (None: the host name the source reports), the price of one GPU-hour with its currency (None: not priced), and
+    (None: the host name the source reports), the price of one GPU-hour by GPU model and for any other model, with
+    their currency (None: not priced), and
     the HTTP server's count of connections it closed, by reason (None: no server, as in a replay test)."""
 
     max_processes_per_gpu: int = 16
     node_name: str | None = None
     price_per_gpu_hour: float | None = None
+    gpu_hour_prices: Mapping[str, float] = field(default_factory=dict)  # by GPU model (NVML's name)
     currency: str = "USD"
     http_closed: Mapping[str, int] | None = None  # the HTTP server's closes by reason (HttpLimits.counts), live
 

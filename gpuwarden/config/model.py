@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 DEFAULT_PORT = 10400
 
@@ -161,10 +161,19 @@ class Config(BaseModel):
         default=None,
         gt=0,
         allow_inf_nan=False,
-        description="what one GPU-hour of this node costs (rent or amortized price): exported as "
-        "gpuwarden_gpu_hour_price, it turns lost GPU-hours into money on the fleet dashboard, in top and in report",
+        description="what one GPU-hour of this node costs (rent or amortized price), for a model gpu_hour_prices "
+        "does not list: exported as gpuwarden_gpu_hour_price, it turns lost GPU-hours into money on the fleet "
+        "dashboard, in top and in report",
     )
-    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$", description="ISO 4217 code of price_per_gpu_hour")
+    gpu_hour_prices: dict[Annotated[str, StringConstraints(min_length=1, max_length=96)],
+                          Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        default_factory=dict,
+        description="what one GPU-hour costs by GPU model, NVML's product name as gpu_info's name shows it "
+        "({'NVIDIA H200': 4.5, 'Tesla T4': 0.35}): a GPU of a model listed is priced at its model's, any other at "
+        "price_per_gpu_hour (none: not priced); exported as gpuwarden_gpu_hour_price{model}",
+    )  # fmt: skip
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$",
+                          description="ISO 4217 code of price_per_gpu_hour and gpu_hour_prices")  # fmt: skip
     kubelet_socket: Path | None = Field(
         default=None,
         description="the kubelet's pod-resources socket (/var/lib/kubelet/pod-resources/kubelet.sock): names the "
