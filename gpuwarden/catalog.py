@@ -848,9 +848,10 @@ FAMILIES: tuple[Family, ...] = (
         "info",
         "A job holding the GPU (one series per GPU and job, whatever its number of processes), by its processes or "
         "by a scheduler's allocation (the kubelet's pods, the job mapping directory): job_id, job_kind, job_scope as "
-        "on gpu_process_job_info, and the Kubernetes names where the kubelet gave them.",
+        "on gpu_process_job_info, the Kubernetes names where the kubelet gave them, and the owner: user (the Slurm "
+        "prolog's, else the processes'), account (the Slurm prolog's); by which lost GPU-hours add up per owner.",
         "insight",
-        labels=("job_id", "job_kind", "job_scope", "namespace", "pod", "container", "slurm_job_id"),
+        labels=("job_id", "job_kind", "job_scope", "namespace", "pod", "container", "slurm_job_id", "user", "account"),
     ),
     # exporter (the daemon's own)
     Family(

@@ -295,6 +295,11 @@ class GpuReading(_Model):
         description="ids of the jobs a scheduler allocated this GPU to, from the HPC job mapping directory (a Slurm "
         "prolog writes it: gpuwarden.allocation); empty without one",
     )
+    job_owners: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="the owner of each allocated job the job mapping directory names one for, by job id: user and "
+        "account (the Slurm prolog's SLURM_JOB_USER and SLURM_JOB_ACCOUNT); empty without",
+    )
     unsupported: list[str] = Field(
         default_factory=list,
         description="readings this GPU never answers (NVML: not supported, no permission, function not found), by "

@@ -13,7 +13,7 @@ import pytest
 from conftest import TRACES, render
 from test_collectors import families
 
-from gpuwarden.allocation import MAX_JOBS_PER_GPU, JobMapping, parse
+from gpuwarden.allocation import MAX_JOBS_PER_GPU, JobMapping, parse, parse_owner
 from gpuwarden.insight import states as st
 from gpuwarden.insight.analyzer import InsightAnalyzer
 from gpuwarden.model import GpuReading, PodAssignment
@@ -30,6 +30,15 @@ def test_a_mapping_file_keeps_job_ids_and_leaves_out_anything_else() -> None:
     assert parse(text) == (["123", "456_7", "789+0", "sEKNKTV3WPV500"], 3)
     many = "".join(f"{n}\n" for n in range(100))
     assert parse(many) == ([str(n) for n in range(MAX_JOBS_PER_GPU)], 0)
+
+
+def test_an_owner_file_keeps_user_and_account_names_and_leaves_out_anything_else() -> None:
+    """``key=value`` lines of user and account; a name with an escape, a space, a slash or over 64 characters, and
+    any other key, are no owner."""
+    assert parse_owner("user=alice\naccount=physics\n") == {"user": "alice", "account": "physics"}
+    assert parse_owner(" user = bob@corp.example \naccount=\nshell=/bin/sh\n") == {"user": "bob@corp.example"}
+    hostile = "user=\x1b]52;c;evil\x07\naccount=a b\nuser=../../etc\naccount=" + "x" * 65 + "\n"
+    assert parse_owner(hostile) == {}
 
 
 def test_the_directory_names_gpus_by_index_and_mig_files_join_their_gpu(tmp_path: Path) -> None:
@@ -96,14 +105,16 @@ def test_a_slurm_job_allocated_a_gpu_it_never_opens_holds_it_allocated_idle(tmp_
     allocated_idle (state and idle cause), its verdict allocated_idle, and gpu_job_info names the job. Without the
     file the same recording is free."""
     (tmp_path / "0").write_text("4242\n")
+    (tmp_path / "owners").mkdir()
+    (tmp_path / "owners" / "4242").write_text("user=alice\naccount=physics\n")
     fams = _render(30, JobMapping(tmp_path).assign)
     held = _value(fams, "gpu_state_seconds", state="allocated_idle")
     assert held > 20 and _value(fams, "gpu_state_seconds", state="free") == 0
     assert _value(fams, "gpu_idle_seconds", cause="allocated_idle") == pytest.approx(held)
     assert _value(fams, "gpu_diagnosis", reason="allocated_idle") == 1
     jobs = [s.labels for s in fams["gpu_job_info"]]
-    assert [(j["job_id"], j["job_kind"], j["job_scope"], j["slurm_job_id"]) for j in jobs] == [
-        ("4242", "slurm", "cluster", "4242")
+    assert [(j["job_id"], j["job_kind"], j["job_scope"], j["slurm_job_id"], j["user"], j["account"]) for j in jobs] == [
+        ("4242", "slurm", "cluster", "4242", "alice", "physics")
     ]
     free = _render(30, JobMapping(tmp_path / "none").assign)
     assert _value(free, "gpu_state_seconds", state="allocated_idle") == 0
@@ -128,10 +139,10 @@ def test_a_pod_assigned_a_gpu_it_never_opens_holds_it_allocated_idle() -> None:
                                                                              "notebook-0")  # fmt: skip
 
 
-def _slurm_script(name: str, mapping: Path, tmp: Path, job: str, gpus: str) -> None:
+def _slurm_script(name: str, mapping: Path, tmp: Path, job: str, gpus: str, **owner: str) -> None:
     env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": job, "SLURM_JOB_GPUS": gpus, "SLURMD_NODENAME": "node-b",
            "SLURM_JOB_NODELIST": "node-a", "GPUWARDEN_JOB_MAPPING_DIR": str(mapping),
-           "GPUWARDEN_JOB_RECORDS": str(tmp / "records"), "GPUWARDEN": "false"}  # fmt: skip
+           "GPUWARDEN_JOB_RECORDS": str(tmp / "records"), "GPUWARDEN": "false", **owner}  # fmt: skip
     script = Path(__file__).resolve().parent.parent / "deploy" / "slurm" / name
     res = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0 and res.stdout == "", res.stderr
@@ -142,24 +153,31 @@ def test_the_slurm_prolog_writes_the_mapping_and_the_epilog_clears_it(tmp_path: 
     another test's, here its report fails: GPUWARDEN is ``false``): two jobs share GPU 2; an index that is not a
     number is no file; the epilog takes its job's lines out and removes a file left empty."""
     mapping = tmp_path / "jobs"
-    _slurm_script("prolog.sh", mapping, tmp_path, "4242", "0,2,../x")
-    _slurm_script("prolog.sh", mapping, tmp_path, "4343", "2")
-    assert sorted(p.name for p in mapping.iterdir()) == ["0", "2"]
+    _slurm_script(
+        "prolog.sh", mapping, tmp_path, "4242", "0,2,../x", SLURM_JOB_USER="alice", SLURM_JOB_ACCOUNT="physics"
+    )
+    _slurm_script("prolog.sh", mapping, tmp_path, "4343", "2", SLURM_JOB_USER="bob")
+    assert sorted(p.name for p in mapping.iterdir()) == ["0", "2", "owners"]
     assert JobMapping(mapping).read() == {0: ["4242"], 2: ["4242", "4343"]}
+    assert JobMapping(mapping).owners(["4242", "4343", "9"]) == {"4242": {"user": "alice", "account": "physics"},
+                                                                 "4343": {"user": "bob"}}  # fmt: skip
     _slurm_script("epilog.sh", mapping, tmp_path, "4242", "0,2")
     assert JobMapping(mapping).read() == {2: ["4343"]}
-    assert sorted(p.name for p in mapping.iterdir()) == ["2"]
+    assert sorted(p.name for p in mapping.iterdir()) == ["2", "owners"]
+    assert sorted(p.name for p in (mapping / "owners").iterdir()) == ["4343"]
 
 
 def test_the_fleet_reads_a_jobs_gpus_from_gpu_job_info_unless_a_process_label_is_asked_for() -> None:
     """A job's GPUs in `top`, `report` and `reclaim` come from gpu_job_info, which has the GPUs a scheduler allocated
-    and no process opened; a matcher on a label only processes carry (user, pid, process_name) reads
-    gpu_process_job_info. Label names count at a matcher's start only: a value that looks like one does not."""
+    and no process opened, and its owner (user, account); a matcher on a label only processes carry (pid,
+    process_name) reads gpu_process_job_info. Label names count at a matcher's start only: a value that looks like one
+    does not."""
     from gpuwarden.cluster.usage import Accounting
 
     acc = Accounting(None, "1h", "1m", 'cluster="a"')  # type: ignore[arg-type]
     assert acc.job_series() == 'gpu_job_info{cluster="a"}'
     assert acc.job_series('job_id="4242", instance="n1"') == 'gpu_job_info{cluster="a", job_id="4242", instance="n1"}'
-    assert acc.job_series('job_kind="slurm",user!~"svc-.*"').startswith("gpu_process_job_info{")
-    assert acc.job_series('job_id="x, user=y"').startswith("gpu_job_info{")
+    assert acc.job_series('job_kind="slurm",pid!~"1.*"').startswith("gpu_process_job_info{")
+    assert acc.job_series('job_kind="slurm",user!~"svc-.*"').startswith("gpu_job_info{")  # the owner is the job's
+    assert acc.job_series('job_id="x, pid=y"').startswith("gpu_job_info{")
     assert acc.job_series('job_id="' + "u" * 100_000 + '"').startswith("gpu_job_info{")

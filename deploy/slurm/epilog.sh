@@ -25,6 +25,7 @@ for f in "$MAPPING"/*; do
     grep -vxF "$SLURM_JOB_ID" "$f" > "$f.tmp" 2>/dev/null
     if [ -s "$f.tmp" ]; then mv "$f.tmp" "$f"; else rm -f "$f" "$f.tmp"; fi
 done
+rm -f "$MAPPING/owners/$SLURM_JOB_ID"
 
 first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)
 [ -z "$first" ] || [ "$first" = "$SLURMD_NODENAME" ] || exit 0

@@ -4,7 +4,7 @@
 #   Prolog=/etc/slurm/prolog.d/gpuwarden.sh      (the epilog, deploy/slurm/epilog.sh, removes the job's lines)
 # and in gpuwarden's configuration: job_mapping_dir: /run/gpuwarden/jobs (GPUWARDEN_JOB_MAPPING_DIR here).
 #
-# One file a GPU, named by its index, one job id a line. The indices are SLURM_JOB_GPUS where Slurm gives the prolog
+# One file a GPU, named by its index, one job id a line; and owners/<job id>: user=NAME and account=NAME lines. The indices are SLURM_JOB_GPUS where Slurm gives the prolog
 # that; else this node's GRES=gpu...(IDX:0-1,3) of `scontrol show job -d` (Slurm 22.05 gives a prolog no GPU ids).
 # The prolog never fails the job: a job that cannot be written is only not counted.
 DIR=${GPUWARDEN_JOB_MAPPING_DIR:-/run/gpuwarden/jobs}
@@ -37,4 +37,7 @@ for gpu in $gpus; do
     esac
     echo "$SLURM_JOB_ID" >> "$DIR/$gpu" 2>/dev/null
 done
+# the job's owner, so that GPU-hours add up by user and account (gpuwarden top --by account)
+mkdir -p "$DIR/owners" 2>/dev/null &&
+    printf 'user=%s\naccount=%s\n' "${SLURM_JOB_USER:-}" "${SLURM_JOB_ACCOUNT:-}" > "$DIR/owners/$SLURM_JOB_ID" 2>/dev/null
 exit 0

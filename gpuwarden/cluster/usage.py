@@ -74,7 +74,7 @@ LOST_WITHIN_SECONDS = 300
 #: A GPU flagged ``straggler`` in at least this share of the steps its job held it is reported as the straggler.
 STRAGGLER_MIN_SHARE = 0.1
 #: Labels of gpu_process_job_info that gpu_job_info lacks (a process's, not its job's).
-PROCESS_LABELS = frozenset({"user", "pid", "process_name", "container_id", "rank", "local_rank"})
+PROCESS_LABELS = frozenset({"pid", "process_name", "container_id", "rank", "local_rank"})
 #: A label name as a matcher of a list names it (``name=``, ``name!=``, ``name=~``, ``name!~``), at the list's start or
 #: after a comma: tried only there, so a long quoted value costs one pass (a match anywhere would backtrack over every
 #: run of word characters).

@@ -227,21 +227,26 @@ def process_job(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> Metric
 
 @builds("gpu_job_info")
 def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFamily | None:
-    """Return one series per GPU and job holding it (its processes merged; Kubernetes names from any of them)."""
+    """Return one series per GPU and job holding it (its processes merged; Kubernetes names from any of them), with
+    its owner: ``user`` the job mapping's (the Slurm prolog's) where it names the job, else its processes' user;
+    ``account`` the job mapping's."""
     res = _result(snap)
     if res is None:
         return None
     jobs: dict[tuple[int, str, str, str], dict[str, str]] = {}
     for p in sorted(res.processes, key=lambda p: (p.gpu, p.job_kind, p.job, p.pid)):
-        labels = jobs.setdefault((p.gpu, p.uuid, p.job_kind, p.job), _job_labels(p))
-        for k in ("namespace", "pod", "slurm_job_id"):
+        labels = jobs.setdefault((p.gpu, p.uuid, p.job_kind, p.job), {**_job_labels(p), "user": "", "account": ""})
+        for k in ("namespace", "pod", "slurm_job_id", "user"):
             labels[k] = labels[k] or getattr(p, k)
         if p.container and labels["container"] not in ("", p.container):
             labels["container"] = "*"  # processes of several containers of the pod
         elif p.container:
             labels["container"] = p.container
     for (gpu, uuid, kind, job), labels in allocated_jobs(readings(snap), res.processes).items():
-        held = any(k[0] == gpu and (k[2:] == (kind, job) or _same_job(v, labels)) for k, v in jobs.items())
+        held = [v for k, v in jobs.items() if k[0] == gpu and (k[2:] == (kind, job) or _same_job(v, labels))]
+        for v in held:  # the scheduler's owner on the job its processes run
+            v["account"] = v["account"] or labels["account"]
+            v["user"] = labels["user"] or v["user"]
         if not held:
             jobs[(gpu, uuid, kind, job)] = labels
     info = new_family(fam)
@@ -252,7 +257,8 @@ def job_info(snap: NodeSnapshot, opts: CollectOptions, fam: Family) -> MetricFam
 
 def _job_labels(p: ProcessJob) -> dict[str, str]:
     """The labels of a process's job, as gpu_process_job_info and gpu_job_info write them: its id, kind and scope,
-    Kubernetes names and Slurm job number."""
+    Kubernetes names and Slurm job number (gpu_job_info adds its owner: the processes' user, the scheduler's user and
+    account)."""
     return {"job_id": p.job, "job_kind": p.job_kind, "job_scope": job_scope(p.job_kind), "namespace": p.namespace,
             "pod": p.pod, "container": p.container, "slurm_job_id": p.slurm_job_id}  # fmt: skip
 
