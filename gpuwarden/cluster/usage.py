@@ -128,6 +128,7 @@ class Usage:
     kind: str = ""
     cost: float | None = None
     currency: str = ""
+    price: float | None = None  # per GPU-hour: the mean of its nodes' (the accounting's _price)
 
     @property
     def lost_total(self) -> float:
@@ -390,6 +391,17 @@ class Accounting:
         """The job of a result series: its id, its instance when the id is node-local, its cluster."""
         scope = labels.get("job_scope", "node")
         return JobKey(labels["job_id"], None if scope == "cluster" else labels.get("instance"), self.cluster_of(labels))
+
+    def owners(self, kind: str) -> dict[JobKey, str]:
+        """Each job's owner of ``kind`` (a label of gpu_job_info: user, account, namespace) over the range, from the
+        jobs' series (``max_over_time``: a job that ended is still named); a job that gave several (a user from its
+        processes, then the prolog's) is given the first in order. Jobs without one are left out."""
+        named = self.metric("gpu_job_info", kind + '!=""')
+        q = f"max by ({self._c}instance, job_id, job_scope, job_kind, {kind}) (max_over_time({named}[{self.range}]))"
+        out: dict[JobKey, str] = {}
+        for s in sorted(self.samples(q, "job_id", kind), key=lambda s: s.labels[kind]):
+            out.setdefault(self._job_key(s.labels), s.labels[kind])
+        return out
 
     def _effective(self) -> str:
         """Per GPU and step: 1 where SM activity (util.gpu without GPM) is at least EFFECTIVE_SM at the step's end,
@@ -819,7 +831,8 @@ class Accounting:
         for u in usages:
             priced = [prices[(u.cluster, i)] for i in u.instances if (u.cluster, i) in prices]
             if priced:
-                u.cost = u.lost_total * sum(p for p, _ in priced) / len(priced)
+                u.price = sum(p for p, _ in priced) / len(priced)
+                u.cost = u.lost_total * u.price
                 u.currency = "/".join(sorted({c for _, c in priced}))
 
 

@@ -36,9 +36,14 @@ def add_parser(subparsers: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
                    help="distinct jobs a GPU must have been the straggler of (default 3)")  # fmt: skip
     p.add_argument("--suspects.straggler-for", dest="straggler_for", type=duration, default="5m",
                    help="how long the daemon must flag it its job's straggler to count (default 5m)")  # fmt: skip
-    p.add_argument("--format", choices=("table", "slurm", "k8s"), default="table",
+    p.add_argument("--by", choices=("user", "account", "namespace", "job"), default=None,
+                   help="instead: GPU-hours held, used and lost by cause, and the money of each, added up by owner: "
+                   "the user or account of gpu_job_info (the Slurm prolog's; the processes' user), the pod's "
+                   "namespace, or the job (chargeback; --json, or --format csv)")  # fmt: skip
+    p.add_argument("--format", choices=("table", "slurm", "k8s", "csv"), default="table",
                    help="with --suspects: the suspects' nodes, with --quality the nodes of GPUs that need service, as "
-                   "a Slurm exclude list and drain, or Kubernetes taints (commands to review, not run)")  # fmt: skip
+                   "a Slurm exclude list and drain, or Kubernetes taints (commands to review, not run); with --by: "
+                   "csv, for a chargeback tool")  # fmt: skip
     return p
 
 
@@ -51,11 +56,17 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.cluster.views import quality_view, suspects_view, top
     from gpuwarden.commands import EXIT_USAGE, die
 
-    if args.suspects and args.quality:
-        return die("--suspects and --quality are two views: give one", EXIT_USAGE)
-    if args.format != "table" and not (args.suspects or args.quality):
+    if sum(map(bool, (args.suspects, args.quality, args.by))) > 1:
+        return die("--suspects, --quality and --by are views of their own: give one", EXIT_USAGE)
+    if args.format == "csv" and not args.by:
+        return die("--format csv writes the rows of --by: give it", EXIT_USAGE)
+    if args.format in ("slurm", "k8s") and not (args.suspects or args.quality):
         return die(f"--format {args.format} lists the fail-slow suspects' nodes (--suspects) or those of GPUs that "
                    "need service (--quality): give one of them", EXIT_USAGE)  # fmt: skip
+    if args.by:
+        from gpuwarden.cluster.owners import owners_view
+
+        return owners_view(args)
     if args.quality:
         return quality_view(args)
     return suspects_view(args) if args.suspects else top(args)
