@@ -13,7 +13,9 @@ that process alone; measured from this process, a child started by fork or vfork
 - ``million``: Prometheus answers a vector of 10^6 series (30 MB);
 - ``kube-drip``, ``kube-bomb``, ``kube-10mb``: ``drain --scheduler kubernetes`` against an API server whose node list
   drips a byte a second, is a 200 MiB gzip bomb, or is a valid list of 1,500 nodes (10 MB), Prometheus answering
-  empty vectors.
+  empty vectors;
+- ``dra-drip``, ``dra-bomb``, ``dra-10mb``: ``drain --scheduler dra`` against an API server whose ResourceSlice list
+  drips, is the gzip bomb, or is a valid list of 1,500 nodes' slices of 8 GPUs each (10 MB; no DeviceTaintRule).
 
 Prints a table; asserts nothing.
 """
@@ -48,6 +50,18 @@ def _node(i: int) -> dict:
 
 
 NODES = json.dumps({"kind": "NodeList", "items": [_node(i) for i in range(1500)]}).encode()
+
+
+def _slice(i: int) -> dict:
+    attrs = {"uuid": {"string": "GPU-00000000-0000-0000-0000-000000000000"}, "productName": {"string": "NVIDIA H200"},
+             **{f"attr{j}": {"string": "v" * 40} for j in range(8)}}  # fmt: skip
+    devices = [{"name": f"gpu-{d}", "attributes": attrs, "capacity": {"memory": {"value": "141Gi"}}} for d in range(8)]
+    pool = {"name": f"gpu-{i}", "generation": 1, "resourceSliceCount": 1}
+    return {"metadata": {"name": f"gpu-{i}-gpu.nvidia.com"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": f"gpu-{i}", "pool": pool, "devices": devices}}  # fmt: skip
+
+
+SLICES = json.dumps({"kind": "ResourceSliceList", "items": [_slice(i) for i in range(1500)]}).encode()
 
 
 class _Hostile(BaseHTTPRequestHandler):
@@ -94,8 +108,12 @@ class _Hostile(BaseHTTPRequestHandler):
         case = self.path.split("/")[1]
         if case == "kube-drip":
             self._drip(b'{"kind":"NodeList","items":[')
-        elif case == "kube-bomb":
+        elif case == "dra-drip":
+            self._drip(b'{"kind":"ResourceSliceList","items":[')
+        elif case in ("kube-bomb", "dra-bomb"):
             self._send(BOMB, "gzip")
+        elif case == "dra-10mb":
+            self._send(b'{"kind":"DeviceTaintRuleList","items":[]}' if "devicetaintrules" in self.path else SLICES)
         else:
             self._send(gzip.compress(NODES, 1) if case == "kube-10mb-gzip" else NODES)
 
@@ -166,6 +184,9 @@ def main() -> int:
             *t,
         ],  # fmt: skip
     }
+    for name in ("dra-drip", "dra-bomb", "dra-10mb"):
+        cases[f"drain: {name}"] = ["drain", "--scheduler", "dra", "--prometheus", f"{url}/empty", "--kube-api",
+                                   f"{url}/{name}", *t]  # fmt: skip
     trees = [("tree", REPO)]
     with tempfile.TemporaryDirectory() as tmp:
         for rev in args.rev:

@@ -322,8 +322,8 @@ def _c(name: str, help: str, collector: str, **kw: object) -> Family:
     return Family(name, "counter", help, collector, **kw)  # type: ignore[arg-type]
 
 
-#: Why the HTTP server closes or refuses a connection (gpuwarden.web.limits.HttpLimits.counts' keys; the reason label
-#: of gpuwarden_http_connections_closed_total).
+#: Why the HTTP server closes or refuses a connection (gpuwarden.web.server.limits.HttpLimits.counts' keys; the
+#: reason label of gpuwarden_http_connections_closed_total).
 HTTP_CLOSE_REASONS = (
     "evicted",
     "head_timeout",

@@ -1,5 +1,5 @@
 """The daemon of ``gpuwarden serve``: build the source, the poller and the app from a Config, apply reloads, and
-serve the app through gpuwarden.web.listener."""
+serve the app through gpuwarden.web.server.listener."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from gpuwarden.logs import setup as setup_logs
 from gpuwarden.model import GpuReading
 from gpuwarden.poller import Analyzer, Poller
 from gpuwarden.source import Source
-from gpuwarden.web import listener
 from gpuwarden.web.app import JsonRoute, create_app, diagnosis_route, idleness_route
 from gpuwarden.web.gate import AuthGate
-from gpuwarden.web.limits import HttpLimits, connection_cap, release_free_heap
+from gpuwarden.web.server import listener
+from gpuwarden.web.server.limits import HttpLimits, connection_cap, release_free_heap
 
 log = logging.getLogger(__name__)
 

@@ -212,6 +212,13 @@ def alertmanager(binary: str, tmp: Path, config: dict[str, Any]) -> Iterator[str
         stop(proc)
 
 
+def scraping(*ports: int) -> dict[str, Any]:
+    """A Prometheus configuration that scrapes gpuwarden on the local ``ports`` every second (job ``gpuwarden``)."""
+    targets = [f"127.0.0.1:{p}" for p in ports]
+    return {"global": {"scrape_interval": "1s"},
+            "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [{"targets": targets}]}]}  # fmt: skip
+
+
 def prometheus(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subprocess.Popen, str]:
     """Start a real Prometheus (``binary``) with ``config`` (written to ``tmp``/prometheus.yml) and its storage in
     ``tmp``; returns the process and its URL (not yet ready: wait_http its /-/ready)."""

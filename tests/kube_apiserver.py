@@ -117,13 +117,7 @@ def rule_errors(obj: dict) -> list[str]:
     if not DNS_SUBDOMAIN.match(name):
         errors.append(f"metadata.name: Invalid value {name!r}: not a DNS subdomain")
     spec = obj.get("spec") or {}
-    taint = spec.get("taint") or {}
-    if not QUALIFIED.match(taint.get("key") or ""):
-        errors.append(f"spec.taint.key: Invalid value {taint.get('key')!r}: not a label name")
-    if not LABEL_VALUE.match(taint.get("value") or ""):
-        errors.append(f"spec.taint.value: Invalid value {taint.get('value')!r}: not a label value")
-    if taint.get("effect") not in ("None", "NoSchedule", "NoExecute"):
-        errors.append(f"spec.taint.effect: Unsupported value {taint.get('effect')!r}")
+    errors += taint_errors(spec.get("taint") or {}, "spec.taint", ("None", "NoSchedule", "NoExecute"))
     sel = spec.get("deviceSelector") or {}
     if "driver" in sel and not (DNS_SUBDOMAIN.match(sel["driver"] or "") and len(sel["driver"]) <= 63):
         errors.append(f"spec.deviceSelector.driver: Invalid value {sel['driver']!r}")
@@ -135,17 +129,25 @@ def rule_errors(obj: dict) -> list[str]:
     return errors
 
 
+def taint_errors(taint: dict, where: str, effects: tuple[str, ...]) -> list[str]:
+    """What the API server rejects in a taint (a node's or a device's, at ``where``): a key that is not a qualified
+    (label) name, a value that is not a label value, an effect not in ``effects``."""
+    errors = []
+    if not QUALIFIED.match(taint.get("key") or ""):
+        errors.append(f"{where}.key: Invalid value {taint.get('key')!r}: not a qualified name")
+    if not LABEL_VALUE.match(taint.get("value") or ""):
+        errors.append(f"{where}.value: Invalid value {taint.get('value')!r}: not a label value")
+    if taint.get("effect") not in effects:
+        errors.append(f"{where}.effect: Unsupported value {taint.get('effect')!r}")
+    return errors
+
+
 def semantic_errors(obj: dict) -> list[str]:
     """What the API server's validation rejects beyond the schema, for the fields gpuwarden writes."""
     errors = []
     seen = set()
     for t in (obj.get("spec") or {}).get("taints") or []:
-        if not QUALIFIED.match(t.get("key") or ""):
-            errors.append(f"spec.taints.key: Invalid value {t.get('key')!r}: not a qualified name")
-        if not LABEL_VALUE.match(t.get("value") or ""):
-            errors.append(f"spec.taints.value: Invalid value {t.get('value')!r}: not a label value")
-        if t.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
-            errors.append(f"spec.taints.effect: Unsupported value {t.get('effect')!r}")
+        errors += taint_errors(t, "spec.taints", ("NoSchedule", "PreferNoSchedule", "NoExecute"))
         if (t.get("key"), t.get("effect")) in seen:
             errors.append(f"spec.taints: Duplicate value {t.get('key')}:{t.get('effect')}")
         seen.add((t.get("key"), t.get("effect")))

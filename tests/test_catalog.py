@@ -182,3 +182,23 @@ def test_the_layers_under_the_analysis_import_none_of_it() -> None:
         uses = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name == "pynvml"]
         uses += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "pynvml"]
         assert not uses or path.parent.name == "nvml", path
+
+
+def test_the_http_server_imports_nothing_of_gpuwarden_but_logging_and_the_app_nothing_of_it() -> None:
+    """gpuwarden.web.server is a room of its own: it imports only itself and gpuwarden.logs; the app's modules
+    (gpuwarden.web and its documents) import nothing of it, so whoever adds a route cannot lean on flow control."""
+    import ast
+    from pathlib import Path
+
+    web = Path(__file__).parent.parent / "gpuwarden" / "web"
+
+    def imported(path: Path) -> list[str]:
+        tree = ast.parse(path.read_text())
+        names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        return names + [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+
+    for path in sorted((web / "server").glob("*.py")):
+        ours = [m for m in imported(path) if m.startswith("gpuwarden")]
+        assert all(m.startswith(("gpuwarden.web.server", "gpuwarden.logs")) for m in ours), (path.name, ours)
+    for path in sorted(web.glob("*.py")):
+        assert not [m for m in imported(path) if m.startswith("gpuwarden.web.server")], path.name

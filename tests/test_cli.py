@@ -189,7 +189,7 @@ def test_demo_daemon_serves_metrics_health_and_api() -> None:
         time.sleep(1.5)
         r = httpx.get(f"{base}/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-        # the Date header (written by gpuwarden.web.app.DateHeaderMiddleware when an answer needs it) is current
+        # the Date header (written by the server, gpuwarden.web.server.connection, when an answer needs it) is current
         assert abs(parsedate_to_datetime(r.headers["date"]).timestamp() - time.time()) < 5
         assert "date" in httpx.get(f"{base}/no-such-page").headers
         names = {f.name for f in text_string_to_metric_families(r.text)}

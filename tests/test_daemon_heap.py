@@ -1,4 +1,4 @@
-"""``gpuwarden.web.limits.release_free_heap``: the C heap's free pages handed back after start-up and after a
+"""``gpuwarden.web.server.limits.release_free_heap``: the C heap's free pages handed back after start-up and after a
 connection flood (glibc malloc_trim)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import platform
 
 import pytest
 
-from gpuwarden.web import limits
+from gpuwarden.web.server import limits
 
 
 def _rss_anon_kib() -> int:

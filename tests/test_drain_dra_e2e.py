@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TRACES
-from helpers import REPO, free_port, prometheus, stop_all, wait_http
+from helpers import REPO, free_port, prometheus, scraping, stop_all, wait_http
 from kube_apiserver import ApiServer, resource_slice
 from prometheus_client.parser import text_string_to_metric_families
 from slurm_node import serve_replay, wait_for
@@ -85,11 +85,7 @@ def _metric(textfile: Path, name: str) -> float:
 def test_only_the_bad_gpu_is_tainted_the_watched_one_marked_and_both_given_back_once_clean(tmp_path: Path) -> None:
     sick, clean, uuids = _traces(tmp_path)
     port = free_port()
-    config = {
-        "global": {"scrape_interval": "1s"},
-        "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
-    }
-    server, url = prometheus(PROMETHEUS or "prometheus", tmp_path, config)
+    server, url = prometheus(PROMETHEUS or "prometheus", tmp_path, scraping(port))
     procs: list[subprocess.Popen] = [server]
     textfile = tmp_path / "gpuwarden_drain.prom"
     other = [f"GPU-ffffffff-0000-0000-0000-00000000000{i}" for i in range(4)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TRACES
-from helpers import REPO, free_port, prometheus, stop_all, wait_http
+from helpers import REPO, free_port, prometheus, scraping, stop_all, wait_http
 from kube_apiserver import ApiServer, node
 from prometheus_client.parser import text_string_to_metric_families
 from slurm_node import serve_replay, wait_for
@@ -57,11 +57,7 @@ def _condition(obj: dict) -> dict | None:
 
 def test_a_node_whose_gpu_needs_service_is_tainted_then_untainted_once_clean(tmp_path: Path) -> None:
     port = free_port()
-    config = {
-        "global": {"scrape_interval": "1s"},
-        "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
-    }
-    server, url = prometheus(PROMETHEUS or "prometheus", tmp_path, config)
+    server, url = prometheus(PROMETHEUS or "prometheus", tmp_path, scraping(port))
     procs: list[subprocess.Popen] = [server]
     textfile = tmp_path / "gpuwarden_drain.prom"
     nodes = [node(NODE), node("gpu-node-2"), node("gpu-node-3"), node("cpu-node-1", unschedulable=True)]

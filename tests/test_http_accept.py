@@ -1,5 +1,6 @@
-"""The accept loop, the connections and the unsent-answer bounds (gpuwarden.web.accept, gpuwarden.web.connection), in
-process: gpuwarden's server in a thread, real sockets on the loopback."""
+"""The accept loop, the connections and the unsent-answer bounds (gpuwarden.web.server: accept, connection), in
+process: gpuwarden's server in a thread, real sockets on the loopback. The apps answer with starlette's plain
+Response: the server cuts every body into parts itself."""
 
 from __future__ import annotations
 
@@ -24,9 +25,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gpuwarden.web import accept, listener
-from gpuwarden.web.app import PartedResponse
-from gpuwarden.web.limits import ANSWER_PART_BYTES, HttpLimits
+from gpuwarden.web.server import accept, listener
+from gpuwarden.web.server.limits import ANSWER_PART_BYTES, HttpLimits
 
 BIG = b"x" * (40 * ANSWER_PART_BYTES)  # an answer of 640 KiB, in 40 parts
 
@@ -37,7 +37,7 @@ SERVED: list[str] = []  # the paths the app has begun to answer
 def _app() -> Starlette:
     async def big(request: Request) -> Response:
         SERVED.append("/big")
-        return PartedResponse(BIG, media_type="text/plain")
+        return Response(BIG, media_type="text/plain")  # one body: the server writes it in parts
 
     async def small(request: Request) -> Response:
         return Response(b"ok\n", media_type="text/plain")
@@ -481,7 +481,7 @@ def test_a_flood_gone_hands_its_memory_back_while_a_scraper_keeps_its_connection
 ) -> None:
     """The C heap is trimmed once a flood (FLOOD_CONNECTIONS or more) is gone, though the scraper's kept-alive
     connection stays open (trimming only at none open never trimmed a daemon Prometheus scrapes)."""
-    from gpuwarden.web import limits as limits_module
+    from gpuwarden.web.server import limits as limits_module
 
     trims: list[float] = []
 

@@ -1,5 +1,5 @@
 """The HTTP port under attack on the loopback: idle connections, slowloris, huge URLs and header floods leave
-/metrics answering and memory bounded (gpuwarden.web.limits). Bounded in count and time; loopback only."""
+/metrics answering and memory bounded (gpuwarden.web.server.limits). Bounded in count and time; loopback only."""
 
 from __future__ import annotations
 

@@ -31,7 +31,6 @@ from helpers import count_closed, rss_mib, serving
 from pki import PKI, Pair, make_pki
 
 from gpuwarden.web import auth as webauth
-from gpuwarden.web import listener
 from gpuwarden.web.auth import BasicAuthMiddleware
 from gpuwarden.web.config import (
     DEFAULT_OPEN_PATHS,
@@ -40,7 +39,8 @@ from gpuwarden.web.config import (
     load_web_config,
 )
 from gpuwarden.web.gate import AuthGate
-from gpuwarden.web.limits import HttpLimits
+from gpuwarden.web.server import listener
+from gpuwarden.web.server.limits import HttpLimits
 
 EXAMPLE = Path(__file__).parent.parent / "deploy" / "web-config.example.yml"
 PASSWORD = "s3cret-scrape-pw"

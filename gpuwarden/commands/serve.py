@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuwarden.config import ConfigError
     from gpuwarden.daemon import Daemon, bind
     from gpuwarden.source import SourceError
-    from gpuwarden.web.listener import StartupError
+    from gpuwarden.web.server.listener import StartupError
 
     try:
         cfg = load(args)

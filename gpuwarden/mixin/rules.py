@@ -250,6 +250,8 @@ USAGE_GPU = {
     "reasons": "uuid:gpu_diagnosis_scrapes:count",
 }
 USAGE_HEARTBEAT = "instance:gpu_usage_recorded:count"
+#: The owner labels every per-job record carries (gpu_job_info's), so that sums by owner need no join.
+OWNER_LABELS = ("user", "account", "namespace")
 USAGE = {
     "held": "instance_job_id:gpu_held_seconds:increase",
     "busy": "instance_job_id:gpu_busy_seconds:increase",
@@ -308,12 +310,13 @@ def usage_records(values: dict[str, str]) -> str:
       job, for a reader; each rule below computes the share itself (a rule that read this record could read a job's
       share after it ended where the record has no staleness marker, as in blocks backfilled by promtool, and would
       need a backfill pass of its own);
-    - per (node, job) the window's growth of each counter times each GPU's share, summed over the job's GPUs of the
-      node: held (every state but free), busy, lost by cause (one rule a cause: the share and the causes are both
-      several series a GPU, which PromQL cannot match many-to-many), waiting on peers, joules drawn held idle. The
-      growth is the counter at the window's end minus at its start, or its value where it restarted or appeared
-      (``counter_growth``, each read over LOOKBACK): consecutive windows tile time, so their sum telescopes to the
-      counter's growth;
+    - per (node, job), with the job's owner (OWNER_LABELS, from gpu_job_info over the window: ``sum by (account)``
+      of a record is the account's), the window's growth of each counter times each GPU's share, summed over the
+      job's GPUs of the node: held (every state but free), busy, lost by cause (one rule a cause: the share and the
+      causes are both several series a GPU, which PromQL cannot match many-to-many), waiting on peers, joules drawn
+      held idle. The growth is the counter at the window's end minus at its start, or its value where it restarted
+      or appeared (``counter_growth``, each read over LOOKBACK): consecutive windows tile time, so their sum
+      telescopes to the counter's growth;
     - effective seconds: w times the share of the samples (at USAGE_SAMPLE steps) with SM activity (util.gpu without
       GPM) at least 0.5 (a share: Prometheus 2's ranges hold both ends, 3's only the last), times the GPU's share;
       peak-equivalent seconds: the window's mean FLOP utilization estimate times w times the GPU's share;
@@ -336,11 +339,17 @@ def usage_records(values: dict[str, str]) -> str:
         before = f"last_over_time({metric}{{{sel}{extra}}}[{LOOKBACK}] offset {ago})"
         return f"sum by ({gpu}{by}) ({counter_growth(now, before, appeared_bound(metric, seconds(w)))})"
 
-    presence = f"max by ({gpu}, job_id, job_scope, job_kind) (count_over_time(gpu_job_info{{{sel}}}{window}))"
-    share = f"({presence} / on ({gpu}) group_left () sum by ({gpu}) ({presence}))"
+    owner_by = ", ".join(OWNER_LABELS)
+
+    def presence(by: str = "") -> str:
+        return f"max by ({gpu}, job_id, job_scope, job_kind{by}) (count_over_time(gpu_job_info{{{sel}}}{window}))"
+
+    share = f"({presence()} / on ({gpu}) group_left () sum by ({gpu}) ({presence()}))"
+    # the same share with the job's owner labels (gpu_job_info's over the window), kept by the per-job sums: no join
+    owned = f"({presence(', ' + owner_by)} / on ({gpu}) group_left () sum by ({gpu}) ({presence()}))"
 
     def per_job(value: str, above: str = " > 0") -> str:
-        return (f"sum by ({c}instance, job, job_id, job_scope, job_kind) ({share} * on ({gpu}) "
+        return (f"sum by ({c}instance, job, job_id, job_scope, job_kind, {owner_by}) ({owned} * on ({gpu}) "
                 f"group_left () ({value})){above}")  # fmt: skip
 
     rules: list[tuple[str, str, dict[str, str]]] = [(f"{USAGE_SHARE}{w}", share, {})]

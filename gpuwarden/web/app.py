@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
@@ -21,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from gpuwarden import __version__
 from gpuwarden.exposition import Exposition, respond
@@ -98,61 +97,6 @@ def readiness(snap: NodeSnapshot | None, stale_after: float, now: float | None =
 
 
 _GZIP = {"content-encoding": "gzip", "vary": "Accept-Encoding"}
-
-
-class PartedResponse(Response):
-    """A Response whose body goes out in parts of ANSWER_PART_BYTES (gpuwarden.web.limits), views of the one
-    body, each sent once the connection has taken enough of the one before (the server's ``send`` waits while the
-    transport's buffer is past its high mark): a client that does not read holds one part of an answer, not a copy of
-    it."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Send the head, then the body in parts (one message where it fits in one part)."""
-        from gpuwarden.web.limits import ANSWER_PART_BYTES as PART
-
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        body = memoryview(self.body)
-        size = len(body)
-        if size <= PART or scope.get("method") == "HEAD":
-            await send({"type": "http.response.body", "body": self.body})
-            return
-        for start in range(0, size, PART):
-            await send(
-                {"type": "http.response.body", "body": body[start : start + PART], "more_body": start + PART < size}
-            )
-
-
-class DateHeaderMiddleware:
-    """ASGI middleware that adds the ``Date`` header (RFC 9110, 6.6.1) to every HTTP response of ``app``.
-
-    The server (gpuwarden.web.listener) puts it in front of the app: the header is formatted at most once a second,
-    when a response needs it, so no timer wakes an idle daemon to refresh it.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self._second = -1
-        self._date = b""
-
-    def _now(self) -> bytes:
-        second = int(time.time())
-        if second != self._second:
-            self._date = formatdate(second, usegmt=True).encode()
-            self._second = second
-        return self._date
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Call the app, adding ``date`` to the headers of its ``http.response.start`` message."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_dated(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), (b"date", self._now())]
-            await send(message)
-
-        await self.app(scope, receive, send_dated)
 
 
 #: The node page's Content-Security-Policy: its script and style sheet come from the daemon, nothing else loads.
@@ -282,8 +226,8 @@ def create_app(
         if body is None:
             body = await run_in_threadpool(exposition.render, None, fmt)
         if gz and body:
-            return PartedResponse(exposition.gzipped(body), headers={"content-type": fmt.content_type, **_GZIP})
-        return PartedResponse(body, headers={"content-type": fmt.content_type})
+            return Response(exposition.gzipped(body), headers={"content-type": fmt.content_type, **_GZIP})
+        return Response(body, headers={"content-type": fmt.content_type})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -66,9 +66,9 @@ class BasicAuthMiddleware:
       time measured once: a loaded machine slows every check alike).
     * Checks wait for bcrypt in two lanes, and in each lane the source addresses take turns: one check for every
       address with checks waiting, then round again, so a crowd from one address waits behind its own checks (fair
-      queuing by source, as the handshakes are bounded: gpuwarden.web.accept). A connection that has failed a check
-      before (a guesser on keep-alive), or was refused because its address's place in the first lane was full, waits
-      in the second lane, served only when the first is empty, one check in line per connection
+      queuing by source, as the handshakes are bounded: gpuwarden.web.server.accept). A connection that has failed
+      a check before (a guesser on keep-alive), or was refused because its address's place in the first lane was
+      full, waits in the second lane, served only when the first is empty, one check in line per connection
       (``max_waiting_failed`` in all). Any other request (a scraper's new connection, after a restart or a password
       change) waits in the first, at most ``max_waiting`` of them an address (past that: 401 at once, and the
       connection moves to the second lane). However many guessers an address has, a right password from another

@@ -1,7 +1,7 @@
-"""The HTTP server: gpuwarden's accept loop (gpuwarden.web.accept) and connections (gpuwarden.web.connection) on one
+"""The HTTP server: gpuwarden's accept loop (accept) and connections (connection) on one
 asyncio loop, serving the ASGI app until SIGINT/SIGTERM, reloading on SIGHUP.
 
-gpuwarden owns its HTTP server outright: every byte a client sends is held to a bound of gpuwarden.web.limits in
+gpuwarden owns its HTTP server outright: every byte a client sends is held to a bound of limits in
 whatever state its connection is (accepting, TLS handshake, request head, body, answer in flight, keep-alive), with
 h11 parsing HTTP/1.1 and Python's ``ssl`` (over memory buffers) doing TLS, and no reach into the internals of a
 server library or of asyncio's TLS.
@@ -20,10 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuwarden.logs import RateLimitFilter
-from gpuwarden.web.accept import Listener, Slot
-from gpuwarden.web.app import DateHeaderMiddleware
-from gpuwarden.web.connection import Connection
-from gpuwarden.web.limits import HttpLimits
+from gpuwarden.web.server.accept import Listener, Slot
+from gpuwarden.web.server.connection import Connection
+from gpuwarden.web.server.limits import HttpLimits
 
 log = logging.getLogger("gpuwarden.web")
 
@@ -58,7 +57,7 @@ def bind(listen_address: str, host: str, port: int) -> socket.socket:
 
 
 class Server:
-    """Serves the ASGI ``app`` (with a ``Date`` header: gpuwarden.web.app.DateHeaderMiddleware) within ``limits``,
+    """Serves the ASGI ``app`` (the server writes each answer's ``Date`` and cuts its body in parts) within ``limits``,
     over TLS from ``tls`` (an SSLContext) when given, adding ``headers`` (name, value bytes) to every answer.
 
     ``run`` (or ``serve``) returns after SIGINT/SIGTERM (when run in the main thread) or ``stop()``: the listener
@@ -77,7 +76,7 @@ class Server:
         on_ready: Callable[[], object] | None = None,
         hup_pending: threading.Event | None = None,
     ) -> None:
-        self.app, self.limits, self.tls, self.headers = DateHeaderMiddleware(app), limits, tls, list(headers)
+        self.app, self.limits, self.tls, self.headers = app, limits, tls, list(headers)
         self._on_hup, self._on_ready, self._hup_pending = on_hup, on_ready, hup_pending
         self.started = threading.Event()
         self.listener: Listener | None = None

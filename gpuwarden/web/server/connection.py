@@ -3,7 +3,7 @@ requests, with every byte a client sends counted against a bound in whatever sta
 
 - **TLS** runs in the connection (``ssl.SSLContext.wrap_bio``: OpenSSL over two memory buffers), so the only buffers
   a TLS connection holds are what its socket delivered in one read and what waits to be written; the handshake holds
-  a handshake slot (gpuwarden.web.accept.Listener.admit) until it ends, by ``deadline`` at the latest.
+  a handshake slot (accept.Listener.admit) until it ends, by ``deadline`` at the latest.
 - **HTTP/1.1** is h11's: a request line and headers longer than ``max_head_bytes`` are refused by h11's
   ``max_incomplete_event_size`` (431), any other malformed head gets h11's 400, and the connection is closed. While a
   request is in flight, what the client sends next is not parsed: reading from the socket stops at the first bytes of
@@ -26,18 +26,19 @@ import logging
 import ssl
 import time
 from collections.abc import Sequence
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import h11
 
-from gpuwarden.web.limits import SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES
+from gpuwarden.web.server.limits import ANSWER_PART_BYTES, SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message
 
-    from gpuwarden.web.accept import Slot
+    from gpuwarden.web.server.accept import Slot
 
 log = logging.getLogger("gpuwarden.web")
 #: One line a request (at ``debug`` only: gpuwarden.logs).
@@ -468,6 +469,19 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+_date_cache: list[Any] = [-1, b""]  # (second, its Date value): formatted at most once a second, when an answer needs it
+
+
+def http_date() -> bytes:
+    """The ``Date`` header's value now (RFC 9110's IMF-fixdate, email.utils.formatdate), formatted at most once a
+    second and only when an answer is written: no timer wakes an idle daemon to refresh it."""
+    second = int(time.time())
+    if second != _date_cache[0]:
+        _date_cache[:] = [second, formatdate(second, usegmt=True).encode()]
+    date: bytes = _date_cache[1]
+    return date
+
+
 class _Answer:
     """The ASGI ``receive`` and ``send`` of one request on ``conn``."""
 
@@ -486,8 +500,11 @@ class _Answer:
         return {"type": "http.disconnect"}
 
     async def send(self, message: Message) -> None:
-        """Write the answer's head or a part of its body; wait while the client has not taken what was written.
-        Raises RuntimeError on a message out of order, h11.LocalProtocolError on a head HTTP cannot carry."""
+        """Write the answer's head (with a ``Date``: RFC 9110, 6.6.1) or its body, in parts of ANSWER_PART_BYTES
+        (views of the app's body, each written once the client has taken enough of the one before: a client that
+        reads nothing holds one part of an answer, whatever route answered); wait while the client has not taken
+        what was written. Raises RuntimeError on a message out of order, h11.LocalProtocolError on a head HTTP cannot
+        carry."""
         conn = self.conn
         if conn._gone.is_set():
             return
@@ -496,7 +513,7 @@ class _Answer:
             if self.status is not None:
                 raise RuntimeError("the answer has begun already")
             self.status = int(message["status"])
-            headers = [*message.get("headers", ()), *conn.extra_headers]
+            headers = [*message.get("headers", ()), (b"date", http_date()), *conn.extra_headers]
             if conn.closing_after_answer:
                 headers.append((b"connection", b"close"))
             response = h11.Response(status_code=self.status, headers=headers, reason=_reason(self.status))
@@ -504,9 +521,14 @@ class _Answer:
         elif kind == "http.response.body":
             if self.status is None:
                 raise RuntimeError("an answer's body before its head")
-            body = message.get("body", b"")
-            if body and not self.head:
-                conn._write(conn._http.send(h11.Data(data=body)))
+            body = memoryview(message.get("body", b""))
+            if not self.head:  # in parts, each once the client has taken enough of the one before
+                for start in range(0, len(body), ANSWER_PART_BYTES):
+                    if start:
+                        await conn._writable.wait()
+                        if conn._gone.is_set():
+                            return
+                    conn._write(conn._http.send(h11.Data(data=bytes(body[start : start + ANSWER_PART_BYTES]))))
             if not message.get("more_body", False):
                 conn._write(conn._http.send(h11.EndOfMessage()) or b"")
         await conn._writable.wait()

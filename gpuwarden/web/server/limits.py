@@ -1,6 +1,6 @@
 """The bounds of the HTTP port: open connections, the time and the bytes a request head may take, the bytes of
-answers clients have not taken, TLS handshakes. ``HttpLimits`` holds them; gpuwarden.web.accept (the accept loop)
-and gpuwarden.web.connection (each connection) enforce them:
+answers clients have not taken, TLS handshakes. ``HttpLimits`` holds them; accept (the accept loop)
+and connection (each connection) enforce them:
 
 - **connections**: at most ``max_connections`` open, counted from accept to close; at the cap the connection that
   has waited longest for its request head (an idle or slow client, or a TLS client yet to send its ClientHello) is
@@ -17,7 +17,7 @@ and gpuwarden.web.connection (each connection) enforce them:
   in parts of ANSWER_PART_BYTES); a connection whose answer has waited ``send_timeout`` s is closed, and when the
   bytes waiting on all such connections pass ``max_unsent_bytes``, the one waiting longest is closed;
 - **handshakes**: at most ``max_handshakes`` TLS handshakes at once, each begun only after a whole ClientHello
-  (gpuwarden.web.accept holds the per-source bounds).
+  (accept holds the per-source bounds).
 
 Each eviction, timeout or close is counted (``HttpLimits.counts``, exported by reason); logging them is left to a
 rate-limited logger (gpuwarden.logs.RateLimitFilter).
@@ -45,8 +45,9 @@ SEND_LOW_WATER_BYTES = 1024
 #: sees it and which a cgroup v2 memory limit charges to the daemon; small buffers keep it in the write buffers that
 #: the unsent-bytes budget counts. 32 KiB in flight is ample for an answer of 1 MB at a 1-10 ms round trip.
 SOCKET_BUFFER_BYTES = 16 * 1024
-#: Answers are sent in parts of this size (gpuwarden.web.app.PartedResponse), each once the one before has left the
-#: write buffer: a client that takes nothing holds one part (and what its socket took), not the whole answer.
+#: Answers are sent in parts of this size (the connection's ASGI ``send``, whatever route answered), each once the one
+#: before has left the write buffer: a client that takes nothing holds one part (and what its socket took), not the
+#: whole answer.
 ANSWER_PART_BYTES = 16 * 1024
 
 
@@ -100,7 +101,7 @@ def connection_cap(wanted: int) -> tuple[int, int, str | None]:
 
     Raises the soft ``RLIMIT_NOFILE`` towards the hard one where ``wanted`` (``max_connections``) needs it (any
     process may). The cap is ``wanted`` when ``wanted`` + RESERVED_DESCRIPTORS fit the limit; else what fits, with a
-    one-line warning (the accept loop, gpuwarden.web.accept, counts every connection from accept to close and stops
+    one-line warning (the accept loop, accept, counts every connection from accept to close and stops
     accepting at the cap, so accept never fails for want of a descriptor). The backlog is BACKLOG.
     """
     import resource

@@ -15,7 +15,7 @@ until it is closed (``HttpLimits.open``):
 - a TLS connection waits, holding no TLS state and no transport, until its first TLS record (the ClientHello) has
   arrived in full (peeked, not read: the handshake reads it); it is a pending connection meanwhile, closed at the
   request-head deadline or evicted first at the cap. Only then does it take one of ``max_handshakes`` handshake
-  slots (past them the oldest handshake is closed) and its TLS handshake (gpuwarden.web.connection) within what is
+  slots (past them the oldest handshake is closed) and its TLS handshake (connection) within what is
   left of the deadline.
 - handshakes are bounded per source address, by what they cost and what they hold: a source whose unfinished
   handshakes hold half its share of slots or more starts at most HANDSHAKE_RATE handshakes a second (a bucket of
@@ -26,7 +26,7 @@ until it is closed (``HttpLimits.open``):
   signature) so take the slots and the time of their own source only: a scraper from another address still
   handshakes.
 
-Every connection is then served by a gpuwarden.web.connection.Connection, which reports its close back
+Every connection is then served by a connection.Connection, which reports its close back
 (``Slot.release``). Only public asyncio calls are used: ``add_reader`` on sockets no transport owns yet, and
 ``connect_accepted_socket``.
 """
@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpuwarden.web.limits import HttpLimits
+    from gpuwarden.web.server.limits import HttpLimits
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Listener:
     def start(self) -> None:
         """Listen with the limits' backlog, the kernel's buffers of every connection at SOCKET_BUFFER_BYTES (accepted
         sockets inherit them), and start accepting."""
-        from gpuwarden.web.limits import SOCKET_BUFFER_BYTES
+        from gpuwarden.web.server.limits import SOCKET_BUFFER_BYTES
 
         self._sock.setblocking(False)
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -133,7 +133,7 @@ class Listener:
         """A connection this listener accepted is closed: its descriptor is free; accept again if paused there.
         Once a flood of FLOOD_CONNECTIONS or more is gone (QUIET_CONNECTIONS or fewer left open: the scrapers'), its
         memory is handed back to the system."""
-        from gpuwarden.web.limits import FLOOD_CONNECTIONS, QUIET_CONNECTIONS, release_free_heap
+        from gpuwarden.web.server.limits import FLOOD_CONNECTIONS, QUIET_CONNECTIONS, release_free_heap
 
         limits = self.limits
         limits.open -= 1
