@@ -30,9 +30,9 @@ A rule is gpuwarden's when it has the label ``app.kubernetes.io/managed-by=gpuwa
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -48,6 +48,8 @@ from gpuwarden.cluster.kube import (
     as_dict,
     status_message,
 )
+
+T = TypeVar("T")
 
 #: NVIDIA's DRA driver for GPUs (k8s-dra-driver-gpu): the driver name in its ResourceSlices.
 DRIVER = "gpu.nvidia.com"
@@ -285,20 +287,21 @@ class DraApi(KubeApi):
         self.driver = driver
         self.version = ""
 
-    def _list(self, resource: str, query: str = "") -> list[Any]:
-        """Every member of ``resource``'s list (one at a time: bounds.listed), from the first of VERSIONS the server
+    def _each(self, resource: str, take: Callable[[Any], list[T]], query: str = "") -> list[T]:
+        """What ``take`` makes of each member of ``resource``'s list, concatenated: the members are read one at a
+        time (bounds.listed) and only what ``take`` keeps of each is held, from the first of VERSIONS the server
         serves (remembered). Raises RuntimeError: no version served, an HTTP error, a bad answer."""
         from gpuwarden.cluster.bounds import listed
 
         for version in (self.version,) if self.version else VERSIONS:
             path = f"/apis/resource.k8s.io/{version}/{resource}{query}"
 
-            def read(status: int, chunks: Any, what: str = f"GET {path}") -> list[Any] | None:
+            def read(status: int, chunks: Any, what: str = f"GET {path}") -> list[T] | None:
                 if status == 404:
                     return None
                 if status != 200:
                     answer_json(what, status, b"".join(chunks))
-                return list(listed(chunks, "items", MAX_NODE_BYTES, what))
+                return [kept for item in listed(chunks, "items", MAX_NODE_BYTES, what) for kept in take(item)]
 
             try:
                 items = self._request("GET", path, read, limit=MAX_BYTES)
@@ -312,19 +315,15 @@ class DraApi(KubeApi):
 
     def devices(self) -> dict[str, Device]:
         """The driver's devices by UUID (``GET .../resourceslices?fieldSelector=spec.driver=<driver>``; slices of
-        another driver left out again where a server ignores the selector). Raises RuntimeError or
-        httpx.HTTPError."""
+        another driver left out again where a server ignores the selector), a slice at a time. Raises RuntimeError
+        or httpx.HTTPError."""
         query = "?fieldSelector=" + quote(f"spec.driver={self.driver}", safe="")
-        out: dict[str, Device] = {}
-        for item in self._list("resourceslices", query):
-            for d in slice_devices(item, self.driver):
-                out[d.uuid] = d
-        return out
+        return {d.uuid: d for d in self._each("resourceslices", lambda item: slice_devices(item, self.driver), query)}
 
     def rules(self) -> list[TaintRule]:
         """Every DeviceTaintRule (``GET .../devicetaintrules``): anyone's can take a device out. Raises RuntimeError
         or httpx.HTTPError."""
-        return [r for r in (taint_rule(obj) for obj in self._list("devicetaintrules")) if r is not None]
+        return self._each("devicetaintrules", lambda obj: [r] if (r := taint_rule(obj)) is not None else [])
 
     def apply_device(self, action: DeviceAction) -> str | None:
         """Create or update (drain, watch) or delete (resume) gpuwarden's rule for ``action``'s GPU; None when done
