@@ -35,3 +35,18 @@ def test_the_first_remedy_is_the_one_the_evidence_points_at(name: str, first: st
     d = _diagnosis_at_end(name)
     assert d.verdict == "input_starved" and d.remedies[0].startswith(first), d.remedies[0]
     assert len(d.remedies) == len(set(d.remedies))  # reordered, none lost or repeated
+
+
+def test_every_reason_is_declared_once_with_a_severity_and_what_to_do() -> None:
+    """A verdict is one row of gpuwarden.insight.rules.RULES (rule, summary, severity, remedies; the rows' order is the
+    order the rules are tried, the last always holding), a finding one row of FINDINGS: each reason once, with a
+    severity the diagnosis knows and at least one remedy, each a sentence."""
+    from gpuwarden.insight.reasons import FINDINGS, REASON_TABLE, REASONS, VERDICT_ORDER
+    from gpuwarden.insight.rules import RULES
+
+    assert len(set(REASONS)) == len(REASONS) == len(RULES) + len(FINDINGS)
+    assert VERDICT_ORDER == REASONS[: len(RULES)] and RULES[VERDICT_ORDER[-1]].when is None
+    assert [r.when is None for r in RULES.values()].count(True) == 1  # only the last resort always holds
+    for r in REASON_TABLE:
+        assert r.severity in ("ok", "info", "warning", "critical"), r.name
+        assert r.remedies and all(text == text.strip() and text.endswith((".", ")")) for text in r.remedies), r.name

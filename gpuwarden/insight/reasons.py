@@ -1,6 +1,7 @@
-"""Every reason the diagnosis can give (``REASON_TABLE``: severity, remedies) and the order in which the verdict
-rules are tried (``VERDICT_ORDER``: the first that holds is the verdict). docs/scores.md's rule table is generated
-from them (``rule_table``; ``python3 -m gpuwarden.docs``).
+"""Every reason the diagnosis can give (``REASON_TABLE``: severity, remedies): the verdicts, each declared once as
+a row of gpuwarden.insight.rules.RULES (its rule, summary, severity and remedies; the rows' order is the order in
+which the rules are tried, ``VERDICT_ORDER``: the first that holds is the verdict), and the findings
+(``FINDINGS``). docs/scores.md's rule table is generated from them (``rule_table``; ``python3 -m gpuwarden.docs``).
 """
 
 from __future__ import annotations
@@ -22,169 +23,13 @@ class Reason:
     remedies: tuple[str, ...]
 
 
-#: The verdict rules in the order they are tried: the first that holds for a window is its verdict. Cheap and
-#: decisive tests first (no process, a job starting, copies, a server waiting, nobody working), then what limits a
-#: working GPU from outside (clocks, peers, the host, storage, launches, pauses, input), then what limits it inside
-#: (HBM, arithmetic); the last always holds.
-VERDICT_ORDER: tuple[str, ...] = (
-    "free",
-    "allocated_idle",
-    "starting",
-    "h2d_copy_bound",
-    "d2h_copy_bound",
-    "serving_idle",
-    "serving",
-    "held_idle",
-    "throttled",
-    "waiting_on_peers",
-    "host_compute_bound",
-    "checkpoint_bound",
-    "launch_bound",
-    "job_paused",
-    "input_starved",
-    "memory_bound",
-    "compute_bound",
-    "underutilized",
-)
+#: The verdicts in the order their rules are tried (the first that holds for a window is its verdict): the order of
+#: gpuwarden.insight.rules.RULES, where each verdict is declared once.
+VERDICT_ORDER: tuple[str, ...] = tuple(RULES)
 
-#: Every reason a GPU can be given, in the order gpu_diagnosis{reason} lists them: its severity and what to do. A
-#: verdict is in VERDICT_ORDER and has a rule (gpuwarden.insight.rules.RULES); any other reason is a finding
-#: reported next to a verdict (or ``gpu_lost``, from ``lost``).
-REASON_TABLE: tuple[Reason, ...] = (
-    Reason(
-        "compute_bound",
-        "ok",
-        (
-            "Nothing blocks the GPU. To go faster: mixed precision (bf16/fp8), larger batches, fused kernels, "
-            "or more GPUs.",
-        ),
-    ),
-    Reason(
-        "memory_bound",
-        "ok",
-        (
-            "The kernels run at HBM bandwidth: cut bytes moved - fuse elementwise chains (torch.compile), keep data "
-            "in bf16/fp8 instead of fp32, avoid needless copies (.contiguous(), .clone(), device-to-device copies).",
-            "Raise arithmetic intensity: larger matrix tiles or batches; FlashAttention-style fused kernels.",
-        ),
-    ),
-    Reason(
-        "input_starved",
-        "warning",
-        (
-            "Move input work off the training loop: DataLoader(num_workers=N, pin_memory=True, "
-            "persistent_workers=True, prefetch_factor>=2).",
-            "Do decoding and augmentation on the GPU (NVIDIA DALI, torchvision.transforms.v2 on CUDA tensors).",
-            "Cache preprocessed data; check that the job was given enough CPU cores (cgroup cpu.max, Slurm "
-            "--cpus-per-task, Kubernetes CPU limits).",
-            "Input from remote storage: more loader workers and a deeper prefetch, larger requests, a local cache "
-            "of the dataset (node-local NVMe).",
-            "If the training process spends the time on the GPU's output instead (evaluation metrics, ranking, "
-            "logging on the host): compute them on the GPU and copy scalars, evaluate less often or in another "
-            "process.",
-        ),
-    ),
-    Reason(
-        "h2d_copy_bound",
-        "warning",
-        (
-            "Copy from pinned memory: pin_memory=True in the DataLoader, or tensor.pin_memory() once; then "
-            ".to(device, non_blocking=True) to overlap copies with compute.",
-            "Keep data on the GPU across steps; send compact dtypes (uint8 images, not float32) and convert there.",
-        ),
-    ),
-    Reason(
-        "d2h_copy_bound",
-        "warning",
-        (
-            "Keep results on the GPU: compute metrics and reductions there (torch ops, torchmetrics on CUDA tensors) "
-            "and copy out one summary per step, not whole outputs; avoid .cpu()/.item()/.numpy() inside the loop.",
-            "Copy into a preallocated pinned buffer with .to('cpu', non_blocking=True) on a side stream, and wait on "
-            "its event only when the host needs the values (the next step overlaps the copy).",
-            "Copy less: reduce before copying (argmax, top-k, a histogram), compact dtypes (bf16/uint8, not fp32).",
-        ),
-    ),
-    Reason(
-        "serving_idle",
-        "warning",
-        (
-            "Scale the server to zero while nobody asks (KServe/Knative min replicas 0, Ray Serve autoscaling "
-            "downscale, a Kubernetes HPA or KEDA on the request rate), or stop it and free the GPU.",
-            "Share the GPU with other models or servers (Triton's or vLLM's multi-model serving, MPS, a MIG slice "
-            "sized to the model and its KV cache).",
-        ),
-    ),
-    Reason(
-        "serving",
-        "warning",
-        (
-            "Size the server to its load: scale replicas with the request rate and to zero between bursts "
-            "(KServe/Knative min replicas 0, Ray Serve autoscaling, a Kubernetes HPA on the request rate).",
-            "Share the GPU: several models or servers on one GPU (Triton's or vLLM's multi-model serving, MPS), or a "
-            "MIG slice sized to the model and its KV cache instead of a whole GPU.",
-            "Batch the requests that arrive (dynamic or continuous batching), and preallocate no more KV cache than "
-            "the traffic needs (vLLM --gpu-memory-utilization).",
-        ),
-    ),
-    Reason(
-        "held_idle",
-        "warning",
-        (
-            "The GPU's memory is held but nothing runs: end the idle process (notebook kernel, stopped job) or "
-            "release memory (del tensors; torch.cuda.empty_cache()).",
-            "Schedulers: reclaim idle GPUs (JupyterHub culling, Slurm/Kubernetes idle-GPU policies).",
-        ),
-    ),
-    Reason(
-        "allocated_idle",
-        "warning",
-        (
-            "A scheduler gave this GPU to a job that never opened it: ask for the GPUs the job uses (Slurm "
-            "--gres=gpu:N / --gpus, Kubernetes nvidia.com/gpu limits); a job that uses one of four GPUs keeps three "
-            "from everyone.",
-            "Check how the job picks its devices: a launcher that starts fewer ranks than GPUs (torchrun "
-            "--nproc-per-node), a hard-coded cuda:0, CUDA_VISIBLE_DEVICES narrowed in the script.",
-            "Schedulers: reclaim GPUs allocated and untouched (gpuwarden reclaim, allocated_idle on its ladder).",
-        ),
-    ),
-    Reason(
-        "job_paused",
-        "info",
-        (
-            "The job itself stops between bursts of GPU work (evaluation, checkpointing, logging, sleeps, waiting on "
-            "a service): overlap them with training (asynchronous checkpointing such as torch.distributed.checkpoint "
-            "async_save, evaluation on another GPU), or release the GPU while waiting.",
-        ),
-    ),
-    Reason(
-        "launch_bound",
-        "warning",
-        (
-            "Capture the step in CUDA Graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead')) so one launch "
-            "replays many kernels.",
-            "Fuse small operations into larger kernels (torch.compile, fused optimizers foreach=True/fused=True) and "
-            "use larger batches so each kernel fills the SMs.",
-            "Remove host synchronisations in the loop (.item(), .cpu(), printing tensors).",
-        ),
-    ),
-    Reason(
-        "waiting_on_peers",
-        "warning",
-        (
-            "This GPU spins in a collective waiting for a slower rank: fix the straggler (its own diagnosis says "
-            "why), balance the input work across ranks.",
-            "Check the interconnect if no rank is slow (NVLink/PCIe errors, NCCL_DEBUG=INFO).",
-        ),
-    ),
-    Reason(
-        "throttled",
-        "warning",
-        (
-            "Clocks are held below their maximum: power cap (expected at full load; raise the limit with "
-            "nvidia-smi -pl if allowed), thermal (check cooling, airflow, fan/chassis), hardware slowdown or "
-            "power brake (check the power supply; nvidia-smi -q -d PERFORMANCE).",
-        ),
-    ),
+#: The reasons that are not verdicts: findings reported next to a verdict (or ``gpu_lost``, from ``lost``), each
+#: with its severity and what to do.
+FINDINGS: tuple[Reason, ...] = (
     Reason(
         "memory_nearly_full",
         "info",
@@ -253,14 +98,6 @@ REASON_TABLE: tuple[Reason, ...] = (
         ("A row remap failed: the GPU's memory cannot be repaired in place; service the GPU.",),
     ),
     Reason(
-        "underutilized",
-        "info",
-        (
-            "No single cause dominates: profile a few steps (torch.profiler, Nsight Systems) to see where the "
-            "step time goes.",
-        ),
-    ),
-    Reason(
         "blind",
         "info",
         (
@@ -277,41 +114,12 @@ REASON_TABLE: tuple[Reason, ...] = (
             "dmesg for XID 79 and PCIe/power errors, reset the GPU (nvidia-smi -r) or reboot; replace it if it recurs.",
         ),
     ),
-    Reason(
-        "host_compute_bound",
-        "warning",
-        (
-            "Work on the host consumes the GPU's output while the GPU waits: keep the optimizer step on the GPU "
-            "(fused AdamW) where memory allows, or overlap the host step with the next forward and backward "
-            "(DeepSpeed ZeRO-Offload's delayed parameter update, overlap_comm).",
-            "Compute metrics on the GPU and copy scalars, not whole outputs; log every N steps.",
-            "Where the host copies the output (.cpu() into fresh pageable memory): copy into a preallocated pinned "
-            "buffer with non_blocking=True on a side stream, overlapped with the next step.",
-        ),
-    ),
-    Reason(
-        "checkpoint_bound",
-        "warning",
-        (
-            "Checkpoint without stopping the GPU: asynchronous checkpointing (torch.distributed.checkpoint.async_save, "
-            "a background thread writing a host copy), or checkpoint less often.",
-            "Write to faster storage (local NVMe, then copy off), shard the checkpoint across ranks.",
-        ),
-    ),
-    Reason("free", "ok", ("No process holds this GPU: it is available.",)),
-    Reason(
-        "starting",
-        "ok",
-        (
-            "Nothing to do while a job starts. A start-up that takes minutes costs GPU time at every start and "
-            "restart: cache the model and dataset on local storage, keep compile caches (TORCHINDUCTOR_CACHE_DIR, "
-            "torch.compile's mega-cache), and import and build before the GPU is allocated where the scheduler "
-            "allows.",
-        ),
-    ),
 )
 
 
+#: Every reason a GPU can be given, in the order gpu_diagnosis{reason} lists them: the verdicts (their severity and
+#: remedies from their rule), then the findings.
+REASON_TABLE: tuple[Reason, ...] = (*(Reason(n, r.severity, r.remedies) for n, r in RULES.items()), *FINDINGS)
 #: Derived from REASON_TABLE: the reason names, each one's severity and remedies.
 REASONS = tuple(r.name for r in REASON_TABLE)
 SEVERITY = {r.name: r.severity for r in REASON_TABLE}

@@ -8,7 +8,7 @@ Predicates and summaries are module-private: ``REASON_TABLE`` is their one entry
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
 from gpuwarden.insight.gpu_window import GpuWindow, named, pct
@@ -577,27 +577,48 @@ Summary = Callable[[Facts], str]
 
 @dataclass(frozen=True)
 class Rule:
-    """One verdict's rule: ``when`` it holds (None: always - the last resort), its one-line ``summary`` (both of the
-    window's Facts), and for the rule table of docs/scores.md the rule in words (``text``) and what grounds its
-    numbers (``grounds``: a definition, a paper, or a calibration on named recordings)."""
+    """One verdict, declared once: ``when`` it holds (None: always - the last resort), its one-line ``summary`` (both
+    of the window's Facts), for the rule table of docs/scores.md the rule in words (``text``) and what grounds its
+    numbers (``grounds``: a definition, a paper, or a calibration on named recordings), and as a reason of the
+    diagnosis its ``severity`` (ok, info, warning, critical) and ``remedies`` (what to do, most useful first)."""
 
     when: Predicate | None
     summary: Summary
     text: str
     grounds: str = ""
+    severity: str = field(kw_only=True)
+    remedies: tuple[str, ...] = field(kw_only=True)
 
 
 _GIB = H2D_RX_BYTES_PER_SECOND / 2**30
 
-#: The rule of every verdict, by name (their order: gpuwarden.insight.reasons.VERDICT_ORDER).
+#: Every verdict, by name, in the order the rules are tried (gpuwarden.insight.reasons.VERDICT_ORDER): the first that
+#: holds for a window is its verdict. Cheap and decisive tests first (no process, a job starting, copies, a server
+#: waiting, nobody working), then what limits a working GPU from outside (clocks, peers, the host, storage, launches,
+#: pauses, input), then what limits it inside (HBM, arithmetic); the last always holds. A new verdict is one row here.
 RULES: dict[str, Rule] = {
-    "free": Rule(_free_when, _free_summary, "no process holds the GPU"),
+    "free": Rule(
+        _free_when,
+        _free_summary,
+        "no process holds the GPU",
+        severity="ok",
+        remedies=("No process holds this GPU: it is available.",),
+    ),
     "allocated_idle": Rule(
         _allocated_idle_when,
         _allocated_idle_summary,
         f"allocated_idle >= **{HELD_IDLE_MIN:.0%}** of the window: no process holds the GPU, and a scheduler "
         "allocated it to a job (kubelet pod-resources, a DRA claim, a Slurm job mapping file)",
         "the allocation is the scheduler's own record; NVML lists no process on the GPU",
+        severity="warning",
+        remedies=(
+            "A scheduler gave this GPU to a job that never opened it: ask for the GPUs the job uses (Slurm "
+            "--gres=gpu:N / --gpus, Kubernetes nvidia.com/gpu limits); a job that uses one of four GPUs keeps three "
+            "from everyone.",
+            "Check how the job picks its devices: a launcher that starts fewer ranks than GPUs (torchrun "
+            "--nproc-per-node), a hard-coded cuda:0, CUDA_VISIBLE_DEVICES narrowed in the script.",
+            "Schedulers: reclaim GPUs allocated and untouched (gpuwarden reclaim, allocated_idle on its ladder).",
+        ),
     ),
     "starting": Rule(
         _starting_when,
@@ -609,6 +630,13 @@ RULES: dict[str, Rule] = {
         "a start-up (imports, CUDA context, model build) idles the GPU while one core works, as input starvation "
         "does; its own kernels (weight initialisation) come in one burst of milliseconds, a loop's recur every step "
         "(section Start-up below)",
+        severity="ok",
+        remedies=(
+            "Nothing to do while a job starts. A start-up that takes minutes costs GPU time at every start and "
+            "restart: cache the model and dataset on local storage, keep compile caches (TORCHINDUCTOR_CACHE_DIR, "
+            "torch.compile's mega-cache), and import and build before the GPU is allocated where the scheduler "
+            "allows.",
+        ),
     ),
     "h2d_copy_bound": Rule(
         _h2d_copy_bound_when,
@@ -621,6 +649,12 @@ RULES: dict[str, Rule] = {
         "*calibration*: h2d_pageable_copy 7.7–9.6 GB/s with SM 0.000; starved_cpu_heavy 0.04–0.15 GB/s; "
         "compute_bound 0.017 GB/s; copies beside compute (copy_compute: pageable 7.0–8.0, pinned 45 GB/s an idle "
         "second) against input prepared by the job or its loaders (0.03–0.47) [H100]",
+        severity="warning",
+        remedies=(
+            "Copy from pinned memory: pin_memory=True in the DataLoader, or tensor.pin_memory() once; then "
+            ".to(device, non_blocking=True) to overlap copies with compute.",
+            "Keep data on the GPU across steps; send compact dtypes (uint8 images, not float32) and convert there.",
+        ),
     ),
     "d2h_copy_bound": Rule(
         _d2h_copy_bound_when,
@@ -635,6 +669,14 @@ RULES: dict[str, Rule] = {
         "below 4 GiB/s a copy staged by a CPU core into fresh pageable memory and host work on a large output look "
         "alike (a core busy, bytes out, the GPU idle): `host_compute_bound`, whose summary says it cannot tell them "
         "apart",
+        severity="warning",
+        remedies=(
+            "Keep results on the GPU: compute metrics and reductions there (torch ops, torchmetrics on CUDA tensors) "
+            "and copy out one summary per step, not whole outputs; avoid .cpu()/.item()/.numpy() inside the loop.",
+            "Copy into a preallocated pinned buffer with .to('cpu', non_blocking=True) on a side stream, and wait on "
+            "its event only when the host needs the values (the next step overlaps the copy).",
+            "Copy less: reduce before copying (argmax, top-k, a histogram), compact dtypes (bf16/uint8, not fp32).",
+        ),
     ),
     "serving_idle": Rule(
         _serving_idle_when,
@@ -645,6 +687,13 @@ RULES: dict[str, Rule] = {
         "the engines' own gauges of requests running and waiting (vllm:num_requests_running/waiting, "
         "sglang:num_running_reqs/num_queue_reqs, tgi_batch_current_size/tgi_queue_size, Triton's pending count and "
         "requests done); a server whose metrics cannot be read is never idle by them",
+        severity="warning",
+        remedies=(
+            "Scale the server to zero while nobody asks (KServe/Knative min replicas 0, Ray Serve autoscaling "
+            "downscale, a Kubernetes HPA or KEDA on the request rate), or stop it and free the GPU.",
+            "Share the GPU with other models or servers (Triton's or vLLM's multi-model serving, MPS, a MIG slice "
+            "sized to the model and its KV cache).",
+        ),
     ),
     "serving": Rule(
         _serving_when,
@@ -660,6 +709,15 @@ RULES: dict[str, Rule] = {
         "engine process runs under its front end (vLLM's V1 EngineCore, TorchServe and Triton backends), a notebook "
         "kernel in a session of its own; the inference_server recordings (HTTP and gRPC, in-process and engine in a "
         "child, 0.2 to 20 requests a second) against the notebook-like and distributed ones [H100, H200]",
+        severity="warning",
+        remedies=(
+            "Size the server to its load: scale replicas with the request rate and to zero between bursts "
+            "(KServe/Knative min replicas 0, Ray Serve autoscaling, a Kubernetes HPA on the request rate).",
+            "Share the GPU: several models or servers on one GPU (Triton's or vLLM's multi-model serving, MPS), or a "
+            "MIG slice sized to the model and its KV cache instead of a whole GPU.",
+            "Batch the requests that arrive (dynamic or continuous batching), and preallocate no more KV cache than "
+            "the traffic needs (vLLM --gpu-memory-utilization).",
+        ),
     ),
     "held_idle": Rule(
         _held_idle_when,
@@ -668,6 +726,12 @@ RULES: dict[str, Rule] = {
         f"{JOB_CPU_BUSY_CORES:g} cores with no reads and few waits (and GPM SM activity < {WORK_SAMPLE_RATIO:g} where "
         f"read), or the job's process stopped (SIGSTOP) >= **{STOPPED_MIN:.0%}** of the window",
         "the state thresholds above; /proc state T or t",
+        severity="warning",
+        remedies=(
+            "The GPU's memory is held but nothing runs: end the idle process (notebook kernel, stopped job) or "
+            "release memory (del tensors; torch.cuda.empty_cache()).",
+            "Schedulers: reclaim idle GPUs (JupyterHub culling, Slurm/Kubernetes idle-GPU policies).",
+        ),
     ),
     "throttled": Rule(
         _throttled_when,
@@ -675,6 +739,12 @@ RULES: dict[str, Rule] = {
         f"util.gpu >= {BUSY_UTIL:g}, thermal / HW slowdown / power brake reasons >= {THROTTLE_MIN_FRACTION:.0%} of "
         f"the time, SM clock < **{THROTTLE_CLOCK_RATIO:.0%}** of max",
         "[NVML] clock-event reasons; 90% *calibration*",
+        severity="warning",
+        remedies=(
+            "Clocks are held below their maximum: power cap (expected at full load; raise the limit with "
+            "nvidia-smi -pl if allowed), thermal (check cooling, airflow, fan/chassis), hardware slowdown or "
+            "power brake (check the power supply; nvidia-smi -q -d PERFORMANCE).",
+        ),
     ),
     "waiting_on_peers": Rule(
         _waiting_on_peers_when,
@@ -684,6 +754,12 @@ RULES: dict[str, Rule] = {
         f"or the peer's SM activity >= **{1 / PEER_LAG:g} ×** this one's (GPU-side)",
         "[H200x2]: rank 0 util 0.99 / SM 0.25–0.27, rank 1 util 0.07–0.15; a rank given 4× the GPU work computes at "
         "SM ~0.95 while its peer spins at 0.24–0.39",
+        severity="warning",
+        remedies=(
+            "This GPU spins in a collective waiting for a slower rank: fix the straggler (its own diagnosis says "
+            "why), balance the input work across ranks.",
+            "Check the interconnect if no rank is slow (NVLink/PCIe errors, NCCL_DEBUG=INFO).",
+        ),
     ),
     "host_compute_bound": Rule(
         _host_compute_bound_when,
@@ -695,6 +771,15 @@ RULES: dict[str, Rule] = {
         "moves gradients out and parameters back, TX ≈ RX: ZeRO-Offload, Ren et al., USENIX ATC 2021; host metrics "
         "copy outputs out and nothing in). Below 100 MB/s the direction of a trickle says nothing, and without GPM "
         "(pre-Hopper) it cannot be told from `input_starved`, which then stands",
+        severity="warning",
+        remedies=(
+            "Work on the host consumes the GPU's output while the GPU waits: keep the optimizer step on the GPU "
+            "(fused AdamW) where memory allows, or overlap the host step with the next forward and backward "
+            "(DeepSpeed ZeRO-Offload's delayed parameter update, overlap_comm).",
+            "Compute metrics on the GPU and copy scalars, not whole outputs; log every N steps.",
+            "Where the host copies the output (.cpu() into fresh pageable memory): copy into a preallocated pinned "
+            "buffer with non_blocking=True on a side stream, overlapped with the next step.",
+        ),
     ),
     "checkpoint_bound": Rule(
         _checkpoint_bound_when,
@@ -704,6 +789,12 @@ RULES: dict[str, Rule] = {
         "than it reads",
         "a job that stops its GPU to write a checkpoint: the bytes go out, none come in (a loader reads). A process "
         "in state D while the job writes is its fsync, not a read",
+        severity="warning",
+        remedies=(
+            "Checkpoint without stopping the GPU: asynchronous checkpointing (torch.distributed.checkpoint.async_save, "
+            "a background thread writing a host copy), or checkpoint less often.",
+            "Write to faster storage (local NVMe, then copy off), shard the checkpoint across ranks.",
+        ),
     ),
     "launch_bound": Rule(
         _launch_bound_when,
@@ -714,6 +805,14 @@ RULES: dict[str, Rule] = {
         "the time mostly in gaps inside utilization sample periods, no helper process doing the work (job CPU < "
         f"{LAUNCH_HELPERS_MAX:g} × the busiest process) and no reads",
         "[NVML] util.gpu vs [DCGM] SM activity: small kernels fill few SMs (section below)",
+        severity="warning",
+        remedies=(
+            "Capture the step in CUDA Graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead')) so one launch "
+            "replays many kernels.",
+            "Fuse small operations into larger kernels (torch.compile, fused optimizers foreach=True/fused=True) and "
+            "use larger batches so each kernel fills the SMs.",
+            "Remove host synchronisations in the loop (.item(), .cpu(), printing tensors).",
+        ),
     ),
     "job_paused": Rule(
         _job_paused_when,
@@ -722,6 +821,12 @@ RULES: dict[str, Rule] = {
         f"is below {JOB_CPU_BUSY_CORES:g} cores per idle second, it reads and writes nothing and waits seldom (fewer "
         f"than **{WAITS_PER_SECOND:g}** voluntary context switches per idle second), or paused > starved",
         "section below",
+        severity="info",
+        remedies=(
+            "The job itself stops between bursts of GPU work (evaluation, checkpointing, logging, sleeps, waiting on "
+            "a service): overlap them with training (asynchronous checkpointing such as torch.distributed.checkpoint "
+            "async_save, evaluation on another GPU), or release the GPU while waiting.",
+        ),
     ),
     "input_starved": Rule(
         _input_starved_when,
@@ -730,22 +835,51 @@ RULES: dict[str, Rule] = {
         "a quarter of the time idle on input: a faster pipeline gains a third more throughput; the summary says which "
         "input (CPU in helper processes or the training process, local storage, remote storage through reads or "
         "many short waits)",
+        severity="warning",
+        remedies=(
+            "Move input work off the training loop: DataLoader(num_workers=N, pin_memory=True, "
+            "persistent_workers=True, prefetch_factor>=2).",
+            "Do decoding and augmentation on the GPU (NVIDIA DALI, torchvision.transforms.v2 on CUDA tensors).",
+            "Cache preprocessed data; check that the job was given enough CPU cores (cgroup cpu.max, Slurm "
+            "--cpus-per-task, Kubernetes CPU limits).",
+            "Input from remote storage: more loader workers and a deeper prefetch, larger requests, a local cache "
+            "of the dataset (node-local NVMe).",
+            "If the training process spends the time on the GPU's output instead (evaluation metrics, ranking, "
+            "logging on the host): compute them on the GPU and copy scalars, evaluate less often or in another "
+            "process.",
+        ),
     ),
     "memory_bound": Rule(
         _memory_bound_when,
         _memory_bound_summary,
         f"util.gpu >= {BUSY_UTIL:g} and GPM DRAM activity >= **{MEMORY_BOUND_DRAM:g}**",
         "roofline (section below)",
+        severity="ok",
+        remedies=(
+            "The kernels run at HBM bandwidth: cut bytes moved - fuse elementwise chains (torch.compile), keep data "
+            "in bf16/fp8 instead of fp32, avoid needless copies (.contiguous(), .clone(), device-to-device copies).",
+            "Raise arithmetic intensity: larger matrix tiles or batches; FlashAttention-style fused kernels.",
+        ),
     ),
     "compute_bound": Rule(
         _compute_bound_when,
         _compute_bound_summary,
         f"util.gpu >= **{BUSY_UTIL:g}**: nothing above blocks the GPU",
         "0.5: [Gao24]'s line for low utilization",
+        severity="ok",
+        remedies=(
+            "Nothing blocks the GPU. To go faster: mixed precision (bf16/fp8), larger batches, fused kernels, "
+            "or more GPUs.",
+        ),
     ),
     "underutilized": Rule(
         None,
         _underutilized_summary,
         "none of the above (with the job's CPU unknown: the `blind` finding says how to let gpuwarden see)",
+        severity="info",
+        remedies=(
+            "No single cause dominates: profile a few steps (torch.profiler, Nsight Systems) to see where the "
+            "step time goes.",
+        ),
     ),
 }
