@@ -1,8 +1,9 @@
-"""The verdict rules: what each verdict requires of a GPU's window (``*_when``) and the sentence that says why
-(``*_summary``), both reading ``Facts``. Their order and remedies are in gpuwarden.insight.reasons; the thresholds in
-gpuwarden.insight.thresholds.
+"""The verdicts, each declared once as a row of ``RULES``: what it requires of a GPU's window (``*_when``), the
+sentence that says why (``*_summary``), both reading ``Facts``, the rule in words for docs/scores.md, its severity
+and remedies; the rows' order is the order the rules are tried. The thresholds are in gpuwarden.insight.thresholds;
+gpuwarden.insight.reasons adds the findings and picks the verdict.
 
-Predicates and summaries are module-private: ``REASON_TABLE`` is their one entry point.
+Predicates and summaries are module-private: ``RULES`` is their one entry point.
 """
 
 from __future__ import annotations
