@@ -166,7 +166,7 @@ def test_top_from_the_usage_records_is_within_1_percent_of_the_counters(fleet: d
 def test_label_values_reach_the_query_whole_whatever_they_hold(fleet: dict, value: str) -> None:
     """Every label value the commands put in a query (job ids, instances, clusters: machine text) is one PromQL string
     literal (gpuwarden.cluster.usage.promql_string): Prometheus's parser gives back exactly the value."""
-    from gpuwarden.cluster.usage import promql_string
+    from gpuwarden.cluster.accounting_queries import promql_string
 
     expr = f'label_replace(vector(1), "got", {promql_string(value)}, "", "")'
     body = httpx.get(f"{fleet['url']}/api/v1/query", params={"query": expr}, timeout=30).json()

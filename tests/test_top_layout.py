@@ -9,7 +9,8 @@ import io
 import pytest
 from rich.console import Console
 
-from gpuwarden.cluster.usage import Cluster, GpuKey, JobKey, Usage
+from gpuwarden.cluster.accounting_queries import Cluster, GpuKey
+from gpuwarden.cluster.usage import JobKey, Usage
 from gpuwarden.cluster.views import Names, gpus_table, job_details, jobs_table
 
 POD = "3f2b6c1e-8a4d-4e8f-9b7a-0c5d2e1f6a9b"  # a pod UID: 36 characters

@@ -44,7 +44,8 @@ from gpuwarden.insight.thresholds import ALERT_PARAMS
 from gpuwarden.mixin.rules import ParamTemplate, duration, seconds
 
 if TYPE_CHECKING:
-    from gpuwarden.cluster.usage import Accounting, Cluster, GpuKey
+    from gpuwarden.cluster.accounting_queries import Cluster, GpuKey
+    from gpuwarden.cluster.usage import Accounting
 
 #: XIDs that take a GPU out of service (the alert rules' xid_critical, gpuwarden/mixin/params.yml).
 XID_CRITICAL = re.compile(r"^(48|62|64|74|79|95|119|120|140)$")

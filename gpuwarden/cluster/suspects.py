@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 from gpuwarden.catalog import THROTTLE_REASONS
 
 if TYPE_CHECKING:
-    from gpuwarden.cluster.usage import Accounting, Cluster, GpuKey
+    from gpuwarden.cluster.accounting_queries import Cluster, GpuKey
+    from gpuwarden.cluster.usage import Accounting
 
 #: A suspect's mean SM clock below this share of its node's other GPUs' is evidence (at the power they draw).
 CLOCK_BELOW_PEERS = 0.97

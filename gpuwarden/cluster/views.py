@@ -13,13 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpuwarden.cluster.accounting_queries import Cluster, GpuKey
 from gpuwarden.cluster.durations import seconds
 from gpuwarden.cluster.usage import (
     LOST_CAUSES,
     RECORDED_CHECK,
     Accounting,
-    Cluster,
-    GpuKey,
     JobKey,
     RecordsCoverage,
     Usage,

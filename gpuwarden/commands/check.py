@@ -143,9 +143,10 @@ def _with_history(checks: list[GpuCheck], args: argparse.Namespace) -> list[GpuC
     GPUs selected by UUID): a service reason a CRITICAL finding, a watch reason a WARN. When Prometheus cannot answer,
     ``checks`` as they are, after one line on stderr: a prolog keeps its NVML verdict, it does not drain for a
     monitoring outage."""
+    from gpuwarden.cluster.accounting_queries import promql_string
     from gpuwarden.cluster.promapi import ClientTls, Prometheus, PrometheusError
     from gpuwarden.cluster.quality import quality
-    from gpuwarden.cluster.usage import Accounting, promql_string
+    from gpuwarden.cluster.usage import Accounting
     from gpuwarden.health import LEVELS, Finding
     from gpuwarden.terminal import brief, redacted
 
