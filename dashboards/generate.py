@@ -31,7 +31,7 @@ from grafana_foundation_sdk.models import dashboard as md
 from grafana_foundation_sdk.models import prometheus as mp
 
 from gpuwarden.catalog import CONDITION_REASONS, THROTTLE_REASONS
-from gpuwarden.insight.thresholds import ALERT_PARAMS
+from gpuwarden.insight.vocabulary.thresholds import ALERT_PARAMS
 
 OUT = Path(__file__).parent.parent / "gpuwarden" / "mixin" / "dashboards"
 DS = md.DataSourceRef(type_val="prometheus", uid="${datasource}")

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from gpuwarden.insight.attribution import job_scope
-from gpuwarden.insight.result import ProcessJob
+from gpuwarden.insight.vocabulary.result import ProcessJob
 from gpuwarden.model import GpuReading
 
 log = logging.getLogger(__name__)
@@ -150,8 +150,8 @@ def allocated_jobs(
     gpus: Iterable[GpuReading], processes: Sequence[ProcessJob]
 ) -> dict[tuple[int, str, str, str], dict[str, str]]:
     """(gpu, uuid, job_kind, job_id) -> gpu_job_info's labels of each job a scheduler allocated one of ``gpus`` to
-    (``processes``: the node's GPU processes with their jobs, gpuwarden.insight.result.ProcessJob): a Slurm job
-    of the job mapping directory (``GpuReading.allocated_jobs``: its id as the job id and the Slurm job number), a
+    (``processes``: the node's GPU processes with their jobs, gpuwarden.insight.vocabulary.result.ProcessJob): a Slurm
+    job of the job mapping directory (``GpuReading.allocated_jobs``: its id as the job id and the Slurm job number), a
     Kubernetes pod the kubelet assigned it (``GpuReading.pods``). A pod's job id is its UID where a process of it is
     seen on the node (the id its processes' cgroups give), else ``namespace/pod`` (the pod-resources API names pods,
     not their UIDs)."""

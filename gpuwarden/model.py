@@ -67,8 +67,8 @@ class NodeStatic(_Model):
 
 class ProcessIdentity(BaseModel):
     """What a GPU process is wherever it is shown: its PID, its memory on the GPU, the process that keeps it, its
-    ranks. ProcessReading (the NVML layer's reading) and gpuwarden.insight.result.ProcessJob (the process with its
-    job) both hold these fields, declared here once.
+    ranks. ProcessReading (the NVML layer's reading) and gpuwarden.insight.vocabulary.result.ProcessJob (the process
+    with its job) both hold these fields, declared here once.
 
     ``pid`` and ``gpu_memory_bytes`` come from nvmlDeviceGetComputeRunningProcesses (host PIDs), the ranks from
     /proc/PID/environ, ``kept_by`` from the device files open in /proc/*/fd.

@@ -29,8 +29,8 @@ class NodeSnapshot:
     GPU index -> XID code -> XidTotal; ``last_up`` GPU index -> that GPU's last reading while it was up (what is
     still known of a GPU now lost).
     ``errors`` maps (call, error) -> count. ``analyses`` holds what analyzers derived from the history, keyed by
-    analyzer name (the snapshot layer knows none of them: ``gpuwarden.insight.result.snapshot_insight`` reads the
-    insight analyzer's). ``reload_successful`` says whether the last configuration
+    analyzer name (the snapshot layer knows none of them: ``gpuwarden.insight.vocabulary.result.snapshot_insight``
+    reads the insight analyzer's). ``reload_successful`` says whether the last configuration
     reload applied (True before any), ``reload_success_timestamp`` when the configuration last loaded (start or
     reload, Unix s).
     """

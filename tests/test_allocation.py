@@ -14,8 +14,8 @@ from conftest import TRACES, render
 from test_collectors import families
 
 from gpuwarden.allocation import MAX_JOBS_PER_GPU, JobMapping, parse, parse_owner
-from gpuwarden.insight import states as st
 from gpuwarden.insight.analyzer import InsightAnalyzer
+from gpuwarden.insight.vocabulary import states as st
 from gpuwarden.model import GpuReading, PodAssignment
 from gpuwarden.poller import Poller
 from gpuwarden.replay import ReplaySource

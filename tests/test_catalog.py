@@ -202,3 +202,19 @@ def test_the_http_server_imports_nothing_of_gpuwarden_but_logging_and_the_app_no
         assert all(m.startswith(("gpuwarden.web.server", "gpuwarden.logs")) for m in ours), (path.name, ours)
     for path in sorted(web.glob("*.py")):
         assert not [m for m in imported(path) if m.startswith("gpuwarden.web.server")], path.name
+
+
+def test_the_diagnosis_vocabulary_imports_nothing_of_its_engine() -> None:
+    """gpuwarden.insight.vocabulary (states, thresholds, the result and verdict models) is what the engine and the
+    readers above it share: it imports nothing of gpuwarden.insight outside itself, so reading it needs no engine."""
+    import ast
+    from pathlib import Path
+
+    vocabulary = Path(__file__).parent.parent / "gpuwarden" / "insight" / "vocabulary"
+    assert sorted(p.stem for p in vocabulary.glob("*.py")) == ["__init__", "result", "states", "thresholds", "verdicts"]
+    for path in sorted(vocabulary.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        engine = [m for m in names if m.startswith("gpuwarden.insight") and not m.startswith("gpuwarden.insight.voc")]
+        assert engine == [], (path.name, engine)

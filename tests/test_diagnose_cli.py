@@ -116,7 +116,7 @@ def test_diagnosis_document_without_analysis_or_poll() -> None:
 def test_the_api_document_carries_every_field_of_the_insight_it_extends() -> None:
     """GpuDiagnosisDocument extends GpuInsight: idle causes, held-idle energy and shortfall (what /metrics exports)
     are in the API document too, with the same values."""
-    from gpuwarden.insight.result import GpuInsight
+    from gpuwarden.insight.vocabulary.result import GpuInsight
 
     static, polls, results = run_trace(h100("held_idle"))
     doc = diagnosis_document(snap_of(static, polls[-1], results[-1]))

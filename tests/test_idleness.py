@@ -15,7 +15,7 @@ from gpuwarden.allocation import JobMapping
 from gpuwarden.config import load_config
 from gpuwarden.daemon import Daemon
 from gpuwarden.insight.analyzer import InsightAnalyzer
-from gpuwarden.insight.result import GpuInsight, StateRun
+from gpuwarden.insight.vocabulary.result import GpuInsight, StateRun
 from gpuwarden.poller import Poller
 from gpuwarden.replay import ReplaySource
 from gpuwarden.web.idleness import gpu_status, idleness_document

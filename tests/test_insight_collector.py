@@ -11,7 +11,7 @@ from test_insight_helpers import DDP, h100, run_trace, snap_of
 from gpuwarden.collectors import CollectOptions
 from gpuwarden.exposition import Exposition
 from gpuwarden.insight.reasons import REASONS
-from gpuwarden.insight.states import STATES
+from gpuwarden.insight.vocabulary.states import STATES
 from gpuwarden.snapshot import Held
 
 

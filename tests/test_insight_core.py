@@ -21,8 +21,8 @@ from gpuwarden.insight import diagnosis as dg
 from gpuwarden.insight import margins
 from gpuwarden.insight.analyzer import InsightAnalyzer
 from gpuwarden.insight.gpu_window import GpuWindow
-from gpuwarden.insight.result import InsightCore, insight_core, snapshot_core, snapshot_insight
-from gpuwarden.insight.verdicts import Diagnosis
+from gpuwarden.insight.vocabulary.result import InsightCore, insight_core, snapshot_core, snapshot_insight
+from gpuwarden.insight.vocabulary.verdicts import Diagnosis
 from gpuwarden.poller import Poller
 from gpuwarden.replay import ReplaySource
 from gpuwarden.trace import read_trace

@@ -8,7 +8,7 @@ import pytest
 from conftest import TRACES
 
 from gpuwarden.commands.diagnose import replay_report
-from gpuwarden.insight.result import InsightResult
+from gpuwarden.insight.vocabulary.result import InsightResult
 
 #: trace -> (verdict, findings that must be there too)
 EXPECTED = {
@@ -273,7 +273,7 @@ def test_idle_energy_by_cause_is_bounded_by_each_causes_seconds(name: str) -> No
     """``gpu_idle_energy_joules_total{cause}`` on real recordings: each cause's joules lie between 0 and its idle
     seconds times the GPU's power range (none without seconds), held_idle's equal the held-idle energy family, and
     the starved loader's cost is its input_cpu time."""
-    from gpuwarden.insight.states import IDLE_CAUSES
+    from gpuwarden.insight.vocabulary.states import IDLE_CAUSES
 
     result, powers = _replayed_with_powers(name)
     for gpu in result.gpus:

@@ -9,7 +9,7 @@ from conftest import TRACES
 
 from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
 from gpuwarden.insight.launches import launch_limited
-from gpuwarden.insight.states import Segment, gaps_in_periods, idle_causes
+from gpuwarden.insight.vocabulary.states import Segment, gaps_in_periods, idle_causes
 from gpuwarden.trace import read_trace
 
 # util, sm, busiest process cores, job cores, whole-idle share, io_busy, copies

@@ -9,7 +9,7 @@ from conftest import TRACES
 
 from gpuwarden.insight.analyzer import InsightAnalyzer, insight_result
 from gpuwarden.insight.peers import peer_wait_share
-from gpuwarden.insight.result import GpuInsight
+from gpuwarden.insight.vocabulary.result import GpuInsight
 from gpuwarden.trace import read_trace
 
 

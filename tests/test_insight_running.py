@@ -16,13 +16,13 @@ from collections.abc import Iterable, Sequence
 import pytest
 from conftest import H100_SCENARIOS, trace
 
-from gpuwarden.insight import states as st
 from gpuwarden.insight import windows as an
 from gpuwarden.insight.analyzer import InsightAnalyzer
 from gpuwarden.insight.attribution import JobRef
 from gpuwarden.insight.evidence import MEANS, pack_means
 from gpuwarden.insight.gpu_window import GpuWindow, Health
 from gpuwarden.insight.scores import starved_ratio
+from gpuwarden.insight.vocabulary import states as st
 from gpuwarden.insight.windows import Interval as _Interval
 from gpuwarden.model import PollResult
 from gpuwarden.trace import read_trace

@@ -115,7 +115,7 @@ def test_the_daemon_replaying_a_recording_gives_the_verdicts_of_the_analyzer_fed
     recording's polls directly decide the same at every poll, start-up included (the demo's jobs arrive in turn)."""
     from conftest import replay_poller
 
-    from gpuwarden.insight.result import snapshot_insight
+    from gpuwarden.insight.vocabulary.result import snapshot_insight
     from gpuwarden.replay import demo_trace_path
 
     path = demo_trace_path()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_insight_helpers import h100, run, run_trace
 
-from gpuwarden.insight.states import STATES, Segment, account, holder_of, segments
+from gpuwarden.insight.vocabulary.states import STATES, Segment, account, holder_of, segments
 from gpuwarden.trace import read_trace
 
 SCENARIOS = ["idle", "compute_bound", "starved_dataloader", "starved_cpu_heavy", "h2d_pageable_copy", "held_idle"]

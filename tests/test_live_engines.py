@@ -130,7 +130,7 @@ def test_top_over_failed_scrapes_is_what_the_counters_grew(engines: dict, engine
     assert at - RANGE_S < engines["down"][0] < engines["down"][1] < at  # the failed scrapes are inside the range
     doc = cli_json("top", "--prometheus", engines[engine], "--range", f"{RANGE_S}s", "--step", "1s", "--resolution",
                    "1s", "--at", f"{at:.3f}", "--source", "raw")  # fmt: skip
-    from gpuwarden.insight.states import STATES
+    from gpuwarden.insight.vocabulary.states import STATES
 
     held = _grown(engines[engine], "gpu_state_seconds_total", at, set(STATES) - {"free"})
     busy = _grown(engines[engine], "gpu_state_seconds_total", at, {"busy"})

@@ -8,7 +8,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from gpuwarden.insight.result import ProcessJob
+from gpuwarden.insight.vocabulary.result import ProcessJob
 from gpuwarden.model import GpuReading, ProcessReading
 
 

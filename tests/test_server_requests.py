@@ -232,7 +232,7 @@ def _replay(trace: str, annotate: Callable[..., list[GpuReading]], idle_after: f
 
 
 def _verdict_and_idleness(p: Poller) -> tuple[str, dict, dict[str, float]]:  # type: ignore[type-arg]
-    from gpuwarden.insight.result import snapshot_insight
+    from gpuwarden.insight.vocabulary.result import snapshot_insight
 
     assert p.snapshot is not None
     res = snapshot_insight(p.snapshot)

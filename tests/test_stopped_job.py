@@ -8,7 +8,7 @@ from __future__ import annotations
 from conftest import TRACES
 
 from gpuwarden.insight.analyzer import InsightAnalyzer
-from gpuwarden.insight.result import InsightResult
+from gpuwarden.insight.vocabulary.result import InsightResult
 from gpuwarden.replay import ReplaySource
 from gpuwarden.web.idleness import gpu_status
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from gpuwarden.cluster.views import _row
 from gpuwarden.commands.diagnose import render, replay_report
-from gpuwarden.insight.result import JobInsight
+from gpuwarden.insight.vocabulary.result import JobInsight
 from gpuwarden.terminal import visible
 
 HOSTILE = "[/][link=file:///etc/passwd]x[/link]\x1b]0;pwned\x07\x1b[2J"

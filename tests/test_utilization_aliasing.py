@@ -25,7 +25,7 @@ from gpuwarden.daemon import build_analyzers
 from gpuwarden.nvml import NvmlSource
 from gpuwarden.poller import Poller
 
-#: NVML's util.gpu sample period on Hopper (about six samples a second: gpuwarden.insight.states).
+#: NVML's util.gpu sample period on Hopper (about six samples a second: gpuwarden.insight.vocabulary.states).
 SAMPLE_SECONDS = 1 / 6
 
 

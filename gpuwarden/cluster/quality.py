@@ -40,7 +40,7 @@ from gpuwarden.catalog import CONDITION_REASONS
 from gpuwarden.cluster.suspects import CLOCK_EVENT_SECONDS, suspects
 from gpuwarden.health.conditions import number, shipped
 from gpuwarden.health.rules import RULES, HealthRule
-from gpuwarden.insight.thresholds import ALERT_PARAMS
+from gpuwarden.insight.vocabulary.thresholds import ALERT_PARAMS
 from gpuwarden.mixin.rules import ParamTemplate, duration, seconds
 
 if TYPE_CHECKING:

@@ -58,7 +58,7 @@ from gpuwarden.cluster.accounting_queries import (
     promql_string,
 )
 from gpuwarden.insight.reasons import REASONS, REMEDIES
-from gpuwarden.insight.states import IDLE_CAUSES
+from gpuwarden.insight.vocabulary.states import IDLE_CAUSES
 from gpuwarden.mixin import rules as _rules
 
 if TYPE_CHECKING:

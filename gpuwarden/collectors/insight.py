@@ -1,12 +1,12 @@
 """Time accounting, starved and imbalance scores, job attribution and diagnosis (``gpuwarden.insight``).
 
-Reads the core of the snapshot's ``InsightResult`` (gpuwarden.insight.result.snapshot_core: the result without its
-Diagnosis models, and each GPU's findings); definitions in docs/scores.md.
+Reads the core of the snapshot's ``InsightResult`` (gpuwarden.insight.vocabulary.result.snapshot_core: the result
+without its Diagnosis models, and each GPU's findings); definitions in docs/scores.md.
 
 - ``gpu_state_seconds_total{gpu,uuid,state}`` counter: seconds the GPU spent in each state since the daemon
-  started; ``state`` is one of gpuwarden.insight.states.STATES (busy, starved, paused, held_idle, serving_idle,
-  ...; they add up to the accounted wall time); a state the GPU has not been in since the daemon started has no
-  series (so for the idle causes of ``gpu_idle_seconds_total`` and their energy).
+  started; ``state`` is one of gpuwarden.insight.vocabulary.states.STATES (busy, starved, paused, held_idle,
+  serving_idle, ...; they add up to the accounted wall time); a state the GPU has not been in since the daemon started
+  has no series (so for the idle causes of ``gpu_idle_seconds_total`` and their energy).
 - ``gpu_starved_ratio{gpu,uuid}``: starved seconds / accounted seconds over the analyzer window (default 5 min).
 - ``gpu_node_imbalance_ratio``: load imbalance over all GPUs of the node in [0, 1] (0 balanced, 1 one GPU does
   all the work), on GPM SM activity where every GPU has it, else util.gpu. Absent with fewer than 2 GPUs.
@@ -41,8 +41,8 @@ from gpuwarden.collectors.registry import (
 from gpuwarden.families import MetricFamily
 from gpuwarden.insight.attribution import job_scope
 from gpuwarden.insight.reasons import REASONS
-from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, ProcessJob, snapshot_core
-from gpuwarden.insight.states import IDLE_CAUSES, STATES
+from gpuwarden.insight.vocabulary.result import GpuInsight, InsightCore, InsightResult, ProcessJob, snapshot_core
+from gpuwarden.insight.vocabulary.states import IDLE_CAUSES, STATES
 from gpuwarden.snapshot import NodeSnapshot
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from prometheus_client.samples import Sample
 
-from gpuwarden.insight.thresholds import ALERT_PARAMS
+from gpuwarden.insight.vocabulary.thresholds import ALERT_PARAMS
 
 #: The comparison operators a condition may use, with Python's.
 OPERATORS: dict[str, Callable[[float, float], bool]] = {

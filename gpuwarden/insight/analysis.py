@@ -11,8 +11,8 @@ from gpuwarden.insight.diagnosis import Decided, decide, lost
 from gpuwarden.insight.gpu_window import GpuWindow
 from gpuwarden.insight.margins import VerdictMemory
 from gpuwarden.insight.peers import Activity
-from gpuwarden.insight.result import GpuInsight, InsightCore, InsightResult, JobInsight, ProcessJob
 from gpuwarden.insight.scores import imbalance, shortfalls, starved_ratio
+from gpuwarden.insight.vocabulary.result import GpuInsight, InsightCore, InsightResult, JobInsight, ProcessJob
 from gpuwarden.insight.windows import GpuCapture, WindowActivity
 
 #: A diagnosis window holding at least this share of its length is full: only then is its verdict kept within the

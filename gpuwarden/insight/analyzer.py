@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gpuwarden.catalog import CLOCK_EVENT_REASONS
-from gpuwarden.insight import states as st
 from gpuwarden.insight.analysis import build_core
 from gpuwarden.insight.attribution import JobRef, attribute, pod_of, slurm_job_number
 from gpuwarden.insight.evidence import pack_means
@@ -26,10 +25,11 @@ from gpuwarden.insight.gpu_window import Health
 from gpuwarden.insight.launches import launch_limited
 from gpuwarden.insight.margins import VerdictMemory
 from gpuwarden.insight.peers import peer_wait_share
-from gpuwarden.insight.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
 from gpuwarden.insight.rules import copies_data
 from gpuwarden.insight.startup import StartUp, begins, startup_causes
-from gpuwarden.insight.thresholds import POWER_REASONS, SEVERE_REASONS
+from gpuwarden.insight.vocabulary import states as st
+from gpuwarden.insight.vocabulary.result import DeferredInsight, InsightResult, ProcessJob, StateRun, insight_result
+from gpuwarden.insight.vocabulary.thresholds import POWER_REASONS, SEVERE_REASONS
 from gpuwarden.insight.windows import GpuCapture, Interval, Packed, Running, finite, mergeable, merged, pack, terms
 from gpuwarden.model import GpuReading, GpuStatic, HostReading, NodeStatic, PollResult, ProcessReading
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuwarden.insight.result import snapshot_insight
+from gpuwarden.insight.vocabulary.result import snapshot_insight
 from gpuwarden.model import NodeStatic, PollResult
 from gpuwarden.snapshot import SnapshotHolder
 

@@ -1,7 +1,7 @@
 """Diagnosis: one verdict per GPU, with the numbers behind it and what to do (rules in docs/scores.md).
 
-The parts: thresholds (gpuwarden.insight.thresholds), the window a rule reads (gpu_window), the evidence shown
-(evidence), the peer test (peers), the rules (rules), their order and remedies (reasons), the served models
+The parts: thresholds (gpuwarden.insight.vocabulary.thresholds), the window a rule reads (gpu_window), the evidence
+shown (evidence), the peer test (peers), the rules (rules), their order and remedies (reasons), the served models
 (verdicts).
 
 ``diagnose(window, peers)`` is a pure function of a GPU's window statistics (``GpuWindow``, built by the
@@ -27,7 +27,7 @@ from gpuwarden.insight.margins import MARGIN, VerdictMemory, alternatives
 from gpuwarden.insight.peers import utilized, waiters
 from gpuwarden.insight.reasons import REMEDIES, SEVERITY, first_verdict
 from gpuwarden.insight.rules import RULES, Facts, input_source, throttled
-from gpuwarden.insight.thresholds import (
+from gpuwarden.insight.vocabulary.thresholds import (
     FP32_BUSY_MIN,
     HOST_PHASE_MIN,
     HOT_MARGIN_CELSIUS,
@@ -36,7 +36,7 @@ from gpuwarden.insight.thresholds import (
     TENSOR_IDLE_MAX,
     THROTTLE_MIN_FRACTION,
 )
-from gpuwarden.insight.verdicts import Diagnosis
+from gpuwarden.insight.vocabulary.verdicts import Diagnosis
 
 
 def _health(w: GpuWindow) -> list[tuple[str, str]]:

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from gpuwarden.insight.gpu_window import GpuWindow
 from gpuwarden.insight.launches import LAUNCH_CPU_CORES, LAUNCH_SM_PER_UTIL
-from gpuwarden.insight.states import (
+from gpuwarden.insight.vocabulary.states import (
     IO_READ_BYTES_PER_SECOND,
     IO_WRITE_BYTES_PER_SECOND,
     JOB_CPU_BUSY_CORES,
     WAITS_PER_SECOND,
 )
-from gpuwarden.insight.thresholds import (
+from gpuwarden.insight.vocabulary.thresholds import (
     BUSY_UTIL,
     FP32_BUSY_MIN,
     H2D_RX_BYTES_PER_SECOND,

@@ -26,7 +26,7 @@ class GpuWindow:
     """What the analyzer measured on one GPU over the diagnosis window (means are time-weighted).
 
     Ratios are in [0, 1], rates in bytes/s, CPU in cores (CPU seconds per second). None: not available.
-    ``states`` are seconds per state (gpuwarden.insight.states.STATES); ``seconds`` their sum.
+    ``states`` are seconds per state (gpuwarden.insight.vocabulary.states.STATES); ``seconds`` their sum.
     ``throttle_fraction`` is the share of the time with any slowing clock-event reason;
     ``severe_throttle_fraction`` with a thermal / hardware one; ``throttle_reasons`` the names seen.
     ``starting_seconds``: the job's age (s) while it is in its start-up (gpuwarden.insight.startup), None once steady.

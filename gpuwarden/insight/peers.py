@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from gpuwarden.insight.thresholds import BUSY_UTIL, PEER_LAG, SPIN_SM_PER_UTIL
+from gpuwarden.insight.vocabulary.thresholds import BUSY_UTIL, PEER_LAG, SPIN_SM_PER_UTIL
 
 
 def utilized(w: Activity) -> bool:

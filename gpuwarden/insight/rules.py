@@ -1,7 +1,7 @@
 """The verdicts, each declared once as a row of ``RULES``: what it requires of a GPU's window (``*_when``), the
 sentence that says why (``*_summary``), both reading ``Facts``, the rule in words for docs/scores.md, its severity
-and remedies; the rows' order is the order the rules are tried. The thresholds are in gpuwarden.insight.thresholds;
-gpuwarden.insight.reasons adds the findings and picks the verdict.
+and remedies; the rows' order is the order the rules are tried. The thresholds are in
+gpuwarden.insight.vocabulary.thresholds; gpuwarden.insight.reasons adds the findings and picks the verdict.
 
 Predicates and summaries are module-private: ``RULES`` is their one entry point.
 """
@@ -24,7 +24,7 @@ from gpuwarden.insight.launches import (
 )
 from gpuwarden.insight.peers import straggler, utilized, waits_on
 from gpuwarden.insight.startup import STARTUP_KERNEL_SECONDS, STARTUP_MAX_SECONDS, STARTUP_RECUR_SECONDS
-from gpuwarden.insight.states import (
+from gpuwarden.insight.vocabulary.states import (
     IO_READ_BYTES_PER_SECOND,
     IO_WRITE_BYTES_PER_SECOND,
     JOB_CPU_BUSY_CORES,
@@ -32,7 +32,7 @@ from gpuwarden.insight.states import (
     WORK_SAMPLE_RATIO,
     writes_more_than_reads,
 )
-from gpuwarden.insight.thresholds import (
+from gpuwarden.insight.vocabulary.thresholds import (
     BUSY_UTIL,
     D2H_AMBIGUOUS_BYTES_PER_SECOND,
     D2H_TX_BYTES_PER_SECOND,
@@ -296,7 +296,7 @@ def _serving_when(f: Facts) -> bool:
 
 
 def _serving_idle_when(f: Facts) -> bool:
-    # a server's idle time is held idle only once it says it has had no request (gpuwarden.insight.states)
+    # a server's idle time is held idle only once it says it has had no request (gpuwarden.insight.vocabulary.states)
     w = f.w
     if (w.listening_processes or 0.0) < LISTENING_MIN or (w.stopped_processes or 0.0) >= STOPPED_MIN:
         return False

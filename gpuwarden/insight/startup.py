@@ -69,9 +69,9 @@ KEPT_CAUSES = frozenset({"held_idle", "allocated_idle", "free", "unknown", "lost
 
 
 def startup_causes(causes: dict[str, float]) -> dict[str, float]:
-    """Return an interval's idle seconds by cause (gpuwarden.insight.states.idle_causes) as they count in a start-up:
-    every cause but KEPT_CAUSES becomes ``startup`` (the job's CPU worked or waited while its GPU idled: that was the
-    start-up, not input)."""
+    """Return an interval's idle seconds by cause (gpuwarden.insight.vocabulary.states.idle_causes) as they count in a
+    start-up: every cause but KEPT_CAUSES becomes ``startup`` (the job's CPU worked or waited while its GPU idled:
+    that was the start-up, not input)."""
     out = {k: v for k, v in causes.items() if k in KEPT_CAUSES}
     out["startup"] = sum(v for k, v in causes.items() if k not in KEPT_CAUSES)
     return out

@@ -13,11 +13,11 @@ from collections import Counter, deque
 from dataclasses import dataclass, fields
 from typing import Any
 
-from gpuwarden.insight import states as st
 from gpuwarden.insight.attribution import JobRef
 from gpuwarden.insight.evidence import MEANS
 from gpuwarden.insight.gpu_window import GpuWindow, Health, window_of
-from gpuwarden.insight.result import StateRun
+from gpuwarden.insight.vocabulary import states as st
+from gpuwarden.insight.vocabulary.result import StateRun
 
 
 @dataclass(slots=True)
@@ -281,9 +281,9 @@ class Captured:
 
 @dataclass(frozen=True, slots=True)
 class WindowActivity:
-    """A window's state seconds (gpuwarden.insight.states.STATES) and mean activity (util.gpu and GPM SM activity,
-    ratios; None: no interval knew it), as ``Captured.activity`` gives them: what the starved score, the shortfalls
-    and the imbalances read (gpuwarden.insight.scores)."""
+    """A window's state seconds (gpuwarden.insight.vocabulary.states.STATES) and mean activity (util.gpu and GPM SM
+    activity, ratios; None: no interval knew it), as ``Captured.activity`` gives them: what the starved score, the
+    shortfalls and the imbalances read (gpuwarden.insight.scores)."""
 
     index: int
     states: dict[str, float]

@@ -20,7 +20,7 @@ import yaml
 
 from gpuwarden.catalog import CONDITION_REASONS
 from gpuwarden.health.rules import RULES, TICKET_FOR_SECONDS, HealthRule
-from gpuwarden.insight.states import IDLE_CAUSES
+from gpuwarden.insight.vocabulary.states import IDLE_CAUSES
 
 #: The template and its default parameters, package data beside this module (read through importlib.resources, so
 #: a wheel or a zip import holds them).

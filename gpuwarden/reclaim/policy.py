@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpuwarden.cluster.durations import seconds
 from gpuwarden.config import ConfigError, read_yaml
 from gpuwarden.insight.reasons import VERDICT_ORDER
-from gpuwarden.insight.states import IDLE_CAUSES
+from gpuwarden.insight.vocabulary.states import IDLE_CAUSES
 
 
 class PolicyError(Exception):

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gpuwarden.insight.code_evidence import CodeEvidence
-from gpuwarden.insight.result import GpuInsight, JobInsight, ProcessJob, snapshot_insight
+from gpuwarden.insight.vocabulary.result import GpuInsight, JobInsight, ProcessJob, snapshot_insight
 from gpuwarden.snapshot import NodeSnapshot
 
 

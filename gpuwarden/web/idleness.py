@@ -18,8 +18,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from gpuwarden.allocation import allocated_jobs
-from gpuwarden.insight.result import GpuInsight, snapshot_insight
-from gpuwarden.insight.states import ACTIVE_STATES, IDLE_STATES
+from gpuwarden.insight.vocabulary.result import GpuInsight, snapshot_insight
+from gpuwarden.insight.vocabulary.states import ACTIVE_STATES, IDLE_STATES
 from gpuwarden.snapshot import NodeSnapshot
 
 Status = Literal["active", "idle", "unknown"]

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuwarden.insight.verdicts import Diagnosis
+from gpuwarden.insight.vocabulary.verdicts import Diagnosis
 from gpuwarden.model import ProcessIdentity
 from gpuwarden.snapshot import NodeSnapshot
 
@@ -21,7 +21,7 @@ class _Frozen(BaseModel):
 
 class StateRun(_Frozen):
     """A stretch of consecutive poll intervals of one GPU whose time went mostly to one state
-    (gpuwarden.insight.states.STATES): from ``start`` to ``end``, Unix seconds."""
+    (gpuwarden.insight.vocabulary.states.STATES): from ``start`` to ``end``, Unix seconds."""
 
     state: str
     start: float
@@ -43,7 +43,7 @@ class GpuInsight(_Frozen):
     state_seconds_total: dict[str, float]
     idle_seconds_total: dict[str, float] = Field(
         default_factory=dict,
-        description="seconds the GPU idled since the analyzer started, by cause (gpuwarden.insight.states."
+        description="seconds the GPU idled since the analyzer started, by cause (gpuwarden.insight.vocabulary.states."
         "IDLE_CAUSES); with state busy they add up to the accounted wall time",
     )
     held_idle_energy_joules_total: float | None = Field(
@@ -53,8 +53,9 @@ class GpuInsight(_Frozen):
     )
     idle_energy_joules_total: dict[str, float] | None = Field(
         default=None,
-        description="joules drawn above the GPU's idle floor while idle, by idle cause (gpuwarden.insight.states."
-        "IDLE_CAUSES), since the analyzer started (None: the GPU reports no power)",
+        description="joules drawn above the GPU's idle floor while idle, by idle cause "
+        "(gpuwarden.insight.vocabulary.states.IDLE_CAUSES), since the analyzer started (None: the GPU reports no "
+        "power)",
     )
     peer_wait_seconds_total: float = Field(
         default=0.0,
@@ -82,7 +83,8 @@ class GpuInsight(_Frozen):
     idle_since: float | None = Field(
         default=None,
         description="Unix time the GPU's current run of idle poll intervals began (main state held_idle, "
-        "serving_idle, allocated_idle or free: gpuwarden.insight.states.IDLE_STATES), since the analyzer started; "
+        "serving_idle, allocated_idle or free: gpuwarden.insight.vocabulary.states.IDLE_STATES), since the analyzer "
+        "started; "
         "None while its latest interval is in use (busy, starved, paused) or not known (unknown, lost)",
     )
 

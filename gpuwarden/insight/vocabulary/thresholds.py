@@ -2,7 +2,7 @@
 
 Each constant says where it comes from (an NVML or DCGM definition, a paper, or a calibration on H100 recordings
 named beside it). The rules that read them are in gpuwarden.insight.rules; the launch test's own thresholds are in
-gpuwarden.insight.launches and the per-poll states' in gpuwarden.insight.states.
+gpuwarden.insight.launches and the per-poll states' in gpuwarden.insight.vocabulary.states.
 """
 
 from __future__ import annotations
