@@ -30,6 +30,7 @@ A rule is gpuwarden's when it has the label ``app.kubernetes.io/managed-by=gpuwa
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -153,50 +154,75 @@ def plan(
     """The actions for the GPUs ``needs`` (see the module), given the driver's ``devices`` (UUID -> Device) and every
     DeviceTaintRule ``rules``; ``effect``: what a service rule sets (NoSchedule or NoExecute). GPUs are taken in
     node and index order; drains before the caps fill."""
+    out = _Out(devices, rules, max_out_ratio, max_node_out_ratio)
     ours = {r.name: r for r in rules if r.ours}
-    out = {u for u, d in devices.items() if d.tainted or any(r.effect in OUT_EFFECTS and r.matches(d) for r in rules)}
-    per_node: dict[str, int] = {}
-    for d in devices.values():
-        per_node[d.node] = per_node.get(d.node, 0) + 1
     actions: list[DeviceAction] = []
     for need in sorted(needs, key=lambda n: (n.node, _index(n.gpu), n.uuid)):
-        rule = ours.get(rule_name(need.uuid))
         device = devices.get(need.uuid)
-        reason = reason_text({need.gpu: list(need.service or need.watch)}) if need.service or need.watch else ""
-
-        def act(kind: str, effect_: str, why: str, on: Device | None = device, gpu: GpuNeed = need) -> None:
-            actions.append(DeviceAction(kind, gpu.node, gpu.gpu, gpu.uuid, effect_, why, on))
-
-        if not need.service and not need.watch:
-            if rule is not None and need.seen:
-                act("resume", "", "its GPU was clean over the range")
-            continue
-        want = effect if need.service else WATCH
-        if rule is not None and rule.effect == want:
-            continue
-        if device is None:
-            if rule is None:
-                act("refuse", "", f"{reason} (no device of the DRA driver has its UUID {need.uuid})")
-            continue
-        if want == WATCH and rule is not None and not need.seen:
-            continue  # held out for service: lowered only once seen over the whole range
-        if want in OUT_EFFECTS and need.uuid not in out:
-            node_out = sum(1 for u in out if devices[u].node == device.node)
-            cap, node_cap = max_out_ratio * len(devices), max_node_out_ratio * per_node[device.node]
-            if len(out) + 1 > cap or node_out + 1 > node_cap:
-                act("refuse", "", f"{reason} (would take {len(out) + 1} of {len(devices)} GPUs out, {node_out + 1} "
-                                  f"of {per_node[device.node]} on {device.node}: more than max_out_ratio "
-                                  f"{max_out_ratio:g} or max_node_out_ratio {max_node_out_ratio:g})")  # fmt: skip
-                continue
-            out.add(need.uuid)
-        if want == WATCH and rule is not None and not _out_by_others(device, rules, rule.name):
-            out.discard(need.uuid)
-        act("drain" if want in OUT_EFFECTS else "watch", want, reason)
+        decided = _decide(need, ours.get(rule_name(need.uuid)), device, effect, out)
+        if decided is not None:
+            kind, effect_, why = decided
+            actions.append(DeviceAction(kind, need.node, need.gpu, need.uuid, effect_, why, device))
     return actions
 
 
+def _decide(
+    need: GpuNeed, rule: TaintRule | None, device: Device | None, effect: str, out: _Out
+) -> tuple[str, str, str] | None:
+    """What to do with one GPU (kind, effect, why), None for nothing: see the module. ``rule``: ours on it, if any;
+    ``out``: the GPUs out as the plan goes (a drain takes a place within the caps, a watch rule lowered frees one)."""
+    if not need.service and not need.watch:
+        return ("resume", "", "its GPU was clean over the range") if rule is not None and need.seen else None
+    want = effect if need.service else WATCH
+    if rule is not None and rule.effect == want:
+        return None
+    reason = reason_text({need.gpu: list(need.service or need.watch)})
+    if device is None:
+        return None if rule is not None else ("refuse", "", f"{reason} (no device of the DRA driver has its UUID "
+                                                            f"{need.uuid})")  # fmt: skip
+    if want == WATCH:
+        if rule is not None:  # held out for service: lowered only once seen over the whole range
+            if not need.seen:
+                return None
+            out.lower(device, rule.name)
+        return "watch", WATCH, reason
+    refused = out.take(device)
+    return ("refuse", "", f"{reason} ({refused})") if refused else ("drain", want, reason)
+
+
+class _Out:
+    """The GPUs out of scheduling as a plan goes (their UUIDs): at first those under anyone's NoSchedule or NoExecute
+    (a rule that selects the device, or the driver's own taint), then what the plan takes and frees, within
+    ``max_out_ratio`` of the driver's GPUs and ``max_node_out_ratio`` of each node's."""
+
+    def __init__(self, devices: Mapping[str, Device], rules: Sequence[TaintRule], max_out_ratio: float,
+                 max_node_out_ratio: float) -> None:  # fmt: skip
+        self.devices, self.rules = devices, rules
+        self.max_out_ratio, self.max_node_out_ratio = max_out_ratio, max_node_out_ratio
+        self.uuids = {u for u, d in devices.items() if _out_by_others(d, rules, "")}
+        self.per_node = Counter(d.node for d in devices.values())
+
+    def take(self, device: Device) -> str:
+        """Take ``device`` out: "" when it is out already or fits within both caps, else why not."""
+        if device.uuid in self.uuids:
+            return ""
+        node_out = sum(1 for u in self.uuids if self.devices[u].node == device.node) + 1
+        total, on_node = len(self.devices), self.per_node[device.node]
+        if len(self.uuids) + 1 > self.max_out_ratio * total or node_out > self.max_node_out_ratio * on_node:
+            return (f"would take {len(self.uuids) + 1} of {total} GPUs out, {node_out} of {on_node} on {device.node}: "
+                    f"more than max_out_ratio {self.max_out_ratio:g} or max_node_out_ratio "
+                    f"{self.max_node_out_ratio:g}")  # fmt: skip
+        self.uuids.add(device.uuid)
+        return ""
+
+    def lower(self, device: Device, ours: str) -> None:
+        """Our rule ``ours`` on ``device`` goes to effect None: the device is back unless someone else keeps it out."""
+        if not _out_by_others(device, self.rules, ours):
+            self.uuids.discard(device.uuid)
+
+
 def _out_by_others(device: Device, rules: Sequence[TaintRule], ours: str) -> bool:
-    """Whether ``device`` is out by the driver's taint or a rule other than ``ours``."""
+    """Whether ``device`` is out by the driver's taint or a rule other than ``ours`` ("": any rule)."""
     return device.tainted or any(r.effect in OUT_EFFECTS and r.name != ours and r.matches(device) for r in rules)
 
 

@@ -681,8 +681,18 @@ class Accounting(AccountingQueries):
                 for s in self.samples(q, "instance")}  # fmt: skip
 
     def _price(self, usages: Iterable[Usage]) -> None:
-        """Set each usage's cost: its lost GPU-hours on each node times that node's price (split evenly over the
-        nodes of a multi-node job; no price on any of its nodes: None). A node's price is its GPU models' prices
+        """Set each usage's price (per GPU-hour: the mean of its nodes' prices, a multi-node job split evenly over
+        them) and cost (its lost GPU-hours at that price); no price on any of its nodes: None."""
+        prices = self._node_prices()
+        for u in usages:
+            priced = [prices[(u.cluster, i)] for i in u.instances if (u.cluster, i) in prices]
+            if priced:
+                u.price = sum(p for p, _ in priced) / len(priced)
+                u.cost = u.lost_total * u.price
+                u.currency = "/".join(sorted({c for _, c in priced}))
+
+    def _node_prices(self) -> dict[tuple[Cluster, str], tuple[float, str]]:
+        """Each priced node's price of a GPU-hour and its currency. A node's price is its GPU models' prices
         (gpuwarden_gpu_hour_price{model}, the highest each node exported in the range, so a node gone since is
         priced); on a node of several priced models, weighted by its GPUs of each (gpu_info's name, the accounting's
         GPUs where it is narrowed to a job's). A price without a model (an older daemon's) is the node's for every
@@ -701,19 +711,7 @@ class Accounting(AccountingQueries):
             info = self.metric("gpu_info", f"instance=~{regex}")
             for s in self.samples(f"count by ({self._c}instance, name) (max_over_time({info}{range_}))", "instance"):
                 counts[(self.cluster_of(s.labels), s.labels["instance"])][s.labels.get("name", "")] = s.value
-        prices: dict[tuple[Cluster, str], tuple[float, str]] = {}
-        for node, models in by_model.items():
-            weighted = [(models.get(m, models.get("")), n) for m, n in counts.get(node, {}).items()]
-            known = [(p, n) for p, n in weighted if p is not None] or [(p, 1.0) for p in models.values()]
-            # (no count: one model, or GPUs gone from gpu_info; then each model's series weighs the same)
-            total = sum(n for _, n in known)
-            prices[node] = (sum(p[0] * n for p, n in known) / total, "/".join(sorted({p[1] for p, _ in known})))
-        for u in usages:
-            priced = [prices[(u.cluster, i)] for i in u.instances if (u.cluster, i) in prices]
-            if priced:
-                u.price = sum(p for p, _ in priced) / len(priced)
-                u.cost = u.lost_total * u.price
-                u.currency = "/".join(sorted({c for _, c in priced}))
+        return {node: _weighted(models, counts.get(node, {})) for node, models in by_model.items()}
 
 
 def _job_filter(job_id: str | None, instance: str | None) -> str:
@@ -726,3 +724,13 @@ def _key_filter(key: JobKey, cluster_labels: tuple[str, ...]) -> str:
     """Label matchers selecting the series of one job: its id, its instance if node-local, its cluster."""
     cluster = [f"{label}={promql_string(v)}" for label, v in zip(cluster_labels, key.cluster, strict=False)]
     return ", ".join([_job_filter(key.job_id, key.instance), *cluster])
+
+
+def _weighted(models: dict[str, tuple[float, str]], counts: dict[str, float]) -> tuple[float, str]:
+    """A node's price and currency from its models' (model -> (price, currency); "" for a price without a model)
+    weighted by its GPUs of each (``counts``: model -> GPUs); without counts (one model, or GPUs gone from
+    gpu_info) each model's price weighs the same."""
+    weighted = [(models.get(m, models.get("")), n) for m, n in counts.items()]
+    known = [(p, n) for p, n in weighted if p is not None] or [(p, 1.0) for p in models.values()]
+    total = sum(n for _, n in known)
+    return sum(p[0] * n for p, n in known) / total, "/".join(sorted({p[1] for p, _ in known}))

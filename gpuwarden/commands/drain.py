@@ -104,17 +104,13 @@ _ratio = bounded(float, "a number above 0 and at most 1", high=1.0)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Plan (and with ``--apply`` run) the drains and resumes (gpuwarden.cluster.drain, gpuwarden.cluster.kube); 1
-    with one line when Prometheus cannot answer, the scheduler cannot with ``--apply`` or at a given ``--kube-api``,
-    or an action failed. A dry run with no scheduler to ask (sinfo failing: no slurmctld; outside a pod without
-    --kube-api) plans from Prometheus alone, said in one line."""
+    """Plan (and with ``--apply`` run) the drains and resumes (gpuwarden.cluster.drain, gpuwarden.cluster.kube,
+    gpuwarden.cluster.dra); 1 with one line when Prometheus cannot answer, the scheduler cannot with ``--apply`` or
+    at a given ``--kube-api``, or an action failed. A dry run with no scheduler to ask (sinfo failing: no slurmctld;
+    outside a pod without --kube-api) plans from Prometheus alone, said in one line."""
     from gpuwarden.cluster.bounds import Deadline
-    from gpuwarden.cluster.dra import WATCH, DeviceAction, DraApi, GpuNeed
-    from gpuwarden.cluster.dra import plan as plan_devices
-    from gpuwarden.cluster.drain import plan, reason_text
     from gpuwarden.cluster.quality import quality
     from gpuwarden.cluster.views import _ask
-    from gpuwarden.terminal import brief
 
     deadline = Deadline(args.timeout)  # Prometheus and the API server answer within one --timeout together
     got = _ask(args, "drain", lambda acc: (quality(acc), acc.node_names(), acc.seen_throughout()), deadline)
@@ -123,57 +119,16 @@ def run(args: argparse.Namespace) -> int:
     found, names, seen_instances = got
     import httpx
 
-    def node(cluster: tuple[str, ...], instance: str) -> str:
-        return names.get((cluster, instance), "") or instance.rsplit(":", 1)[0]
-
-    service: dict[str, dict[str, list[str]]] = {}
-    needs: list[GpuNeed] = []
-    for q in found:
-        reasons = {t: [text for tier, text in q.reasons if tier == t] for t in ("service", "watch")}
-        if reasons["service"]:
-            service.setdefault(node(q.cluster, q.instance), {})[q.gpu] = reasons["service"]
-        if q.uuid:
-            seen = (q.cluster, q.instance) in seen_instances
-            needs.append(
-                GpuNeed(node(q.cluster, q.instance), q.gpu, q.uuid, reasons["service"], reasons["watch"], seen)
-            )
+    need = _Needs(found, names, seen_instances)
     scheduler: _Slurm | KubeApi | None = None
     try:
         scheduler = _scheduler(args, deadline)
-        if isinstance(scheduler, DraApi):
-            devices, rules = scheduler.devices(), scheduler.rules()
-        else:
-            nodes = scheduler.nodes()
+        rows, held, known = _acted(args, scheduler, need)
     except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
+        return _without_scheduler(args, exc, need)
+    finally:
         if scheduler is not None:
             scheduler.close()
-        where = f" (the API server {args.kube_api or 'in-cluster'})" if args.scheduler != "slurm" and (
-            not isinstance(exc, ValueError) or args.kube_api) else ""  # fmt: skip
-        if args.apply or args.kube_api:  # an API server given that does not answer is an outage, not a dry run's
-            return die(f"drain: {exc}{where}")
-        print(f"gpuwarden drain: the scheduler cannot be asked ({brief(exc, 300)}{where}): a dry run from Prometheus "
-              "alone, what it says needs service; which are out already, the --max-out-ratio cap and the "
-              "resumes need the scheduler, and --apply does", file=sys.stderr)  # fmt: skip
-        if args.scheduler == "dra":
-            blind = [DeviceAction("drain" if n.service else "watch", n.node, n.gpu, n.uuid,
-                                  args.dra_effect if n.service else WATCH, reason_text({n.gpu: n.service or n.watch}))
-                     for n in needs if n.service or n.watch]  # fmt: skip
-            rows = [_row(a, "planned", None) for a in blind]
-        else:
-            rows = [{"action": "drain", "node": name, "reason": reason_text(gpus), "status": "planned", "error": None}
-                    for name, gpus in sorted(service.items())]  # fmt: skip
-        _print_rows(args, rows)
-        return 0
-    if isinstance(scheduler, DraApi):
-        actions = plan_devices(needs, devices, rules, args.max_out_ratio, args.max_node_out_ratio, args.dra_effect)
-        rows = _carried_out(actions, scheduler.apply_device, args.apply)
-        held = _dra_held(rows, rules)
-        known = len(devices)
-    else:
-        seen_nodes = {node(c, i) for c, i in seen_instances}
-        rows = _carried_out(plan(service, seen_nodes, nodes, args.max_out_ratio), scheduler.apply, args.apply)
-        held, known = _nodes_held(rows, nodes), len(nodes)
-    scheduler.close()
     _print_rows(args, rows)
     if args.textfile:
         try:
@@ -181,6 +136,78 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             return die(f"drain: --textfile {args.textfile}: {exc.strerror or exc}")
     return EXIT_RUNTIME if any(r["status"] == "failed" for r in rows) else 0
+
+
+class _Needs:
+    """What Prometheus says needs the scheduler: ``service`` (node -> GPU index -> its service reasons), ``needs``
+    (every GPU with a UUID, its reasons of both tiers and whether seen over the whole range: the DRA plan's) and
+    ``seen`` (the nodes seen over the whole range), node names from the daemons' ``nodename`` (else the instance's
+    host)."""
+
+    def __init__(self, found: Sequence[Any], names: Mapping[tuple[tuple[str, ...], str], str],
+                 seen_instances: set[tuple[tuple[str, ...], str]]) -> None:  # fmt: skip
+        from gpuwarden.cluster.dra import GpuNeed
+
+        def node(cluster: tuple[str, ...], instance: str) -> str:
+            return names.get((cluster, instance), "") or instance.rsplit(":", 1)[0]
+
+        self.service: dict[str, dict[str, list[str]]] = {}
+        self.needs: list[GpuNeed] = []
+        for q in found:
+            reasons = {t: [text for tier, text in q.reasons if tier == t] for t in ("service", "watch")}
+            if reasons["service"]:
+                self.service.setdefault(node(q.cluster, q.instance), {})[q.gpu] = reasons["service"]
+            if q.uuid:
+                seen = (q.cluster, q.instance) in seen_instances
+                self.needs.append(GpuNeed(node(q.cluster, q.instance), q.gpu, q.uuid, reasons["service"],
+                                          reasons["watch"], seen))  # fmt: skip
+        self.seen = {node(c, i) for c, i in seen_instances}
+
+
+def _acted(
+    args: argparse.Namespace, scheduler: _Slurm | KubeApi, need: _Needs
+) -> tuple[list[dict[str, Any]], int, int]:
+    """Ask ``scheduler`` for its nodes (DRA: devices and rules), plan, and with ``--apply`` act: the rows, the units
+    gpuwarden holds out after the run and the units the scheduler has. Raises what asking the scheduler raises."""
+    from gpuwarden.cluster.dra import DraApi
+    from gpuwarden.cluster.dra import plan as plan_devices
+    from gpuwarden.cluster.drain import plan
+
+    if isinstance(scheduler, DraApi):
+        devices, rules = scheduler.devices(), scheduler.rules()
+        actions = plan_devices(need.needs, devices, rules, args.max_out_ratio, args.max_node_out_ratio,
+                               args.dra_effect)  # fmt: skip
+        rows = _carried_out(actions, scheduler.apply_device, args.apply)
+        return rows, _dra_held(rows, rules), len(devices)
+    nodes = scheduler.nodes()
+    rows = _carried_out(plan(need.service, need.seen, nodes, args.max_out_ratio), scheduler.apply, args.apply)
+    return rows, _nodes_held(rows, nodes), len(nodes)
+
+
+def _without_scheduler(args: argparse.Namespace, exc: Exception, need: _Needs) -> int:
+    """The scheduler could not be asked (``exc``): 1 with one line where that is an outage (``--apply``, or an API
+    server given), else a dry run from Prometheus alone, said in one line, and 0."""
+    from gpuwarden.cluster.dra import WATCH, DeviceAction
+    from gpuwarden.cluster.drain import reason_text
+    from gpuwarden.terminal import brief
+
+    where = f" (the API server {args.kube_api or 'in-cluster'})" if args.scheduler != "slurm" and (
+        not isinstance(exc, ValueError) or args.kube_api) else ""  # fmt: skip
+    if args.apply or args.kube_api:  # an API server given that does not answer is an outage, not a dry run's
+        return die(f"drain: {exc}{where}")
+    print(f"gpuwarden drain: the scheduler cannot be asked ({brief(exc, 300)}{where}): a dry run from Prometheus "
+          "alone, what it says needs service; which are out already, the --max-out-ratio cap and the "
+          "resumes need the scheduler, and --apply does", file=sys.stderr)  # fmt: skip
+    if args.scheduler == "dra":
+        blind = [DeviceAction("drain" if n.service else "watch", n.node, n.gpu, n.uuid,
+                              args.dra_effect if n.service else WATCH, reason_text({n.gpu: n.service or n.watch}))
+                 for n in need.needs if n.service or n.watch]  # fmt: skip
+        rows = [_row(a, "planned", None) for a in blind]
+    else:
+        rows = [{"action": "drain", "node": name, "reason": reason_text(gpus), "status": "planned", "error": None}
+                for name, gpus in sorted(need.service.items())]  # fmt: skip
+    _print_rows(args, rows)
+    return 0
 
 
 def _carried_out(actions: Sequence[Action | DeviceAction], apply_one: Callable[[Any], str | None],
