@@ -143,7 +143,6 @@ def test_the_writes_pass_the_api_schema_and_validation_and_change_only_our_rule(
         # the watched GPU now needs service: its rule's effect is raised (409 AlreadyExists, then a PUT)
         raise_it = plan(_needs({1: "ecc", 2: "XID 79"}), devices, rules, 1.0, 1.0)
         assert _kinds(raise_it) == [("drain", "2", "NoSchedule")]
-        api.conflicts = 0
         assert dra.apply_device(raise_it[0]) is None and api.rejected == []
         assert api.rules[rule_name(UUIDS[2])]["spec"]["taint"]["effect"] == "NoSchedule"
         assert [m for m, p, _ in api.requests if "devicetaintrules/" in p][-2:] == ["GET", "PUT"]
@@ -152,6 +151,14 @@ def test_the_writes_pass_the_api_schema_and_validation_and_change_only_our_rule(
         assert [dra.apply_device(a) for a in resumed] == [None, None]
         assert sorted(api.rules) == ["someone-elses"]
         assert dra.apply_device(resumed[0]) is None  # a rule already gone counts as deleted
+        # a rule of our name that someone else made is not written over
+        api.rules[rule_name(UUIDS[3])] = {"apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceTaintRule",
+                                          "metadata": {"name": rule_name(UUIDS[3]), "resourceVersion": "1"},
+                                          "spec": {"taint": {"key": "mine", "effect": "None"}}}  # fmt: skip
+        [claim] = plan(_needs({3: "ecc"}), devices, dra.rules(), 1.0, 1.0)
+        error = dra.apply_device(claim)
+        assert error is not None and "not gpuwarden's" in error
+        assert api.rules[rule_name(UUIDS[3])]["spec"]["taint"] == {"key": "mine", "effect": "None"}
         dra.close()
 
 

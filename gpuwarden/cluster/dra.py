@@ -372,6 +372,9 @@ class DraApi(KubeApi):
                 return f"POST {path}: {status} {status_message(body)}"
             for _ in range(CONFLICT_TRIES):
                 stored = self._get(named)
+                held = taint_rule(stored)
+                if held is None or not held.ours:  # a rule of that name someone else made: never written over
+                    return f"PUT {named}: a DeviceTaintRule of that name is not gpuwarden's (no {MANAGED_BY[0]} label)"
                 stored["metadata"]["annotations"] = new["metadata"]["annotations"]
                 stored["spec"] = new["spec"]
                 status, body = self._request("PUT", named, answer, body=stored)
