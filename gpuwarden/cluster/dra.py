@@ -23,7 +23,8 @@ being visible (``None``). The plan (``plan``), per GPU that Prometheus knows (gp
   of the driver whose ``uuid`` attribute is its UUID is refused too, with that reason.
 
 A rule is gpuwarden's when it has the label ``app.kubernetes.io/managed-by=gpuwarden`` and its name is
-``gpuwarden-`` and a UUID: only those are changed or deleted. The rule's annotations carry the reasons
+``gpuwarden-`` and a UUID: only those are changed or deleted (a rule of such a name without the label is reported,
+never written over). The rule's annotations carry the reasons
 (``gpuwarden.io/reasons``) and the GPU (``gpuwarden.io/gpu``: node, index, UUID).
 """
 
