@@ -141,6 +141,23 @@ def test_the_deadline_bounds_the_calls_together_and_hands_back_results_and_error
         deadline.call(lambda left: 1, "after")
 
 
+def test_a_request_whose_own_timeout_fires_at_the_deadline_is_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a loaded machine the request's per-read timeout (the seconds left) can fire before the wait for it ends:
+    the command still says the deadline passed, not the client library's timeout. The clock is the test's: the
+    deadline is 0.3 s away when the request starts and past once it has failed."""
+    import gpuwarden.cluster.bounds as bounds
+
+    clock = iter([0.0, 0.0, 1.0, 1.0])  # Deadline(), call's left(), then after the request failed
+    monkeypatch.setattr(bounds, "monotonic", lambda: next(clock))
+    deadline = Deadline(0.3)
+
+    def times_out(left: float) -> None:
+        raise TimeoutError("timed out")  # what httpx raises when its read timeout of ``left`` fires
+
+    with pytest.raises(DeadlineExceeded, match=r"^GET /x: no answer within --timeout 0.3 s$"):
+        deadline.call(times_out, "GET /x")
+
+
 # --- a hostile Kubernetes API server against `drain --scheduler kubernetes` -----------------------------------------
 
 

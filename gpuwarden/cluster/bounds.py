@@ -55,8 +55,9 @@ class Deadline:
 
     def call(self, request: Callable[[float], T], what: str) -> T:
         """``request(left)`` (``left``: the seconds it may take, for its own per-read timeouts) in a thread waited on
-        until the deadline; its result, or the exception it raised. Raises DeadlineExceeded (``what`` names the
-        request) when the deadline passes first or is spent already."""
+        until the deadline; its result, or the exception it raised before the deadline. Raises DeadlineExceeded
+        (``what`` names the request) when the deadline passes first, is spent already, or passed as the request
+        failed (its own timeout of ``left`` seconds may fire before the wait for it ends)."""
         left = self.left()
         if left <= 0:
             raise DeadlineExceeded(self.message(what))
@@ -72,8 +73,10 @@ class Deadline:
         worker = threading.Thread(target=run, name="gpuwarden-request", daemon=True)
         worker.start()
         worker.join(left)
-        if error:
+        if error and self.left() > 0:
             raise error[0]
+        if error:  # its own per-read timeout (``left``) fired as the deadline passed: on a loaded machine, first
+            raise DeadlineExceeded(self.message(what)) from None
         if not answer:  # still reading: left behind, the command ends with the error
             raise DeadlineExceeded(self.message(what))
         return answer[0]
