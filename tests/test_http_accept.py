@@ -512,3 +512,100 @@ def test_a_flood_gone_hands_its_memory_back_while_a_scraper_keeps_its_connection
         assert scrape().startswith(b"HTTP/1.1 200")  # the scraper's connection was never touched
         scraper.close()
     assert len(trims) == 1
+
+
+# -- stopping (SIGTERM): what clients have sent is answered within the grace ---------------------------------------
+
+
+def _read_to_end(s: socket.socket | ssl.SSLSocket) -> bytes:
+    s.settimeout(5)
+    data = b""
+    while chunk := s.recv(1 << 20):
+        data += chunk
+    return data
+
+
+def _all_closing(srv: listener.Server) -> bool:
+    return (
+        srv.listener is not None
+        and srv.listener.closed
+        and all(c.closing_after_answer for c in list(srv.listener.connections))
+    )
+
+
+def test_on_stop_every_request_sent_or_begun_is_answered_and_idle_connections_close() -> None:
+    """The server stops with: a connection kept alive after its answer (closed at once, in order: no reset), one
+    connected that has sent nothing yet, one holding half a request head, one whose 640 KiB answer its client reads
+    through a 4 KiB window. The last three each get their whole answer, the new ones with ``Connection: close``."""
+    limits = HttpLimits(send_timeout=60.0)
+    with server(limits) as (port, srv):
+        idle = socket.create_connection(("127.0.0.1", port), timeout=5)
+        idle.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+        kept = b""
+        while not kept.endswith(b"\r\n\r\nok\n"):  # head and body may come in two reads
+            chunk = idle.recv(1000)
+            assert chunk, "closed"
+            kept += chunk
+        fresh = socket.create_connection(("127.0.0.1", port), timeout=5)
+        half = socket.create_connection(("127.0.0.1", port), timeout=5)
+        half.sendall(b"GET /small HTTP/1.1\r\nho")
+        slow = _small_window()
+        slow.connect(("127.0.0.1", port))
+        slow.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
+        _wait(lambda: len(limits.stalled) == 1 and len(limits.pending) == 3)
+        srv.stop()
+        _wait(lambda: _all_closing(srv))
+        assert _read_to_end(idle) == b""
+        fresh.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+        half.sendall(b"st: x\r\n\r\n")
+        for s in (fresh, half):
+            answer = _read_to_end(s)
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\nok\n")
+            assert b"\r\nconnection: close\r\n" in answer.lower()
+        answer = _read_to_end(slow)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\n" + BIG)
+        for s in (idle, fresh, half, slow):
+            s.close()
+
+
+def test_on_stop_a_tls_handshake_under_way_finishes_and_its_request_is_answered(pki: PKI) -> None:
+    """A client whose ClientHello the server has taken may send its request as soon as its side of the handshake
+    ends: the handshake is not cut when the server stops, and the request is answered."""
+    limits = HttpLimits()
+    with server(limits, (pki.server.cert, pki.server.key)) as (port, srv):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        tls, incoming, outgoing, hello = _hello(pki)
+        raw.sendall(hello)
+        _wait(lambda: len(limits.handshaking) == 1)
+        srv.stop()
+        _wait(lambda: _all_closing(srv))
+        assert _finish_and_get(raw, tls, incoming, outgoing).startswith(b"HTTP/1.1 200")
+        raw.close()
+
+
+@pytest.mark.parametrize("stopped", ["queued", "starting"])
+def test_on_stop_a_connection_the_kernel_took_is_answered(stopped: str) -> None:
+    """A client whose connection the kernel completed as the server stopped, and which sent its request at once, is
+    answered: ``queued``, still in the listen queue when the listener closes (taken then); ``starting``, accepted
+    but its protocol not yet started."""
+    limits = HttpLimits()
+    with server(limits) as (port, srv):
+        assert srv._loop is not None
+        held, go = threading.Event(), threading.Event()
+
+        def hold() -> None:  # the loop, busy: the connection waits in the listen queue meanwhile
+            held.set()
+            go.wait(5)
+            if stopped == "queued":
+                srv._stop_now()  # before the loop looks at the listening socket again
+            else:
+                srv.stop()  # after it has: accepted, then the stop
+
+        srv._loop.call_soon_threadsafe(hold)
+        assert held.wait(5)
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+        go.set()
+        answer = _read_to_end(s)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok\n")
+        s.close()

@@ -106,16 +106,33 @@ class Listener:
         self._sock.listen(self.limits.backlog)
         self._resume()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the listener has stopped accepting (the server is stopping)."""
+        return self._closed
+
+    @property
+    def serving(self) -> bool:
+        """Whether a connection this listener accepted is still served or still starting."""
+        return bool(self.connections or self._tasks)
+
     def close(self) -> None:
-        """Stop accepting; close the connections still before their ClientHello or in their handshake. Served
-        connections stay (the server shuts them down)."""
+        """Stop accepting. Without TLS, the connections already in the listen queue are taken first (up to the cap:
+        their clients may have sent a request); with TLS, the connections before their ClientHello are closed (no
+        request can have been sent on them). Connections served or starting, TLS handshakes included, stay: the
+        server shuts them down, and ``abort`` ends what is left."""
+        if not self._tls and self._accepting:
+            self._accept()
         self._closed = True
         self._pause()
         for pending in list(self.limits.pending):
             if isinstance(pending, _Hello):
                 pending.close()
-        for handshake in list(self.limits.handshaking):
-            handshake.abort()
+
+    def abort(self) -> None:
+        """Close every connection still served or starting, now."""
+        for conn in list(self.connections):
+            conn.abort()
         for task in list(self._tasks):
             task.cancel()
 

@@ -108,6 +108,7 @@ class Connection(asyncio.Protocol):
         self._reading = True
         self._head_begun = False
         self.closing_after_answer = False  # the server is stopping: close once the answer in flight is out
+        self._kept_alive = False  # an answer went out and the connection waits for the next request
 
     # -- the transport's calls -------------------------------------------------------------------------------------
 
@@ -117,6 +118,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(SEND_HIGH_WATER_BYTES, SEND_LOW_WATER_BYTES)
         self.listener.connections.add(self)
+        self.closing_after_answer = self.listener.closed  # accepted as the server stopped: one answer, then closed
         if self._context is None:
             self._await_head(self.limits.head_timeout)
             self.listener.waiting()
@@ -221,11 +223,13 @@ class Connection(asyncio.Protocol):
         self._abort()
 
     def shut_down(self) -> None:
-        """The server stops: close now when no request is in flight, else once its answer is out."""
-        if self._task is None:
+        """The server stops: a connection kept alive between requests, with nothing of the next one come, closes now
+        (a client sending on it then retries: RFC 9112, 9.3.1); any other answers one more request, the one in
+        flight, begun or (on a connection that has had none yet, its TLS handshake included) about to come, with
+        ``Connection: close``, and closes once it is out."""
+        self.closing_after_answer = True
+        if self._task is None and self._kept_alive and not self._head_begun:
             self._close()
-        else:
-            self.closing_after_answer = True
 
     # -- TLS ---------------------------------------------------------------------------------------------------------
 
@@ -404,6 +408,7 @@ class Connection(asyncio.Protocol):
             self._close()
             return
         http.start_next_cycle()
+        self._kept_alive = True
         self._request = None
         self._head_begun = bool(http.trailing_data[0])
         self._await_head(self.limits.head_timeout if self._head_begun else self.limits.keep_alive)

@@ -10,6 +10,7 @@ server library or of asyncio's TLS.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -26,7 +27,8 @@ from gpuwarden.web.server.limits import HttpLimits
 
 log = logging.getLogger("gpuwarden.web")
 
-#: On SIGINT/SIGTERM, answers in flight get this many seconds to go out; then every connection is closed.
+#: On SIGINT/SIGTERM, the requests clients have sent (or may have sent: a connection accepted, a TLS handshake begun)
+#: get this many seconds to be answered; then every connection is closed.
 SHUTDOWN_GRACE_SECONDS = 3.0
 
 
@@ -61,7 +63,9 @@ class Server:
     over TLS from ``tls`` (an SSLContext) when given, adding ``headers`` (name, value bytes) to every answer.
 
     ``run`` (or ``serve``) returns after SIGINT/SIGTERM (when run in the main thread) or ``stop()``: the listener
-    closes, answers in flight get SHUTDOWN_GRACE_SECONDS, a second SIGINT closes everything at once. SIGHUP runs
+    closes (``Listener.close``), connections kept alive between requests close, every other connection gets
+    SHUTDOWN_GRACE_SECONDS to answer the request it holds or is about to get (``Connection.shut_down``), a second
+    SIGINT closes everything at once. SIGHUP runs
     ``on_hup`` in a thread (and once at start when ``hup_pending`` is set); ``on_ready`` runs once the server accepts
     with its signal handlers in place, and ``started`` is set then.
     """
@@ -108,10 +112,9 @@ class Server:
             for conn in list(listener.connections):
                 conn.shut_down()
             deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
-            while listener.connections and not self._force and time.monotonic() < deadline:
+            while listener.serving and not self._force and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            for conn in list(listener.connections):
-                conn.abort()
+            listener.abort()
             await asyncio.sleep(0)  # the transports' connection_lost
         finally:
             for sig, handler in originals.items():
@@ -120,9 +123,10 @@ class Server:
             log.info("stopped")
 
     def stop(self) -> None:
-        """Stop serving (from any thread); a second call closes answers in flight at once."""
+        """Stop serving (from any thread); a second call closes answers in flight at once. Once stopped, nothing."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stop_now)
+            with contextlib.suppress(RuntimeError):  # the loop has closed: stopped already
+                self._loop.call_soon_threadsafe(self._stop_now)
 
     def _stop_now(self) -> None:
         assert self._stop is not None
