@@ -66,19 +66,12 @@ def parse_requests(text: str, previous: Requests | None = None, now: float | Non
     them or cannot be parsed (not Prometheus text). Values that are not finite non-negative numbers are ignored. When
     its counters of requests done grew since ``previous``, at least one request counts as running (it ran between the
     two reads, which the gauges, each one moment, may both have missed). Raises nothing."""
-    names = {n for running, waiting, done in ENGINES for n in (running, waiting, *done) if n is not None}
-    sums: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                name = sample.name.removesuffix("_total")  # the parser names a counter's samples NAME_total
-                if name in names and math.isfinite(sample.value) and sample.value >= 0:
-                    sums[name] = sums.get(name, 0.0) + sample.value
-    except Exception:  # noqa: BLE001 - the tenant's text: whatever the parser rejects says nothing
+    sums = _sums(text)
+    if sums is None:
         return None
     at = time.time() if now is None else now
     for running, waiting, done in ENGINES:
-        if not ((running is not None and running in sums) or waiting in sums):
+        if (running is None or running not in sums) and waiting not in sums:
             continue
         run = sums.get(running, 0.0) if running is not None else 0.0
         total = sum(sums[n] for n in done if n in sums) if any(n in sums for n in done) else None
@@ -87,6 +80,25 @@ def parse_requests(text: str, previous: Requests | None = None, now: float | Non
                 run = max(run, 1.0)
         return Requests(running=run, waiting=sums.get(waiting, 0.0), at=at, done_total=total)
     return None
+
+
+#: The names of every engine's series (ENGINES).
+_NAMES = frozenset(n for running, waiting, done in ENGINES for n in (running, waiting, *done) if n is not None)
+
+
+def _sums(text: str) -> dict[str, float] | None:
+    """Each series of _NAMES in the exposition ``text`` summed over its labels (finite non-negative values only),
+    or None when ``text`` is not Prometheus text."""
+    sums: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name.removesuffix("_total")  # the parser names a counter's samples NAME_total
+                if name in _NAMES and math.isfinite(sample.value) and sample.value >= 0:
+                    sums[name] = sums.get(name, 0.0) + sample.value
+    except Exception:  # noqa: BLE001 - the tenant's text: whatever the parser rejects says nothing
+        return None
+    return sums
 
 
 def fetch(client: httpx.Client, port: int) -> str | None:

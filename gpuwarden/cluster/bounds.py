@@ -88,27 +88,32 @@ def decoded(raw: Iterable[bytes], encoding: str | None, limit: int, what: str) -
     encodings but brotli's and zstd's), DECODE_BYTES at most at a time. Raises AnswerTooLarge past ``limit`` bytes
     inflated (``what`` names the answer), for another encoding or several (gpuwarden asks for gzip only), or for a
     body that is not the encoding it says it is."""
-    codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip().lower() not in ("", "identity")]
-    if len(codings) > 1 or (codings and codings[0] not in ("gzip", "deflate")):
-        raise AnswerTooLarge(f"{what} came in an encoding gpuwarden does not read: {(encoding or '')[:40]!r}")
+    coding = _coding(encoding, what)
     total = 0
-
-    def counted(piece: bytes) -> bytes:
-        nonlocal total
+    for piece in raw if coding is None else _inflated(raw, coding, what):
         total += len(piece)
         if total > limit:
             raise AnswerTooLarge(f"{what} answered more than {limit} bytes")
-        return piece
+        yield piece
 
-    if not codings:
-        for chunk in raw:
-            yield counted(chunk)
-        return
-    wrong = f"{what}: a body that is not the {codings[0]} it says it is"
+
+def _coding(encoding: str | None, what: str) -> str | None:
+    """The one coding of a ``Content-Encoding`` value gpuwarden reads (``gzip`` or ``deflate``; None for none or
+    ``identity``); AnswerTooLarge for another or several."""
+    codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip().lower() not in ("", "identity")]
+    if len(codings) > 1 or (codings and codings[0] not in ("gzip", "deflate")):
+        raise AnswerTooLarge(f"{what} came in an encoding gpuwarden does not read: {(encoding or '')[:40]!r}")
+    return codings[0] if codings else None
+
+
+def _inflated(raw: Iterable[bytes], coding: str, what: str) -> Iterator[bytes]:
+    """``raw`` inflated as ``coding`` (gzip or deflate), DECODE_BYTES at most at a time; AnswerTooLarge for a body
+    that is not that encoding."""
+    wrong = f"{what}: a body that is not the {coding} it says it is"
     inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # a gzip or a zlib header, told apart by zlib
     # deflate without its zlib header, as some servers send it (httpx tries it too): the bytes read before the first
     # output are kept to start again with a raw inflater, once
-    before: bytes | None = b"" if codings[0] == "deflate" else None
+    before: bytes | None = b"" if coding == "deflate" else None
     for chunk in raw:
         data = chunk
         while data and not inflater.eof:
@@ -124,13 +129,13 @@ def decoded(raw: Iterable[bytes], encoding: str | None, limit: int, what: str) -
                 before = None if piece or len(before) > DECODE_BYTES else before
             data = inflater.unconsumed_tail
             if piece:
-                yield counted(piece)
+                yield piece
     try:
         rest = inflater.flush()
     except zlib.error:
         raise AnswerTooLarge(wrong) from None
     if rest:
-        yield counted(rest)
+        yield rest
 
 
 #: The deepest nesting an answer read by ``listed`` may have (a Kubernetes node is about 8 deep).

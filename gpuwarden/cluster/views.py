@@ -411,13 +411,7 @@ def _fitted(title: str, required: list[Column], optional: list[Column], rows: li
     cut = [x for x in cells[first] if len(visible(x)) > max(room, len(first))]
     if cut:  # a long id (a cgroup path) would push the required columns out: its middle gives way, its ends stay
         shown[first] = [_middle_cut(x, max(room, len(first), 9)) for x in cells[first]]
-    chosen = list(required)
-    used = sum(natural(c) for c in chosen) - 1
-    for c in optional:
-        if used + natural(c) <= width:
-            chosen.append(c)
-            used += natural(c)
-    order = [c for c in required + optional if c in chosen]
+    chosen = _within(required, optional, natural, width)
     hidden = [c[0] for c in optional if c not in chosen]
     notes = [f"not shown at {width} columns: {', '.join(hidden)}"] if hidden else []
     if cut:
@@ -425,16 +419,30 @@ def _fitted(title: str, required: list[Column], optional: list[Column], rows: li
     caption = f"{'; '.join(notes)} (a wider terminal, --details or --json)" if notes else None
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD,
               pad_edge=False, expand=False)  # fmt: skip
-    for n, c in enumerate(order):
+    for n, c in enumerate(chosen):
         # every cell on one line at its own width; only the first column (the job id) folds when even the required
         # columns do not fit
         t.add_column(c[0], justify="right" if c[1] else "left", no_wrap=n > 0, overflow="fold",
                      min_width=natural(c) - 3)  # fmt: skip
     for i in range(len(rows)):
-        t.add_row(*(plain(shown[c[0]][i]) for c in order))
+        t.add_row(*(plain(shown[c[0]][i]) for c in chosen))
     every = required + optional
     t.gpuwarden_tsv = (title, [c[0] for c in every], [[cells[c[0]][i] for c in every] for i in range(len(rows))])  # type: ignore[attr-defined]
     return t
+
+
+def _within(
+    required: list[Column], optional: list[Column], natural: Callable[[Column], int], width: int
+) -> list[Column]:
+    """Every ``required`` column, then each ``optional`` one that still fits in ``width`` characters (``natural``:
+    a column's width with its padding), in the order given."""
+    chosen = list(required)
+    used = sum(natural(c) for c in chosen) - 1
+    for c in optional:
+        if used + natural(c) <= width:
+            chosen.append(c)
+            used += natural(c)
+    return [c for c in required + optional if c in chosen]
 
 
 def _middle_cut(text: str, most: int) -> str:

@@ -412,8 +412,6 @@ class InsightAnalyzer:
         other = _total(k.other_read_bytes_per_second for k in known)
         written = _total(k.write_bytes_per_second for k in known)
         blocked, stopped, listening = _process_counts(procs)
-        said = [(p.server_requests_running or 0.0) + (p.server_requests_waiting or 0.0) for p in procs
-                if p.server_requests_running is not None or p.server_requests_waiting is not None]  # fmt: skip
         reads = (io_read or 0.0) + (other or 0.0)
         writing = st.writes_more_than_reads(written, reads)
         switches = _total(k.switches_per_second for k in known)
@@ -421,7 +419,7 @@ class InsightAnalyzer:
         return JobInputs(
             stopped=stopped,
             listening=listening,
-            requests=sum(said) if said else None,
+            requests=_requests_said(procs),
             job_cpu=self._job_cpu(procs, rates) if known else None,
             max_proc_cpu=max(k.cpu_cores for k in known) if known else None,
             io_read=io_read,
@@ -569,6 +567,14 @@ def _process_counts(procs: Sequence[ProcessReading]) -> tuple[float | None, floa
     stopped = _total(None if p.stopped is None else float(p.stopped) for p in procs)
     listening = _total(None if p.listen_ports is None else float(bool(p.listen_ports)) for p in procs)
     return blocked, stopped, listening
+
+
+def _requests_said(procs: Sequence[ProcessReading]) -> float | None:
+    """Requests running and waiting that the servers among ``procs`` say they hold (server_requests), None when none
+    says."""
+    said = [(p.server_requests_running or 0.0) + (p.server_requests_waiting or 0.0) for p in procs
+            if p.server_requests_running is not None or p.server_requests_waiting is not None]  # fmt: skip
+    return sum(said) if said else None
 
 
 def _push(state: _GpuState, iv: Interval) -> None:

@@ -355,56 +355,71 @@ def _format_validation(exc: ValidationError) -> str:
 
 
 def _check(cfg: WebConfig) -> None:
-    tls = cfg.tls_server_config
-    unsupported = {
-        "cert": "inline cert is not supported; use cert_file",
-        "key": "inline key is not supported; use key_file",
-        "client_ca": "inline client_ca is not supported; use client_ca_file",
-        "client_allowed_sans": "client_allowed_sans is not supported (Python's ssl module has no hook to check "
-        "the client certificate's SANs during the handshake)",
-        "cipher_suites": "cipher_suites is not supported (OpenSSL defaults apply)",
-        "curve_preferences": "curve_preferences is not supported (OpenSSL defaults apply)",
-    }
-    for key, why in unsupported.items():
-        if getattr(tls, key) is not None:
-            raise WebConfigError(f"tls_server_config.{key}: {why}")
+    """Raise WebConfigError (one line) for what the models accept but gpuwarden cannot serve or would misread."""
     if cfg.rate_limit.interval_seconds > 0 and cfg.rate_limit.burst == 0:
         raise WebConfigError("rate_limit: burst 0 with an interval refuses every request (the probes' and scrapes' "
                              "too); give a burst of at least 1")  # fmt: skip
-    if tls.enabled:
-        if tls.cert_file is None:
-            raise WebConfigError("tls_server_config: missing cert_file")
-        if tls.key_file is None:
-            raise WebConfigError("tls_server_config: missing key_file")
-        if tls.client_auth_type in ("RequireAnyClientCert", "RequireClientCert"):
-            raise WebConfigError(
-                f"tls_server_config.client_auth_type: {tls.client_auth_type} (a certificate required but never "
-                "verified) cannot be served by Python's ssl module; use RequireAndVerifyClientCert with "
-                "client_ca_file"
-            )
-        if tls.client_ca_file is not None and tls.client_auth_type == "NoClientCert":
-            raise WebConfigError("tls_server_config: client_ca_file is set but client_auth_type is NoClientCert")
-        if tls.cert_reqs != ssl.CERT_NONE and tls.client_ca_file is None:
-            raise WebConfigError(f"tls_server_config: client_auth_type {tls.client_auth_type} needs client_ca_file")
-        if _TLS_VERSIONS[tls.min_version] > _TLS_VERSIONS[tls.max_version]:
-            raise WebConfigError("tls_server_config: min_version is above max_version")
-        cfg.server_context()  # loads cert, key and client CA: unreadable or mismatched files fail here
+    _check_tls(cfg)
     for user, hashed in cfg.basic_auth_users.items():
-        if ":" in user:
-            raise WebConfigError(f"basic_auth_users: user {user!r} contains ':', which HTTP basic auth cannot carry")
-        match = BCRYPT_HASH.match(hashed or "")
-        if match and int(match.group(1)) > MAX_BCRYPT_COST:
-            raise WebConfigError(
-                f"basic_auth_users: the hash of {user!r} has bcrypt cost {int(match.group(1))}, above the "
-                f"{MAX_BCRYPT_COST} accepted (a login would outlast a scrape); hash it again with a lower cost"
-            )
-        if not match or not 4 <= int(match.group(1)) <= 31:
-            # Never echo the value: a plain-text password in this field is a secret.
-            raise WebConfigError(
-                f"basic_auth_users: the password of {user!r} is not a bcrypt hash ($2b$<cost>$...); "
-                "hash it with: python3 -c 'import bcrypt,getpass; "
-                "print(bcrypt.hashpw(getpass.getpass().encode(), bcrypt.gensalt()).decode())'"
-            )
+        _check_user(user, hashed)
+
+
+#: Settings of exporter-toolkit's tls_server_config gpuwarden refuses, and why.
+_UNSUPPORTED_TLS = {
+    "cert": "inline cert is not supported; use cert_file",
+    "key": "inline key is not supported; use key_file",
+    "client_ca": "inline client_ca is not supported; use client_ca_file",
+    "client_allowed_sans": "client_allowed_sans is not supported (Python's ssl module has no hook to check "
+    "the client certificate's SANs during the handshake)",
+    "cipher_suites": "cipher_suites is not supported (OpenSSL defaults apply)",
+    "curve_preferences": "curve_preferences is not supported (OpenSSL defaults apply)",
+}
+
+
+def _check_tls(cfg: WebConfig) -> None:
+    """The TLS settings: none unsupported; when on, a certificate and key that load, a client CA where client
+    certificates are verified, versions in order."""
+    tls = cfg.tls_server_config
+    for key, why in _UNSUPPORTED_TLS.items():
+        if getattr(tls, key) is not None:
+            raise WebConfigError(f"tls_server_config.{key}: {why}")
+    if not tls.enabled:
+        return
+    for key in ("cert_file", "key_file"):
+        if getattr(tls, key) is None:
+            raise WebConfigError(f"tls_server_config: missing {key}")
+    if tls.client_auth_type in ("RequireAnyClientCert", "RequireClientCert"):
+        raise WebConfigError(
+            f"tls_server_config.client_auth_type: {tls.client_auth_type} (a certificate required but never "
+            "verified) cannot be served by Python's ssl module; use RequireAndVerifyClientCert with "
+            "client_ca_file"
+        )
+    if tls.client_ca_file is not None and tls.client_auth_type == "NoClientCert":
+        raise WebConfigError("tls_server_config: client_ca_file is set but client_auth_type is NoClientCert")
+    if tls.cert_reqs != ssl.CERT_NONE and tls.client_ca_file is None:
+        raise WebConfigError(f"tls_server_config: client_auth_type {tls.client_auth_type} needs client_ca_file")
+    if _TLS_VERSIONS[tls.min_version] > _TLS_VERSIONS[tls.max_version]:
+        raise WebConfigError("tls_server_config: min_version is above max_version")
+    cfg.server_context()  # loads cert, key and client CA: unreadable or mismatched files fail here
+
+
+def _check_user(user: str, hashed: str | None) -> None:
+    """A basic-auth user: a name HTTP can carry, a bcrypt hash of a cost from 4 to MAX_BCRYPT_COST."""
+    if ":" in user:
+        raise WebConfigError(f"basic_auth_users: user {user!r} contains ':', which HTTP basic auth cannot carry")
+    match = BCRYPT_HASH.match(hashed or "")
+    if match and int(match.group(1)) > MAX_BCRYPT_COST:
+        raise WebConfigError(
+            f"basic_auth_users: the hash of {user!r} has bcrypt cost {int(match.group(1))}, above the "
+            f"{MAX_BCRYPT_COST} accepted (a login would outlast a scrape); hash it again with a lower cost"
+        )
+    if not match or not 4 <= int(match.group(1)) <= 31:
+        # Never echo the value: a plain-text password in this field is a secret.
+        raise WebConfigError(
+            f"basic_auth_users: the password of {user!r} is not a bcrypt hash ($2b$<cost>$...); "
+            "hash it with: python3 -c 'import bcrypt,getpass; "
+            "print(bcrypt.hashpw(getpass.getpass().encode(), bcrypt.gensalt()).decode())'"
+        )
 
 
 def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
