@@ -25,12 +25,15 @@ class SlowReplay(ReplaySource):
 
 def test_a_poll_over_half_the_interval_is_logged_once_with_the_count(caplog: pytest.LogCaptureFixture) -> None:
     source = SlowReplay(trace("h100-idle"))
-    poller = Poller(source, interval=0.1)
+    # a fast poll against an interval no loaded machine's replay poll comes near half of (its own thread's next poll
+    # is that far away too); then the interval a 60 ms poll is over half of
+    poller = Poller(source, interval=10.0)
     poller.start(ready=False)
     try:
         caplog.set_level(logging.WARNING, logger="gpuwarden.poller")
         poller.poll_once()  # fast: no warning
         assert "half the poll interval" not in caplog.text
+        poller.interval = 0.1
         source.delay = 0.06
         poller.poll_once()
         poller.poll_once()
