@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -60,6 +60,29 @@ def wait_http(url: str, timeout: float = 30, proc: subprocess.Popen | None = Non
             pass
         time.sleep(0.1)
     raise AssertionError(f"{url} did not answer within {timeout} s")
+
+
+def served(command: Callable[[int], list[str]], ready_path: str, tries: int = 3) -> tuple[subprocess.Popen, str]:
+    """Start the server ``command(port)`` on a free port and wait until ``ready_path`` answers; returns the process and
+    its URL. A port free when chosen may be taken before the server binds it (another process's outgoing connection
+    or listener: the same ephemeral range), so a server that exits saying its address is in use is started again on
+    another port, up to ``tries`` times. AssertionError with the server's last words otherwise."""
+    for _ in range(tries):
+        port = free_port()
+        proc = subprocess.Popen(command(port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(f"{url}{ready_path}", proc=proc)
+        except AssertionError:
+            stop_all([proc])
+            said = proc.stderr.read() if proc.stderr is not None else ""
+            if "address already in use" in said:
+                continue
+            raise AssertionError(f"{command(port)[0]} on {url} did not start: {said[-500:]}") from None
+        assert proc.stderr is not None
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # drained: a full pipe would block it
+        return proc, url
+    raise AssertionError(f"{command(0)[0]}: every port tried was taken before it could bind it")
 
 
 def count_closed(sockets: list[socket.socket], timeout: float) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 import yaml
-from helpers import REPO, cli_json, free_port, prometheus, stop_all, wait_http
+from helpers import REPO, cli_json, free_port, prometheus, served, stop_all, wait_http
 from slurm_node import wait_for
 
 VICTORIA = shutil.which("victoria-metrics")
@@ -61,7 +61,6 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     scrape = {"job_name": "gpuwarden", "scrape_interval": "1s", "scrape_timeout": "500ms",
               "static_configs": [{"targets": [target]}]}  # fmt: skip
     (tmp / "vm.yml").write_text(yaml.safe_dump({"scrape_configs": [scrape]}))
-    vm_port = free_port()
     procs: list[subprocess.Popen] = []
     try:
         daemon = subprocess.Popen(
@@ -69,17 +68,16 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
              "--log.level", "warning"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={**os.environ, "GPUWARDEN_NODE_NAME": "live"})  # fmt: skip
         procs.append(daemon)
-        procs.append(subprocess.Popen(
-            [VICTORIA, f"-storageDataPath={tmp / 'vm'}", f"-httpListenAddr=127.0.0.1:{vm_port}",
-             f"-promscrape.config={tmp / 'vm.yml'}", "-loggerLevel=ERROR",
-             "-search.latencyOffset=0s"],  # by default it shows no sample younger than 30 s
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        assert VICTORIA is not None
+        vm_server, vm = served(lambda vm_port: [
+            VICTORIA, f"-storageDataPath={tmp / 'vm'}", f"-httpListenAddr=127.0.0.1:{vm_port}",
+            f"-promscrape.config={tmp / 'vm.yml'}", "-loggerLevel=ERROR",
+            "-search.latencyOffset=0s"], "/health")  # by default it shows no sample younger than 30 s  # fmt: skip
+        procs.append(vm_server)
         server, prom = prometheus(PROMETHEUS, tmp, {"global": {"scrape_interval": "1s"}, "scrape_configs": [scrape]})
         procs.append(server)
-        vm = f"http://127.0.0.1:{vm_port}"
         wait_http(f"http://{target}/healthz", proc=daemon)
         wait_http(f"{prom}/-/ready", proc=server)
-        wait_http(f"{vm}/health")
         urls = {"prometheus": prom, "victoriametrics": vm}
         # a stretch of good scrapes, then failed ones (the daemon stopped), then good ones again
         good = 'sum(sum_over_time(up{job="gpuwarden"}[20s]))'

@@ -9,7 +9,6 @@ answers the accounting's PromQL (subqueries, negative offsets, ``last_over_time`
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fleet_series import BIG, EIGHT, HELD, JOBS, SLUID, Fleet, hours
-from helpers import backfilled_prometheus, cli_json, free_port, stop_all, wait_http
+from helpers import backfilled_prometheus, cli_json, served, stop_all
 
 VICTORIA = shutil.which("victoria-metrics")
 PROMETHEUS = shutil.which("prometheus")
@@ -45,13 +44,11 @@ CASES = [
 @contextmanager
 def _both(tmp: Path, series: Fleet) -> Iterator[dict]:
     """VictoriaMetrics and a Prometheus holding ``series``: {"victoriametrics": URL, "prometheus": URL}."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([VICTORIA, f"-storageDataPath={tmp / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-                               "-retentionPeriod=10y", "-loggerLevel=ERROR"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    assert VICTORIA is not None
+    data = tmp / "data"
+    server, url = served(lambda port: [VICTORIA, f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}",
+                                       "-retentionPeriod=10y", "-loggerLevel=ERROR"], "/health")  # fmt: skip
     try:
-        wait_http(f"{url}/health", proc=server)
         lines = []
         for (metric, labels), points in sorted(series.samples().items()):
             sel = ",".join(f'{k}="{v}"' for k, v in labels)
