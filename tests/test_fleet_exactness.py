@@ -128,33 +128,40 @@ def test_top_from_the_usage_records_is_within_1_percent_of_the_counters(fleet: d
     truth = fleet["truth"]
     jobs = {(j["job_id"], j["instance"], j["cluster"]["cluster"]): j for j in doc["jobs"]}
     assert set(jobs) == set(truth.job_states)
+    missing = doc["records_missing_ratio"] or 0.0
+
+    def near(got: float, want: float, edges: float, why: object, rel: float = 0.01) -> None:
+        assert got == pytest.approx(want, rel=rel, abs=edges + missing * want), why
+
     for key, states in truth.job_states.items():
         j = jobs[key]
         held = hours(states, *HELD)
-        # within 1%, or a record interval (a minute) a GPU at each end of the range where the job held it across
-        # (its phase is the rules group's evaluation offset, which Prometheus derives from the rule file's path: each
-        # run's own; every phase in 0.05 s steps across the scrapes' offsets stays within a minute here)
+        # within 1%, or a record interval (a minute) a GPU at each end of the range where the job held it across, and
+        # the share of the records missing, by which top says its hours are low (records_missing_ratio). The records'
+        # evaluation second is the rules group's offset, which Prometheus derives from the rule file's path, so each
+        # run has its own; promtool's backfill writes no record for an evaluation due in the last second before a
+        # 2-hour block's end (measured: at phases 59.2-59.9 s two of the range's evaluations are missing, 0.76%, and
+        # 4343 reads 2.25 minutes low; at phases 0.1-58.1 s none, and every job is within a minute a GPU end)
         edges = 2 * len(j["gpus"]) / 60
-        why = (key, f"records missing {doc.get('records_missing_ratio')}", f"usage rules phase {fleet['phase']:.3f} s")
-        assert j["held_gpu_hours"] == pytest.approx(held, rel=0.01, abs=edges), why
-        assert j["busy_gpu_hours"] == pytest.approx(hours(states, "busy"), rel=0.01, abs=edges), why
+        why = (key, f"records missing {missing}", f"usage rules phase {fleet['phase']:.3f} s")
+        near(j["held_gpu_hours"], held, edges, why)
+        near(j["busy_gpu_hours"], hours(states, "busy"), edges, why)
         for cause in {c for *_, c in JOBS.values()}:
-            got = j["lost_gpu_hours_by_cause"][cause]
-            assert got == pytest.approx(hours(truth.job_causes[key], cause), rel=0.01, abs=edges), (*why, cause)
+            near(j["lost_gpu_hours_by_cause"][cause], hours(truth.job_causes[key], cause), edges, (*why, cause))
         # the main reason; a GPU changing hands gives its minute's reasons to the job that held it most of it
         assert j["verdict"][0] == REASON[key[0]], key
         # effective: the scrapes with util.gpu >= 0.5, 15 s each, while the job held the GPU
         effective = j["held_gpu_hours"] if JOBS[key[0]][2] >= SCRAPE / 2 else 0.0
         assert j["effective_gpu_hours"] == pytest.approx(effective, rel=0.01, abs=0.01 * held), key
     fleet_held = sum(hours(s, *HELD) for s in truth.job_states.values())
-    assert sum(j["held_gpu_hours"] for j in doc["jobs"]) == pytest.approx(fleet_held, rel=0.01)  # the fleet's
+    assert sum(j["held_gpu_hours"] for j in doc["jobs"]) == pytest.approx(fleet_held, rel=0.01 + missing)  # the fleet's
     assert len(jobs[(SLUID, None, "alpha")]["gpus"]) == 2 and len(jobs[(SLUID, None, "beta")]["gpus"]) == 1
     gpus = {(g["cluster"]["cluster"], g["instance"], g["gpu"]): g for g in doc["gpus"]}
     assert set(gpus) == set(truth.gpu_states)
     for key, states in truth.gpu_states.items():
         held = hours(states, *HELD) + hours(truth.gpu_causes[key], "free")
-        assert gpus[key]["held_gpu_hours"] == pytest.approx(hours(states, *HELD), rel=0.01, abs=0.01 * held), key
-        assert gpus[key]["free_gpu_hours"] == pytest.approx(hours(truth.gpu_causes[key], "free"), abs=0.01 * held)
+        near(gpus[key]["held_gpu_hours"], hours(states, *HELD), 0.01 * held, key)
+        near(gpus[key]["free_gpu_hours"], hours(truth.gpu_causes[key], "free"), 0.01 * held, key, rel=0.0)
     raw = cli_json("top", "--prometheus", fleet["url"], "--range", "3h", "--at", str(fleet["at"]), "--source", "raw")
     assert raw["source"] == "raw"
     asked = subprocess.run([sys.executable, "-m", "gpuwarden", "top", "--prometheus", fleet["url"], "--range", "3h",
