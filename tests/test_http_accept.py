@@ -76,10 +76,7 @@ def _wait(condition: object, timeout: float = 10.0) -> None:
 def _get(port: int, path: str = "/small") -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return data
+        return _read_to_end(s)
 
 
 def _reset(s: socket.socket) -> None:
