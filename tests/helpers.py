@@ -244,15 +244,13 @@ def scraping(*ports: int) -> dict[str, Any]:
 
 def prometheus(binary: str, tmp: Path, config: dict[str, Any]) -> tuple[subprocess.Popen, str]:
     """Start a real Prometheus (``binary``) with ``config`` (written to ``tmp``/prometheus.yml) and its storage in
-    ``tmp``; returns the process and its URL (not yet ready: wait_http its /-/ready)."""
+    ``tmp``; returns the process and its URL once /-/ready answers (through ``served``: started again on another port
+    when its port was taken before it could bind it)."""
     import yaml
 
-    port = free_port()
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen(
-        [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    return proc, f"http://127.0.0.1:{port}"
+    flags = [f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}"]
+    return served(lambda port: [binary, *flags, f"--web.listen-address=127.0.0.1:{port}"], "/-/ready")
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from helpers import free_port, stop_all, wait_http
+from helpers import free_port, prometheus, stop_all, wait_http
 
 REPO = Path(__file__).parent.parent
 TRACES = REPO / "tests" / "data" / "traces"
@@ -105,7 +105,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     hook = HTTPServer(("127.0.0.1", 0), Webhook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     ports = {name: free_port() for name in NODES}
-    prom_port, am_port = free_port(), free_port()
+    am_port = free_port()
     try:
         daemons = {name: _daemon(trace, ports[name], name) for name, trace in NODES.items()}
         procs += daemons.values()
@@ -131,27 +131,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             r["webhook_configs"] = [{"url": f"http://127.0.0.1:{hook.server_port}/{r['name']}", "send_resolved": False}]
         (tmp / "am.yml").write_text(yaml.safe_dump(am))
         _targets(tmp / "targets.json", ports)
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump({
+        procs.append(subprocess.Popen(
+            [ALERTMANAGER, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'am'}",
+             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        server, prom = prometheus(PROMETHEUS, tmp, {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(tmp / "rules.yml")],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
             "scrape_configs": [{"job_name": "gpuwarden",
                                 "file_sd_configs": [{"files": [str(tmp / "targets.json")], "refresh_interval": "1s"}]}],
-        }))  # fmt: skip
-        procs.append(subprocess.Popen(
-            [ALERTMANAGER, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'am'}",
-             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
-        procs.append(subprocess.Popen(
-            [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
-        prom = f"http://127.0.0.1:{prom_port}"
+        })  # fmt: skip
+        procs.append(server)
         for name, port in ports.items():  # a daemon that could not listen exits: said at once, not as a missing alert
             wait_http(f"http://127.0.0.1:{port}/healthz", proc=daemons[name])
-        for url in [f"{prom}/-/ready", f"http://127.0.0.1:{am_port}/-/ready"]:
-            wait_http(url)
-        time.sleep(20)  # a few scrapes and rule evaluations, so rates and for: have their samples
+        wait_http(f"http://127.0.0.1:{am_port}/-/ready")
+        # 20 scrapes of every node and 20 rule evaluations, so rates and for: have their samples
+        scraped = f'count(count_over_time(up{{job="gpuwarden"}}[1m]) >= 20) == {len(ports)}'
+        evaluated = "max(count_over_time(uuid:gpu_memory_used_bytes:min_interval[1m])) >= 20"
+        _wait_until(prom, f"({scraped}) and on () {evaluated}")
         # the node "eight" restarts under another instance with fewer GPUs (the 2-GPU trace), same node name
         old = daemons["eight"]
         old.terminate()
@@ -160,7 +158,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         procs.append(_daemon(NODES["ddp"], ports["eight"], "eight"))
         wait_http(f"http://127.0.0.1:{ports['eight']}/healthz")
         _targets(tmp / "targets.json", ports)
-        time.sleep(15)
+        _wait_until(prom, f'count_over_time(up{{instance="127.0.0.1:{ports["eight"]}"}}[1m]) >= 15')
         PORTS.update(ports)
         yield {"prom": prom, "ddp": f"127.0.0.1:{ports['ddp']}", "ports": ports, "rules": rules}
     finally:
@@ -349,6 +347,14 @@ def _wait_for(receiver: str, alertname: str, scenario: str | None = None, timeou
     raise AssertionError(f"{alertname} ({scenario}) never reached {receiver}; seen: {seen}")
 
 
+def _wait_until(prom: str, expr: str, timeout: float = 200) -> None:
+    """Wait until the instant query ``expr`` returns a series; AssertionError naming it after ``timeout`` s."""
+    deadline = time.time() + timeout
+    while not query(prom, expr):
+        assert time.time() < deadline, f"{expr} returned nothing for {timeout} s"
+        time.sleep(0.5)
+
+
 def test_a_steady_95_percent_plateau_is_a_ticket_naming_the_job_not_a_page(stack: dict) -> None:
     mem = _wait_for("tickets", "GpuMemoryAlmostFull", "mem95")
     assert mem["labels"]["severity"] == "warning"
@@ -388,12 +394,16 @@ def test_a_leak_in_the_second_job_of_a_shared_gpu_pages_its_owner_and_the_first_
     then leaks 0.6% a second until the GPU is full at 122 s. The page names bob's job before full, also while one of
     alice's phases rides on the leak (alice's phase reaches no higher than her earlier one: bob is past his own
     high-water mark); alice's job never fires (her first phase, +10% in 4 s, is a ramp like a leak's start for an
-    evaluation or two: pending at most, never for the 2 s of ``for:``)."""
+    evaluation or two: pending at most, never for the 2 s of ``for:``), nor once the GPU is full (bob's memory squeezed
+    back by her phase, which ends a few megabytes above the one before: her warm-up's tail, below the rise floor;
+    asked once bob's job has left the full GPU)."""
     page = _wait_for("pager", "GpuMemoryFillingUp", "twojobs", timeout=200)
     assert (page["labels"]["job_id"], page["labels"]["user"]) == ("4302", "bob"), page["labels"]
     used = float(re.search(r"is at ([\d.]+)% of its memory", page["annotations"]["description"]).group(1))
     assert used < 100, page["annotations"]["description"]
     assert "job 4302 of bob; growing: python3 pid 454" in page["annotations"]["description"]
+    full = 'max_over_time(gpu_memory_used_bytes{scenario="twojobs"}[10m]) >= 0.99 * gpu_memory_total_bytes'
+    _wait_until(stack["prom"], f'({full}) unless on (instance, gpu) gpu_process_memory_used_bytes{{pid="454"}}')
     alice = 'ALERTS{alertname="GpuMemoryFillingUp", scenario="twojobs", job_id="4301", alertstate="firing"}'
     assert query(stack["prom"], f"count_over_time({alice}[10m])") == []
     assert [a for a in _alerts("pager") if _of(a["labels"], "twojobs") and a["labels"].get("user") == "alice"] == []

@@ -72,19 +72,25 @@ GPU_JOB = "* on (instance, job, gpu, uuid) group_left (job_id, job_kind, user, n
 #: (two jobs on a GPU: the smaller one may be the one leaking). Past its own high-water mark, not merely up: an
 #: evaluation phase that reaches the peak its earlier phases reached is no growth of the job, so a leak in the other
 #: job of the GPU is named even while a phase rides on it; a leak, a staircase or a fast ramp passes its mark within
-#: minutes of starting. A process younger than the window has no mark and is not ranked (its warm-up).
+#: minutes of starting. A process younger than the window has no mark and is not ranked (its warm-up). Past its mark
+#: by more than ``memory_trend_min_rise_ratio`` of the GPU's memory, the floor the trend detectors hold a rise to: a
+#: phase a few megabytes above the one before (a warm-up's tail) is no growth, and must not take the page from a leak
+#: whose memory the full GPU is squeezing back; where no process grows past it the page names the largest holder.
 GPU_GROWER_RECORD = (
     "0 * max by (CLUSTERinstance, job, gpu, uuid, job_id, job_kind, user) ("
     "topk by (instance, job, gpu, uuid) (1, gpu_process_memory_used_bytes{SEL} - "
-    "max_over_time(gpu_process_memory_used_bytes{SEL}[GROWERHISTORY] offset GROWERWINDOW) > 0) "
+    "max_over_time(gpu_process_memory_used_bytes{SEL}[GROWERHISTORY] offset GROWERWINDOW) "
+    "> on (instance, job, gpu, uuid) group_left GROWERFLOOR * gpu_memory_total_bytes{SEL}) "
     "* on (instance, job, gpu, uuid, pid) group_left (job_id, job_kind, user) gpu_process_job_info{SELKNOWN}) + 1"
 )
 #: The growing process in an annotation (name, pid, how far its memory is above its high-water mark, as
 #: GPU_GROWER_RECORD ranks them), looked up when the alert is evaluated.
 GROWER_TEXT = (
     '{{ with printf "topk(1, gpu_process_memory_used_bytes{instance=%q,uuid=%q} - '
-    'max_over_time(gpu_process_memory_used_bytes{instance=%q,uuid=%q}[GROWERHISTORY] offset GROWERWINDOW) > 0)" '
-    "$labels.instance $labels.uuid $labels.instance $labels.uuid | query }}{{ with first . }}"
+    "max_over_time(gpu_process_memory_used_bytes{instance=%q,uuid=%q}[GROWERHISTORY] offset GROWERWINDOW) "
+    '> on (instance, job, gpu, uuid) group_left GROWERFLOOR * gpu_memory_total_bytes{instance=%q,uuid=%q})" '
+    "$labels.instance $labels.uuid $labels.instance $labels.uuid $labels.instance $labels.uuid | query }}"
+    "{{ with first . }}"
     '{{ label "process_name" . }} pid {{ label "pid" . }}, +{{ value . | humanize1024 }}B above its most of the '
     "GROWERHISTORY before the last GROWERWINDOW{{ end }}{{ else }}no process seen growing{{ end }}"
 )
@@ -696,10 +702,12 @@ def _derived(out: dict[str, str]) -> dict[str, str]:
 
 
 def _grower(text: str, values: dict[str, str]) -> str:
-    """``text`` with the grower's window and history (``memory_grower_window``, ``memory_grower_history``)."""
-    return text.replace("GROWERWINDOW", values["memory_grower_window"]).replace(
-        "GROWERHISTORY", values["memory_grower_history"]
-    )
+    """``text`` with the grower's window, history and floor (``memory_grower_window``, ``memory_grower_history``,
+    ``memory_trend_min_rise_ratio``)."""
+    for name, key in (("GROWERWINDOW", "memory_grower_window"), ("GROWERHISTORY", "memory_grower_history"),
+                      ("GROWERFLOOR", "memory_trend_min_rise_ratio")):  # fmt: skip
+        text = text.replace(name, str(values[key]))
+    return text
 
 
 #: An expression block whose first line is this marker gets the GPU's job as labels (GPU_JOB): ``(EXPR) GPU_JOB``,
